@@ -1,0 +1,61 @@
+/// \file cli.hpp
+/// \brief The command line every stage executable shares (CLI11).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "fa/inputs.hpp"
+#include "fa/problem.hpp"
+#include "fa/tensor.hpp"
+
+namespace fa {
+
+/// When the float64 golden reference runs.
+enum class ReferenceMode {
+    Auto,    ///< when it costs at most kReferenceFlopBudget operations
+    Always,  ///< always, however long it takes
+    Never,   ///< never
+};
+
+/// Largest reference cost that ReferenceMode::Auto accepts (a few seconds on one core).
+inline constexpr double kReferenceFlopBudget = 2e10;
+
+/// The problem an executable solves when no size option is given: B=1, H=4, Nq=Nk=512, d=64.
+inline Problem default_problem() {
+    Problem p;
+    p.heads = 4;
+    p.seq_q = 512;
+    p.seq_k = 512;
+    p.head_dim = 64;
+    return p;
+}
+
+/// Values of the options shared by all stages.
+struct CommonOptions {
+    /// --batch --heads --seq-q --seq-k --head-dim --scale --causal; a default problem small
+    /// enough for every stage to run in well under a second.
+    Problem problem = default_problem();
+    Layout layout = Layout::BHND;             ///< --layout
+    InputKind inputs = InputKind::Normal;     ///< --inputs
+    uint64_t seed = 42;                       ///< --seed
+    std::string load_dir;                     ///< --load: read q.npy k.npy v.npy from here
+    std::string save_dir;                     ///< --save: write q k v o lse .npy here
+    bool bench = false;                       ///< --bench: time with warm-up and a median
+    int repeat = 20;                          ///< --repeat: timed repetitions for --bench
+    int warmup = 3;                           ///< --warmup: untimed repetitions for --bench
+    ReferenceMode reference = ReferenceMode::Auto;  ///< --reference
+    std::string json_path;                    ///< --json: append one result record (JSON Lines)
+};
+
+/// Registers the shared options on `app` with their ranges, writing into `options`.
+void add_common_options(CLI::App& app, CommonOptions& options);
+
+/// Parses `argv` with `app`. Returns -1 when the program should continue; otherwise the exit
+/// code to return: 0 after --help, kExitBadInput after an error, with the message printed
+/// (the message names the option and the allowed values).
+int parse_command_line(CLI::App& app, int argc, char** argv);
+
+}  // namespace fa

@@ -1,0 +1,67 @@
+/// \file stage.hpp
+/// \brief The driver shared by every stage executable: inputs, runs, checks, report, verdict.
+///
+/// A stage's main.cpp describes itself in a StageSpec and hands it to run_stage(). The driver
+/// parses the shared command line, makes or loads the inputs, runs the stage, runs the stage(s)
+/// it is checked against and the float64 reference where affordable, prints the report and
+/// returns the exit code: 0 pass, 1 mismatch, 2 bad input, 77 no GPU.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "fa/cli.hpp"
+#include "fa/inputs.hpp"
+#include "fa/problem.hpp"
+#include "fa/tensor.hpp"
+#include "fa/timing.hpp"
+
+namespace fa {
+
+/// The entry point every stage offers on the host: read q, k, v; write o and lse.
+using AttentionFn = std::function<void(const Problem&, View4<const float> q, View4<const float> k,
+                                       View4<const float> v, View4<float> o, View3<float> lse)>;
+
+/// Another implementation a stage is checked against.
+struct Comparison {
+    std::string name;                             ///< e.g. "stage 03 (online softmax)"
+    AttentionFn run;                              ///< its entry point
+    std::function<bool(const Problem&)> applies;  ///< empty: always
+    bool overflows_on_large = false;              ///< naive softmax: skipped on large inputs
+};
+
+/// Everything the driver needs to know about one stage.
+struct StageSpec {
+    std::string number;       ///< "04"
+    std::string title;        ///< "CPU tiling"
+    std::string description;  ///< one paragraph for --help
+    AttentionFn run;          ///< this stage's entry point
+    std::vector<Comparison> checked_against;  ///< previous stage(s)
+    /// Throws InputError if this stage cannot solve `problem` (unsupported head_dim, ...).
+    std::function<void(const Problem&)> check_supported;
+    /// Extra memory this stage allocates beyond q, k, v, o and lse, in bytes.
+    std::function<double(const Problem&)> intermediate_bytes;
+    std::string intermediate_what;  ///< what that memory holds, e.g. "S and P, N x N per head"
+    /// The stage's own settings in one line (block sizes, ...), printed in the report.
+    std::function<std::string()> describe_config;
+    bool naive_softmax = false;     ///< exp of raw scores: overflow on large inputs is the lesson
+    bool needs_gpu = false;         ///< skip with one line when no GPU is present
+    /// Returns "" when a usable GPU is present, otherwise why not (one line).
+    std::function<std::string()> gpu_unavailable_reason;
+    /// Registers the stage's own options.
+    std::function<void(CLI::App&)> add_options;
+    /// Checks the stage's own options after parsing; throws InputError when out of range.
+    std::function<void(const CommonOptions&)> validate_options;
+    /// Custom timing (GPU stages time with CUDA events); empty means host wall clock.
+    std::function<TimingStats(const Problem&, const Inputs&, const CommonOptions&)> bench;
+    /// Extra lines printed after the benchmark (e.g. a GEMM ceiling to compare with).
+    std::function<void(const Problem&, const TimingStats&)> after_bench;
+};
+
+/// Runs the stage described by `spec` with the command line `argv`; returns the exit code.
+int run_stage(int argc, char** argv, const StageSpec& spec);
+
+}  // namespace fa

@@ -1,0 +1,69 @@
+#include "fa/reference.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <Eigen/Dense>
+
+namespace fa {
+
+namespace {
+
+using MatrixXdR = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// Copies rows [row0, row0 + rows) of head (b, h) into a double matrix [rows, d].
+MatrixXdR load_rows(View4<const float> t, int64_t b, int64_t h, int64_t row0, int64_t rows) {
+    MatrixXdR m(rows, t.shape[3]);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t x = 0; x < t.shape[3]; ++x) m(r, x) = t(b, h, row0 + r, x);
+    return m;
+}
+
+}  // namespace
+
+Reference reference_attention(const Problem& p, View4<const float> q, View4<const float> k,
+                              View4<const float> v) {
+    const int64_t d = p.head_dim;
+    const double scale = p.softmax_scale();
+    const double neg_inf = -std::numeric_limits<double>::infinity();
+    Reference ref{std::vector<double>(static_cast<size_t>(p.q_elems())),
+                  std::vector<double>(static_cast<size_t>(p.lse_elems()))};
+    constexpr int64_t kRowsPerBlock = 128;  // bounds the score block at 128 x Nk doubles
+    for (int64_t b = 0; b < p.batch; ++b) {
+        for (int64_t h = 0; h < p.heads; ++h) {
+            const MatrixXdR K = load_rows(k, b, h, 0, p.seq_k);  // [Nk, d]
+            const MatrixXdR V = load_rows(v, b, h, 0, p.seq_k);  // [Nk, d]
+            for (int64_t r0 = 0; r0 < p.seq_q; r0 += kRowsPerBlock) {
+                const int64_t rows = std::min(kRowsPerBlock, p.seq_q - r0);
+                const MatrixXdR Q = load_rows(q, b, h, r0, rows);    // [rows, d]
+                MatrixXdR S = (Q * K.transpose()) * scale;           // [rows, Nk]
+                for (int64_t r = 0; r < rows; ++r) {
+                    const int64_t i = r0 + r;
+                    const int64_t end = visible_key_end(i, p.seq_q, p.seq_k, p.causal);
+                    const size_t row_index = static_cast<size_t>((b * p.heads + h) * p.seq_q + i);
+                    double* o_row = &ref.o[row_index * static_cast<size_t>(d)];
+                    if (end == 0) {  // no visible key: O = 0, LSE = -inf by contract
+                        std::fill(o_row, o_row + d, 0.0);
+                        ref.lse[row_index] = neg_inf;
+                        continue;
+                    }
+                    auto s = S.row(r).head(end);
+                    const double m = s.maxCoeff();
+                    Eigen::RowVectorXd P = (s.array() - m).exp().matrix();  // safe softmax numerator
+                    const double l = P.sum();
+                    const Eigen::RowVectorXd o = (P * V.topRows(end)) / l;  // [1, d]
+                    std::copy(o.data(), o.data() + d, o_row);
+                    ref.lse[row_index] = m + std::log(l);
+                }
+            }
+        }
+    }
+    return ref;
+}
+
+double reference_flops(const Problem& p) {
+    return 4.0 * double(p.batch) * double(p.heads) * double(p.seq_q) * double(p.seq_k) * double(p.head_dim);
+}
+
+}  // namespace fa

@@ -1,0 +1,314 @@
+#include "fa/stage.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+#include "fa/counts.hpp"
+#include "fa/error.hpp"
+#include "fa/metrics.hpp"
+#include "fa/npy.hpp"
+#include "fa/reference.hpp"
+
+namespace fa {
+
+namespace {
+
+constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
+
+struct Outputs {
+    HostTensor o;            // (B, H, Nq, d) in the chosen layout
+    std::vector<float> lse;  // (B, H, Nq) dense
+    View3<float> lse_view(const Problem& p) { return make_view3(lse.data(), p.batch, p.heads, p.seq_q); }
+};
+
+// Outputs filled with NaN, so an element the stage forgets to write cannot pass.
+Outputs make_outputs(const Problem& p, Layout layout) {
+    return {HostTensor(p.batch, p.heads, p.seq_q, p.head_dim, layout, kPoison),
+            std::vector<float>(static_cast<size_t>(p.lse_elems()), kPoison)};
+}
+
+void run_into(const AttentionFn& fn, const Problem& p, const Inputs& in, Outputs& out) {
+    fn(p, in.q.cview(), in.k.cview(), in.v.cview(), out.o.view, out.lse_view(p));
+}
+
+// Loads one .npy input into a tensor of the chosen layout.
+HostTensor load_input(const std::string& dir, const char* name, Layout layout, std::vector<int64_t>& shape) {
+    const std::string path = dir + "/" + name + ".npy";
+    NpyArray a = read_npy(path);
+    if (a.shape.size() != 4) {
+        throw InputError(path + ": expected 4 dimensions (B, H, N, d), got " + std::to_string(a.shape.size()));
+    }
+    for (int64_t s : a.shape)
+        if (s < 1) throw InputError(path + ": every dimension must be at least 1");
+    shape = a.shape;
+    HostTensor t(shape[0], shape[1], shape[2], shape[3], layout);
+    const View4<const float> src = make_view<const float>(a.data.data(), shape[0], shape[1], shape[2], shape[3], Layout::BHND);
+    for (int64_t b = 0; b < shape[0]; ++b)
+        for (int64_t h = 0; h < shape[1]; ++h)
+            for (int64_t n = 0; n < shape[2]; ++n)
+                for (int64_t x = 0; x < shape[3]; ++x) t.view(b, h, n, x) = src(b, h, n, x);
+    return t;
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+    std::string out = "(";
+    for (size_t i = 0; i < s.size(); ++i) out += std::to_string(s[i]) + (i + 1 < s.size() ? ", " : "");
+    return out + ")";
+}
+
+Inputs load_inputs(CLI::App& app, CommonOptions& opt) {
+    std::vector<int64_t> qs, ks, vs;
+    Inputs in{load_input(opt.load_dir, "q", opt.layout, qs), load_input(opt.load_dir, "k", opt.layout, ks),
+              load_input(opt.load_dir, "v", opt.layout, vs)};
+    if (ks != vs) throw InputError("k.npy has shape " + shape_text(ks) + " but v.npy has " + shape_text(vs) + ": they must match");
+    if (qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3]) {
+        throw InputError("q.npy " + shape_text(qs) + " and k.npy " + shape_text(ks) +
+                         " must agree in B, H and d (dimensions 0, 1 and 3)");
+    }
+    // The files define the shape; an explicit option that disagrees is an error, not a silent override.
+    const std::pair<const char*, int64_t> given[] = {
+        {"--batch", qs[0]}, {"--heads", qs[1]}, {"--seq-q", qs[2]}, {"--seq-k", ks[2]}, {"--head-dim", qs[3]}};
+    Problem& p = opt.problem;
+    int64_t* fields[] = {&p.batch, &p.heads, &p.seq_q, &p.seq_k, &p.head_dim};
+    for (size_t i = 0; i < 5; ++i) {
+        if (app.count(given[i].first) && *fields[i] != given[i].second) {
+            throw InputError(std::string(given[i].first) + " " + std::to_string(*fields[i]) + " disagrees with the loaded files (" +
+                             std::to_string(given[i].second) + "): leave it out when using --load");
+        }
+        *fields[i] = given[i].second;
+    }
+    return in;
+}
+
+void save_outputs(const std::string& dir, const Problem& p, const Inputs& in, const Outputs& out) {
+    const std::vector<int64_t> qshape{p.batch, p.heads, p.seq_q, p.head_dim};
+    const std::vector<int64_t> kshape{p.batch, p.heads, p.seq_k, p.head_dim};
+    write_npy(dir + "/q.npy", qshape, in.q.logical());
+    write_npy(dir + "/k.npy", kshape, in.k.logical());
+    write_npy(dir + "/v.npy", kshape, in.v.logical());
+    write_npy(dir + "/o.npy", qshape, out.o.logical());
+    write_npy(dir + "/lse.npy", {p.batch, p.heads, p.seq_q}, out.lse);
+}
+
+// Refuses a problem whose host buffers cannot fit before anything is allocated.
+void check_host_memory(const Problem& p, const StageSpec& spec, size_t output_sets, bool reference) {
+    const double io = 4.0 * (2.0 * double(p.q_elems()) + 2.0 * double(p.kv_elems()) + double(p.lse_elems()));
+    double need = io + 4.0 * (double(p.q_elems()) + double(p.lse_elems())) * double(output_sets - 1);
+    if (spec.intermediate_bytes) need += spec.intermediate_bytes(p);
+    if (reference) need += 8.0 * (double(p.q_elems()) + double(p.lse_elems()) + 2.0 * double(p.seq_k) * double(p.head_dim) + 128.0 * double(p.seq_k));
+    const int64_t available = available_memory_bytes();
+    if (available > 0 && need > 0.9 * double(available)) {
+        throw InputError("the problem " + p.describe() + " needs about " + format_bytes(need) + " of host memory but only " +
+                         format_bytes(double(available)) + " is available: use smaller sizes");
+    }
+}
+
+std::string cpu_name() {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("model name", 0) == 0) {
+            const size_t colon = line.find(':');
+            if (colon != std::string::npos) return line.substr(colon + 2);
+        }
+    }
+    return "unknown CPU";
+}
+
+std::string today() {
+    const std::time_t now = std::time(nullptr);
+    char buf[32];
+    std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
+    return buf;
+}
+
+struct Check {
+    std::string what;  // "O   vs float64 reference"
+    Metrics metrics;
+    Tolerance tol;
+    bool ok;
+    const char* tensor;  // "O" or "LSE"
+};
+
+void print_check(const Check& c) {
+    std::printf("  %-38s %9.2e %9.2e %9.2e %10.7f %9.2e %6lld  %s\n", c.what.c_str(), c.metrics.max_abs,
+                c.metrics.mean_abs, c.metrics.max_rel, c.metrics.cosine, c.metrics.rel_l2,
+                static_cast<long long>(c.metrics.nonfinite), c.ok ? "ok" : "FAIL");
+}
+
+// Says where the worst element of a failed check sits.
+void print_worst(const Check& c, const Problem& p, const std::vector<float>& out) {
+    if (c.metrics.worst_index < 0) return;
+    const int64_t idx = c.metrics.worst_index;
+    const bool is_o = std::string(c.tensor) == "O";
+    const int64_t d = is_o ? p.head_dim : 1;
+    const int64_t x = idx % d, n = (idx / d) % p.seq_q, h = (idx / d / p.seq_q) % p.heads, b = idx / d / p.seq_q / p.heads;
+    std::printf("    worst %s element at (b=%lld, h=%lld, n=%lld%s%lld): got %.8g, off by %.3g\n", c.tensor,
+                (long long)b, (long long)h, (long long)n, is_o ? ", x=" : "", is_o ? (long long)x : 0LL,
+                double(out[size_t(idx)]), c.metrics.max_abs);
+}
+
+}  // namespace
+
+int run_stage(int argc, char** argv, const StageSpec& spec) {
+    CommonOptions opt;
+    CLI::App app{"flashcourse stage " + spec.number + ": " + spec.title + "\n\n" + spec.description};
+    app.get_formatter()->column_width(34);
+    add_common_options(app, opt);
+    if (spec.add_options) spec.add_options(app);
+    if (const int code = parse_command_line(app, argc, argv); code >= 0) return code;
+
+    std::printf("== flashcourse stage %s: %s ==\n", spec.number.c_str(), spec.title.c_str());
+    if (spec.needs_gpu && spec.gpu_unavailable_reason) {
+        const std::string reason = spec.gpu_unavailable_reason();
+        if (!reason.empty()) {
+            std::printf("skipped: stage %s needs a CUDA GPU (%s)\n", spec.number.c_str(), reason.c_str());
+            return kExitSkipped;
+        }
+    }
+    try {
+        Problem& p = opt.problem;
+        Inputs in;
+        if (!opt.load_dir.empty()) {
+            in = load_inputs(app, opt);
+        }
+        p.validate();
+        if (spec.check_supported) spec.check_supported(p);
+        if (spec.validate_options) spec.validate_options(opt);
+        const bool run_reference = opt.reference == ReferenceMode::Always ||
+                                   (opt.reference == ReferenceMode::Auto && reference_flops(p) <= kReferenceFlopBudget);
+        check_host_memory(p, spec, 2 + spec.checked_against.size(), run_reference);
+        if (opt.load_dir.empty()) in = make_inputs(p, opt.layout, opt.inputs, opt.seed);
+
+        std::printf("problem    %s, layout %s\n", p.describe().c_str(), to_string(opt.layout).c_str());
+        std::printf("inputs     %s\n", opt.load_dir.empty()
+                                           ? (to_string(opt.inputs) + " random, seed " + std::to_string(opt.seed)).c_str()
+                                           : ("loaded from " + opt.load_dir).c_str());
+        if (spec.describe_config) std::printf("config     %s\n", spec.describe_config().c_str());
+        const double flops = attention_flops(p);
+        std::printf("work       %s (4*B*H*Nq*Nk*d%s), at least %s moved (q, k, v read once; o, lse written once)\n",
+                    format_flops(flops).c_str(), p.causal && p.seq_q == p.seq_k ? " / 2 for causal" : "",
+                    format_bytes(attention_min_bytes(p)).c_str());
+        const double extra = spec.intermediate_bytes ? spec.intermediate_bytes(p) : 0.0;
+        std::printf("memory     %s of intermediates%s%s; the full score matrix would be %s\n", format_bytes(extra).c_str(),
+                    spec.intermediate_what.empty() ? "" : ": ", spec.intermediate_what.c_str(),
+                    format_bytes(score_matrix_bytes(p)).c_str());
+
+        // Run this stage first, alone, so its peak memory is its own.
+        Outputs out = make_outputs(p, opt.layout);
+        const int64_t rss_before = current_rss_bytes();
+        const bool peak_reset = reset_peak_rss();
+        const auto t0 = std::chrono::steady_clock::now();
+        run_into(spec.run, p, in, out);
+        const auto t1 = std::chrono::steady_clock::now();
+        const int64_t peak = peak_rss_bytes();
+        const double first_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+        std::printf("run        %.3f ms (first run, wall clock, %.2f GFLOP/s)\n", first_ms, flops / first_ms * 1e-6);
+        std::printf("peak RSS   %s during the run (%s above the %s held before it%s)\n", format_bytes(double(peak)).c_str(),
+                    format_bytes(double(std::max<int64_t>(0, peak - rss_before))).c_str(),
+                    format_bytes(double(rss_before)).c_str(), peak_reset ? "" : "; peak not resettable, covers the whole process");
+
+        std::optional<TimingStats> stats;
+        if (opt.bench) {
+            if (spec.bench) {
+                stats = spec.bench(p, in, opt);
+            } else {
+                Outputs scratch = make_outputs(p, opt.layout);
+                stats = time_host([&] { run_into(spec.run, p, in, scratch); }, opt.warmup, opt.repeat);
+            }
+            std::printf("bench      median %.4f ms over %d runs after %d warm-up (min %.4f, max %.4f): %.2f GFLOP/s\n",
+                        stats->median_ms, opt.repeat, opt.warmup, stats->min_ms, stats->max_ms, flops / stats->median_ms * 1e-6);
+            if (spec.after_bench) spec.after_bench(p, *stats);
+        }
+
+        const std::vector<float> o = out.o.logical();
+        const Tolerance o_tol = output_tolerance(opt.inputs), lse_tol = lse_tolerance(opt.inputs);
+        std::vector<Check> checks;
+        auto add_checks = [&](const std::string& against, const auto& o_ref, const auto& lse_ref) {
+            Check co{"O   vs " + against, compare(o, o_ref), o_tol, false, "O"};
+            co.ok = passes(co.metrics, o_tol);
+            Check cl{"LSE vs " + against, compare(out.lse, lse_ref), lse_tol, false, "LSE"};
+            cl.ok = passes(cl.metrics, lse_tol);
+            checks.push_back(co);
+            checks.push_back(cl);
+        };
+        std::vector<std::string> notes;
+        for (const Comparison& c : spec.checked_against) {
+            if (c.applies && !c.applies(p)) continue;
+            if (c.overflows_on_large && opt.inputs == InputKind::Large) {
+                notes.push_back(c.name + " is not compared: its naive softmax overflows on large inputs by design");
+                continue;
+            }
+            Outputs prev = make_outputs(p, opt.layout);
+            run_into(c.run, p, in, prev);
+            add_checks(c.name, prev.o.logical(), prev.lse);
+        }
+        if (run_reference) {
+            const Reference ref = reference_attention(p, in.q.cview(), in.k.cview(), in.v.cview());
+            add_checks("float64 reference", ref.o, ref.lse);
+        } else {
+            notes.push_back(opt.reference == ReferenceMode::Never
+                                ? "float64 reference skipped (--reference never)"
+                                : "float64 reference skipped: it would cost " + format_flops(reference_flops(p)) +
+                                      " (budget 2e10; --reference always forces it)");
+        }
+
+        std::printf("check      %-38s %9s %9s %9s %10s %9s %6s\n", "", "max_abs", "mean_abs", "max_rel", "cosine", "rel_l2", "nonfin");
+        bool all_ok = true;
+        int64_t nonfinite = 0;
+        for (const Check& c : checks) {
+            print_check(c);
+            all_ok = all_ok && c.ok;
+            nonfinite += c.metrics.nonfinite;
+        }
+        for (const std::string& n : notes) std::printf("  note: %s\n", n.c_str());
+        std::printf("tolerance  O: max_abs <= %.0e and rel_l2 <= %.0e; LSE: max_abs <= %.0e and rel_l2 <= %.0e (%s inputs)\n",
+                    o_tol.max_abs, o_tol.rel_l2, lse_tol.max_abs, lse_tol.rel_l2, to_string(opt.inputs).c_str());
+
+        if (!opt.save_dir.empty()) {
+            save_outputs(opt.save_dir, p, in, out);
+            std::printf("saved      q.npy k.npy v.npy o.npy lse.npy to %s\n", opt.save_dir.c_str());
+        }
+        if (!opt.json_path.empty()) {
+            std::ofstream json(opt.json_path, std::ios::app);
+            if (!json) throw InputError("--json: cannot open " + opt.json_path + " for appending");
+            json << "{\"stage\":\"" << spec.number << "\",\"title\":\"" << spec.title << "\",\"B\":" << p.batch
+                 << ",\"H\":" << p.heads << ",\"Nq\":" << p.seq_q << ",\"Nk\":" << p.seq_k << ",\"d\":" << p.head_dim
+                 << ",\"causal\":" << (p.causal ? "true" : "false") << ",\"layout\":\"" << to_string(opt.layout)
+                 << "\",\"first_ms\":" << first_ms << ",\"median_ms\":" << (stats ? stats->median_ms : first_ms)
+                 << ",\"gflops\":" << flops / (stats ? stats->median_ms : first_ms) * 1e-6 << ",\"peak_rss_bytes\":" << peak
+                 << ",\"rss_before_bytes\":" << rss_before << ",\"intermediate_bytes\":" << extra << ",\"pass\":"
+                 << (all_ok ? "true" : "false") << ",\"machine\":\"" << cpu_name() << "\",\"date\":\"" << today() << "\"}\n";
+        }
+
+        if (all_ok) {
+            std::printf("verdict    PASS: %zu comparisons within tolerance\n", checks.size());
+            return kExitPass;
+        }
+        if (spec.naive_softmax && nonfinite > 0) {
+            std::printf("verdict    OVERFLOW, as this stage teaches: exp(s) exceeds float32's largest value (3.4e38) once\n"
+                        "           s > 88.7, so the naive softmax produced inf/inf = NaN in %lld values.\n"
+                        "           Stage 02 subtracts each row's maximum before exponentiating and has no such limit.\n",
+                        static_cast<long long>(nonfinite));
+            return opt.inputs == InputKind::Large ? kExitPass : kExitMismatch;
+        }
+        for (const Check& c : checks)
+            if (!c.ok) print_worst(c, p, std::string(c.tensor) == "O" ? o : out.lse);
+        std::printf("verdict    MISMATCH: see the rows marked FAIL\n");
+        return kExitMismatch;
+    } catch (const InputError& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return kExitBadInput;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "error: out of memory for %s: use smaller sizes\n", opt.problem.describe().c_str());
+        return kExitBadInput;
+    }
+}
+
+}  // namespace fa

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Command-line behaviour of a stage executable: bad options and bad files exit with 2 and a
+# message naming the problem; --save followed by --load reproduces the same result.
+# Usage: stage_cli.sh path/to/stageNN_executable
+set -u
+exe=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+# expect CODE PATTERN ARGS...: the run exits with CODE and its output matches PATTERN.
+expect() {
+    local code=$1 pattern=$2
+    shift 2
+    local out
+    out=$("$exe" "$@" 2>&1)
+    local got=$?
+    if [[ $got -ne $code ]] || ! grep -qE -- "$pattern" <<<"$out"; then
+        echo "FAIL: $exe $* -> exit $got (want $code), output should match '$pattern':"
+        echo "$out" | tail -5
+        failures=$((failures + 1))
+    fi
+}
+
+expect 2 "--batch" --batch 0
+expect 2 "--head-dim" --head-dim 0
+expect 2 "--seq-q" --seq-q abc
+expect 2 "--layout" --layout nchw
+expect 2 "--inputs" --inputs zeros
+expect 2 "--scale" --scale nan
+expect 2 "needs about .* of host memory" --batch 64 --heads 64 --seq-q 1000000 --seq-k 1000000 --reference never
+expect 2 "no-such" --no-such-option
+
+# --save then --load: the same inputs give the same outputs.
+mkdir -p "$work/a" "$work/b"
+expect 0 "PASS" --heads 2 --seq-q 33 --seq-k 47 --head-dim 16 --causal --save "$work/a"
+expect 0 "loaded from" --load "$work/a" --causal --save "$work/b"
+for f in q k v o lse; do
+    cmp -s "$work/a/$f.npy" "$work/b/$f.npy" || { echo "FAIL: $f.npy differs after --load"; failures=$((failures + 1)); }
+done
+expect 0 "loaded from" --load "$work/a" --layout bnhd --causal
+
+# Files that are wrong in shape or form.
+mkdir -p "$work/bad"
+cp "$work/a/q.npy" "$work/a/k.npy" "$work/bad/"
+cp "$work/a/lse.npy" "$work/bad/v.npy"  # 3 dimensions
+expect 2 "4 dimensions" --load "$work/bad"
+cp "$work/a/q.npy" "$work/bad/v.npy"    # v with Nq rows, k with Nk rows
+expect 2 "must match" --load "$work/bad"
+cp "$work/a/v.npy" "$work/bad/v.npy"
+head -c 100 "$work/a/k.npy" >"$work/bad/k.npy"
+expect 2 "truncated" --load "$work/bad"
+printf 'not a numpy file at all' >"$work/bad/k.npy"
+expect 2 "magic" --load "$work/bad"
+rm "$work/bad/k.npy"
+expect 2 "cannot open" --load "$work/bad"
+expect 2 "--seq-q 5 disagrees" --load "$work/a" --seq-q 5
+
+if [[ $failures -ne 0 ]]; then
+    echo "$failures command-line check(s) failed"
+    exit 1
+fi
+echo "all command-line checks passed for $(basename "$exe")"

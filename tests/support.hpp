@@ -1,0 +1,121 @@
+// Helpers shared by the stage tests: the standard cases of COURSE.md and one checking routine.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "fa/inputs.hpp"
+#include "fa/metrics.hpp"
+#include "fa/reference.hpp"
+#include "fa/stage.hpp"
+
+namespace fa::test {
+
+/// One problem to check: shape, options and how the inputs are drawn.
+struct Case {
+    Problem problem;          ///< sizes, scale, causality
+    Layout layout = Layout::BHND;
+    InputKind inputs = InputKind::Normal;
+    uint64_t seed = 1;
+    std::string name() const {
+        std::ostringstream s;
+        s << problem.describe() << " layout=" << to_string(layout) << " inputs=" << to_string(inputs) << " seed=" << seed;
+        return s.str();
+    }
+};
+
+inline Problem make_problem(int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t d, bool causal) {
+    Problem p;
+    p.batch = B;
+    p.heads = H;
+    p.seq_q = Nq;
+    p.seq_k = Nk;
+    p.head_dim = d;
+    p.causal = causal;
+    return p;
+}
+
+/// The cases every stage covers (COURSE.md): N = 1, primes, sizes no block divides, Nq != Nk,
+/// causal with rows that see no key (Nq > Nk), large magnitudes, both layouts, d from 1 up to
+/// `max_d` (only values in `allowed_d` when it is non-empty), LSE as well as O.
+inline std::vector<Case> standard_cases(const std::vector<int64_t>& head_dims) {
+    std::vector<Case> cases;
+    uint64_t seed = 100;
+    const int64_t sizes[][2] = {{1, 1}, {1, 37}, {37, 1}, {13, 13}, {61, 67}, {97, 131}, {130, 70}, {200, 129}, {255, 257}};
+    for (int64_t d : head_dims) {
+        for (const auto& s : sizes) {
+            for (bool causal : {false, true}) {
+                Case c;
+                c.problem = make_problem(1, 2, s[0], s[1], d, causal);
+                c.layout = (seed % 2) ? Layout::BNHD : Layout::BHND;
+                c.seed = seed++;
+                cases.push_back(c);
+            }
+        }
+        // Batch and heads > 1 with the flash-attn layout; a custom scale.
+        Case bh;
+        bh.problem = make_problem(2, 3, 45, 83, d, true);
+        bh.problem.scale = 0.3;
+        bh.layout = Layout::BNHD;
+        bh.seed = seed++;
+        cases.push_back(bh);
+        // Large magnitudes: scores of order 400.
+        for (bool causal : {false, true}) {
+            Case big;
+            big.problem = make_problem(1, 2, 70, 90, d, causal);
+            big.inputs = InputKind::Large;
+            big.seed = seed++;
+            cases.push_back(big);
+        }
+    }
+    return cases;
+}
+
+/// Output of one run, in logical order.
+struct Result {
+    std::vector<float> o;    ///< (B, H, Nq, d)
+    std::vector<float> lse;  ///< (B, H, Nq)
+};
+
+/// Runs `fn` on `in` with outputs poisoned with NaN, so unwritten elements fail.
+inline Result run(const AttentionFn& fn, const Problem& p, const Inputs& in, Layout layout) {
+    HostTensor o(p.batch, p.heads, p.seq_q, p.head_dim, layout, std::nanf(""));
+    std::vector<float> lse(static_cast<size_t>(p.lse_elems()), std::nanf(""));
+    fn(p, in.q.cview(), in.k.cview(), in.v.cview(), o.view, make_view3(lse.data(), p.batch, p.heads, p.seq_q));
+    return {o.logical(), lse};
+}
+
+/// Checks `got` against a reference within the float32 tolerances for `kind`.
+template <class Ref>
+void check_close(const Result& got, const Ref& ref_o, const Ref& ref_lse, InputKind kind, const std::string& what) {
+    const Metrics mo = compare(got.o, ref_o);
+    const Metrics ml = compare(got.lse, ref_lse);
+    INFO(what);
+    INFO("O: max_abs=" << mo.max_abs << " rel_l2=" << mo.rel_l2 << " nonfinite=" << mo.nonfinite);
+    INFO("LSE: max_abs=" << ml.max_abs << " rel_l2=" << ml.rel_l2 << " nonfinite=" << ml.nonfinite);
+    CHECK(passes(mo, output_tolerance(kind)));
+    CHECK(passes(ml, lse_tolerance(kind)));
+}
+
+/// Checks `fn` against the float64 reference on `c`; also checks the no-visible-key contract.
+inline Result check_against_reference(const AttentionFn& fn, const Case& c) {
+    const Inputs in = make_inputs(c.problem, c.layout, c.inputs, c.seed);
+    const Result got = run(fn, c.problem, in, c.layout);
+    const Reference ref = reference_attention(c.problem, in.q.cview(), in.k.cview(), in.v.cview());
+    check_close(got, ref.o, ref.lse, c.inputs, c.name() + " vs float64 reference");
+    return got;
+}
+
+/// Checks `fn` against another stage `prev` on `c`.
+inline void check_against_stage(const AttentionFn& fn, const AttentionFn& prev, const Case& c, const std::string& prev_name) {
+    const Inputs in = make_inputs(c.problem, c.layout, c.inputs, c.seed);
+    const Result got = run(fn, c.problem, in, c.layout);
+    const Result want = run(prev, c.problem, in, c.layout);
+    check_close(got, want.o, want.lse, c.inputs, c.name() + " vs " + prev_name);
+}
+
+}  // namespace fa::test
