@@ -149,9 +149,10 @@ void print_worst(const Check& c, const Problem& p, const std::vector<float>& out
     const bool is_o = std::string(c.tensor) == "O";
     const int64_t d = is_o ? p.head_dim : 1;
     const int64_t x = idx % d, n = (idx / d) % p.seq_q, h = (idx / d / p.seq_q) % p.heads, b = idx / d / p.seq_q / p.heads;
-    std::printf("    worst %s element at (b=%lld, h=%lld, n=%lld%s%lld): got %.8g, off by %.3g\n", c.tensor,
-                (long long)b, (long long)h, (long long)n, is_o ? ", x=" : "", is_o ? (long long)x : 0LL,
-                double(out[size_t(idx)]), c.metrics.max_abs);
+    // The LSE has no feature index: print ", x=..." for O only.
+    const std::string x_part = is_o ? ", x=" + std::to_string(x) : "";
+    std::printf("    worst %s element at (b=%lld, h=%lld, n=%lld%s): got %.8g, off by %.3g\n", c.tensor,
+                (long long)b, (long long)h, (long long)n, x_part.c_str(), double(out[size_t(idx)]), c.metrics.max_abs);
 }
 
 }  // namespace

@@ -4,21 +4,9 @@
 
 #include <Eigen/Dense>
 
+#include "fa/eigen.hpp"
+
 namespace fa::stage01 {
-
-namespace {
-
-using MatrixRM = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-// Gathers head (b, h) of a strided view into a dense [N, d] matrix.
-MatrixRM load_head(View4<const float> t, int64_t b, int64_t h) {
-    MatrixRM m(t.shape[2], t.shape[3]);
-    for (int64_t n = 0; n < t.shape[2]; ++n)
-        for (int64_t x = 0; x < t.shape[3]; ++x) m(n, x) = t(b, h, n, x);
-    return m;
-}
-
-}  // namespace
 
 void attention(const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v,
                View4<float> o, View3<float> lse) {

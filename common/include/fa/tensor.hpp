@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "fa/config.hpp"
@@ -45,8 +46,10 @@ struct View4 {
     FA_HD T* row(int64_t b, int64_t h, int64_t n) const { return data + offset(b, h, n, 0); }
     /// Total number of elements.
     FA_HD int64_t numel() const { return shape[0] * shape[1] * shape[2] * shape[3]; }
-    /// The same view with const elements.
-    operator View4<const T>() const { return {data, shape, stride}; }
+    /// The same view with const elements (only for views of non-const elements: a view of const
+    /// elements would convert to its own type, which compilers warn about).
+    template <class U = T, std::enable_if_t<!std::is_const_v<U>, int> = 0>
+    operator View4<const U>() const { return {data, shape, stride}; }
 };
 
 /// A non-owning rank-3 view indexed as `(b, h, n)`, used for the LSE.
@@ -62,8 +65,9 @@ struct View3 {
     }
     /// Total number of elements.
     FA_HD int64_t numel() const { return shape[0] * shape[1] * shape[2]; }
-    /// The same view with const elements.
-    operator View3<const T>() const { return {data, shape, stride}; }
+    /// The same view with const elements (only for views of non-const elements).
+    template <class U = T, std::enable_if_t<!std::is_const_v<U>, int> = 0>
+    operator View3<const U>() const { return {data, shape, stride}; }
 };
 
 /// Strides, in elements, of a dense `(B, H, N, d)` tensor stored in `layout`, listed in
