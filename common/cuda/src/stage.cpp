@@ -7,6 +7,7 @@
 #include "fa/cuda/device.hpp"
 #include "fa/cuda/tensors.hpp"
 #include "fa/cuda/timing.hpp"
+#include "fa/error.hpp"
 
 namespace fa::cuda {
 

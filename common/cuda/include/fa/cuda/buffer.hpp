@@ -1,4 +1,4 @@
-/// \file buffer.hpp
+/// \file fa/cuda/buffer.hpp
 /// \brief An owning, move-only array in GPU memory.
 #pragma once
 

@@ -1,4 +1,4 @@
-/// \file check.hpp
+/// \file fa/cuda/check.hpp
 /// \brief Every CUDA call and every kernel launch is checked; a failure names the call, file and line.
 ///
 /// CUDA reports most failures through return codes that are easy to ignore, and a failed kernel
@@ -14,6 +14,10 @@
 
 #include <cuda_runtime.h>
 
+/// \namespace fa::cuda
+/// \brief What the GPU stages share: checked CUDA calls, device buffers, the GPU's name, clock
+/// and memory, CUDA-event timing with the L2 flushed, device copies of a problem's tensors, and
+/// the GPU side of the stage driver.
 namespace fa::cuda {
 
 /// A CUDA call or a kernel launch failed. The message names the call, the file and the line.

@@ -1,4 +1,4 @@
-/// \file device.hpp
+/// \file fa/cuda/device.hpp
 /// \brief Is there a GPU, which one, how fast is it clocked, and does a problem fit in its memory.
 #pragma once
 

@@ -1,4 +1,4 @@
-/// \file stage.hpp (fa/cuda/stage.hpp)
+/// \file fa/cuda/stage.hpp
 /// \brief What a GPU stage adds to the shared stage driver: the host entry point built from the
 /// device one, timing with CUDA events, the GPU and its clock in the report.
 #pragma once

@@ -1,4 +1,4 @@
-/// \file tensors.hpp
+/// \file fa/cuda/tensors.hpp
 /// \brief Device copies of one attention problem's tensors, with the strides of the host views.
 ///
 /// A GPU stage's host entry point copies q, k and v to the device, launches, and copies o and lse

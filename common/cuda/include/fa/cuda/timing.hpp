@@ -1,4 +1,4 @@
-/// \file timing.hpp
+/// \file fa/cuda/timing.hpp
 /// \brief Timing GPU work with CUDA events: warm-up, the L2 cache flushed before every run, median.
 ///
 /// A host clock around a kernel launch measures the launch, not the kernel: the launch returns at

@@ -1,0 +1,27 @@
+// Stage 05 executable: the shared-memory CUDA kernel, checked against stage 04 and the float64 reference.
+#include "../04_cpu_tiling/attention.hpp"
+#include "attention.cuh"
+#include "fa/cuda/device.hpp"
+#include "fa/cuda/stage.hpp"
+#include "fa/stage.hpp"
+
+int main(int argc, char** argv) {
+    fa::StageSpec spec;
+    spec.number = "05";
+    spec.title = "shared-memory CUDA kernel";
+    spec.description =
+        "One thread block per (batch, head, 64 query rows): Q stays in shared memory, K and V stream through it\n"
+        "64 rows at a time, scores and the online softmax stay in registers. float32, d = 32, 64 or 128.\n"
+        "Checked against stage 04 (CPU tiling) and the float64 reference. --bench times it with CUDA events.";
+    spec.run = fa::stage05::attention;
+    spec.check_supported = fa::stage05::check_supported;
+    spec.describe_config = fa::stage05::describe_config;
+    spec.intermediate_bytes = [](const fa::Problem&) { return 0.0; };
+    spec.intermediate_what = "none in device memory: S_ij, m_i, l_i and O_i stay in registers and shared memory";
+    spec.needs_gpu = true;
+    spec.gpu_unavailable_reason = fa::cuda::gpu_unavailable_reason;
+    spec.bench = fa::cuda::device_bench(fa::stage05::attention_device);
+    spec.after_bench = fa::cuda::print_gpu_report;
+    spec.checked_against.push_back({"stage 04 (CPU tiling)", fa::stage04::attention, {}, false});
+    return fa::cuda::run_gpu_stage(argc, argv, spec);
+}

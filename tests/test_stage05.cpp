@@ -1,0 +1,133 @@
+// Stage 05 (shared-memory CUDA kernel) against the float64 reference and stage 04.
+#include <cmath>
+#include <string>
+
+#include "../stages/04_cpu_tiling/attention.hpp"
+#include "../stages/05_shared_memory_kernel/attention.cuh"
+#include "fa/cuda/buffer.hpp"
+#include "fa/cuda/check.hpp"
+#include "fa/cuda/device.hpp"
+#include "fa/cuda/timing.hpp"
+#include "fa/error.hpp"
+#include "support.hpp"
+
+using namespace fa;
+
+TEST_CASE("stage 05 matches the float64 reference on the standard cases, d = 32, 64, 128") {
+    for (const test::Case& c : test::standard_cases({32, 64, 128})) test::check_against_reference(stage05::attention, c);
+}
+
+TEST_CASE("stage 05 matches stage 04 (CPU tiling)") {
+    for (const test::Case& c : test::standard_cases({64})) test::check_against_stage(stage05::attention, stage04::attention, c, "stage 04");
+}
+
+TEST_CASE("stage 05 handles every tail: sizes just below, at and above the 64-row blocks") {
+    const int64_t sizes[][2] = {{64, 64}, {63, 65}, {65, 63}, {128, 1}, {1, 128}, {129, 191}, {192, 127}, {2, 3}};
+    uint64_t seed = 500;
+    for (int64_t d : {32, 64, 128}) {
+        for (const auto& s : sizes) {
+            for (bool causal : {false, true}) {
+                test::Case c;
+                c.problem = test::make_problem(2, 1, s[0], s[1], d, causal);
+                c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
+                c.seed = seed++;
+                test::check_against_reference(stage05::attention, c);
+            }
+        }
+    }
+}
+
+TEST_CASE("stage 05 gives the same result in both layouts, and the same result twice") {
+    const Problem p = test::make_problem(2, 3, 150, 170, 64, true);
+    const Inputs a = make_inputs(p, Layout::BHND, InputKind::Normal, 9);
+    const Inputs b = make_inputs(p, Layout::BNHD, InputKind::Normal, 9);
+    const test::Result ra = test::run(stage05::attention, p, a, Layout::BHND);
+    const test::Result ra2 = test::run(stage05::attention, p, a, Layout::BHND);
+    const test::Result rb = test::run(stage05::attention, p, b, Layout::BNHD);
+    CHECK(ra.o == ra2.o);  // bitwise: a data race would make repeated runs differ
+    CHECK(ra.lse == ra2.lse);
+    CHECK(ra.o == rb.o);   // the layout changes addresses only, not the arithmetic
+    CHECK(ra.lse == rb.lse);
+}
+
+TEST_CASE("stage 05 writes every output element, including rows and whole query tiles that see no key") {
+    // Causal with Nq = 300 > Nk = 100: rows 0..199 see no key, so query tiles 0..2 (rows 0..191)
+    // see nothing at all and tile 3 is partly blind.
+    const Problem p = test::make_problem(1, 2, 300, 100, 64, true);
+    const Inputs in = make_inputs(p, Layout::BHND, InputKind::Normal, 11);
+    const test::Result got = test::run(stage05::attention, p, in, Layout::BHND);
+    for (float x : got.o) REQUIRE(std::isfinite(x));  // outputs start as NaN: every element was written
+    for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t i = 0; i < 300; ++i) {
+            const float lse = got.lse[size_t(h * 300 + i)];
+            if (i < 200) {
+                CHECK((std::isinf(lse) && lse < 0));
+                for (int64_t x = 0; x < 64; ++x) CHECK(got.o[size_t((h * 300 + i) * 64 + x)] == 0.0f);
+            } else {
+                CHECK(std::isfinite(lse));
+            }
+        }
+    }
+    test::Case c;
+    c.problem = p;
+    c.seed = 11;
+    test::check_against_reference(stage05::attention, c);
+}
+
+TEST_CASE("stage 05 on a larger problem, causal, with large magnitudes") {
+    test::Case c;
+    c.problem = test::make_problem(1, 2, 1500, 1300, 128, true);
+    c.inputs = InputKind::Large;
+    c.seed = 21;
+    test::check_against_reference(stage05::attention, c);
+    c.problem = test::make_problem(2, 2, 1000, 1000, 64, false);
+    c.inputs = InputKind::Normal;
+    c.layout = Layout::BNHD;
+    test::check_against_reference(stage05::attention, c);
+}
+
+TEST_CASE("stage 05 refuses head dimensions it has no kernel for, naming the allowed ones") {
+    const Problem p = test::make_problem(1, 1, 16, 16, 96, false);
+    CHECK_THROWS_WITH_AS(stage05::check_supported(p), "head_dim 96 is not supported by stage 05: use 32, 64 or 128", InputError);
+    const Inputs in = make_inputs(p, Layout::BHND, InputKind::Normal, 1);
+    CHECK_THROWS_AS(test::run(stage05::attention, p, in, Layout::BHND), InputError);
+    for (int64_t d : {1, 16, 48, 256}) {
+        CHECK_THROWS_AS(stage05::check_supported(test::make_problem(1, 1, 8, 8, d, false)), InputError);
+    }
+}
+
+// The GPU toolkit the stages share (common/cuda), exercised where a GPU is present.
+TEST_CASE("common/cuda: a failed CUDA call names the call, the file and the line") {
+    std::string message;
+    try {
+        FA_CUDA_CHECK(cudaMemcpy(nullptr, nullptr, 16, cudaMemcpyHostToDevice));
+    } catch (const cuda::Error& e) {
+        message = e.what();
+    }
+    (void)cudaGetLastError();  // the failed call leaves an error behind for the next query
+    CHECK(message.find("cudaMemcpy(nullptr, nullptr, 16, cudaMemcpyHostToDevice)") != std::string::npos);
+    CHECK(message.find("test_stage05.cpp:") != std::string::npos);
+    CHECK(message.find("cudaErrorInvalidValue") != std::string::npos);
+}
+
+TEST_CASE("common/cuda: a problem that does not fit in device memory is refused with its size") {
+    CHECK_THROWS_AS(cuda::require_device_memory(1e18, "a huge problem"), InputError);
+    try {
+        cuda::require_device_memory(1e18, "a huge problem");
+    } catch (const InputError& e) {
+        CHECK(std::string(e.what()).find("needs about") != std::string::npos);
+    }
+    CHECK_NOTHROW(cuda::require_device_memory(1024.0, "a tiny problem"));
+}
+
+TEST_CASE("common/cuda: event timing returns one positive sample per timed run") {
+    cuda::DeviceBuffer<float> buf(1 << 20);
+    const TimingStats t = cuda::time_on_gpu(
+        [&](cudaStream_t s) { FA_CUDA_CHECK(cudaMemsetAsync(buf.data(), 0, buf.bytes(), s)); }, 2, 21);
+    CHECK(t.samples_ms.size() == 21);
+    CHECK(t.min_ms > 0.0);
+    CHECK(t.min_ms <= t.median_ms);
+    CHECK(t.median_ms <= t.max_ms);
+    CHECK(cuda::gpu_info().sm_count > 0);
+    CHECK(cuda::l2_flush_bytes() >= 2 * size_t(cuda::gpu_info().l2_bytes));
+}
