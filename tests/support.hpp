@@ -28,7 +28,7 @@ struct Case {
     }
 };
 
-inline Problem make_problem(int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t d, bool causal) {
+inline Problem make_problem(int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t d, bool causal = false) {
     Problem p;
     p.batch = B;
     p.heads = H;

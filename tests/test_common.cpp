@@ -22,22 +22,15 @@
 #include "fa/reference.hpp"
 #include "fa/tensor.hpp"
 #include "fa/timing.hpp"
+#include "support.hpp"
 
 using namespace fa;
 namespace fs = std::filesystem;
 
 namespace {
 
-Problem problem(int64_t B, int64_t H, int64_t Nq, int64_t Nk, int64_t d, bool causal = false) {
-    Problem p;
-    p.batch = B;
-    p.heads = H;
-    p.seq_q = Nq;
-    p.seq_k = Nk;
-    p.head_dim = d;
-    p.causal = causal;
-    return p;
-}
+// Shapes as (B, H, Nq, Nk, d, causal), the same helper the stage tests use.
+using test::make_problem;
 
 // A fresh directory for file tests, removed at the end of the test.
 struct TempDir {
@@ -93,11 +86,11 @@ TEST_CASE("causal alignment is bottom-right") {
     CHECK(visible_key_end(4, 5, 2, true) == 2);
     // Non-causal: everything.
     CHECK(visible_key_end(0, 5, 2, false) == 2);
-    CHECK(problem(1, 1, 4, 4, 8, true).visible_pairs_per_head() == 10);
+    CHECK(make_problem(1, 1, 4, 4, 8, true).visible_pairs_per_head() == 10);
 }
 
 TEST_CASE("problem validation names the option") {
-    CHECK_NOTHROW(problem(1, 1, 1, 1, 1).validate());
+    CHECK_NOTHROW(make_problem(1, 1, 1, 1, 1).validate());
     auto message = [](const Problem& p) {
         try {
             p.validate();
@@ -106,22 +99,22 @@ TEST_CASE("problem validation names the option") {
         }
         return std::string();
     };
-    CHECK(message(problem(0, 1, 1, 1, 1)).find("--batch") != std::string::npos);
-    CHECK(message(problem(1, 1, 1, 1, 0)).find("--head-dim") != std::string::npos);
-    CHECK(message(problem(1, 1, 1, 0, 1)).find("--seq-k") != std::string::npos);
-    Problem huge = problem(65536, 4096, 1 << 24, 1 << 24, 65536);
+    CHECK(message(make_problem(0, 1, 1, 1, 1)).find("--batch") != std::string::npos);
+    CHECK(message(make_problem(1, 1, 1, 1, 0)).find("--head-dim") != std::string::npos);
+    CHECK(message(make_problem(1, 1, 1, 0, 1)).find("--seq-k") != std::string::npos);
+    Problem huge = make_problem(65536, 4096, 1 << 24, 1 << 24, 65536);
     CHECK(message(huge).find("64-bit") != std::string::npos);
-    Problem bad_scale = problem(1, 1, 1, 1, 1);
+    Problem bad_scale = make_problem(1, 1, 1, 1, 1);
     bad_scale.scale = std::numeric_limits<double>::infinity();
     CHECK(message(bad_scale).find("--scale") != std::string::npos);
-    CHECK(problem(1, 1, 1, 1, 64).softmax_scale() == doctest::Approx(0.125));
+    CHECK(make_problem(1, 1, 1, 1, 64).softmax_scale() == doctest::Approx(0.125));
 }
 
 TEST_CASE("views read both layouts; the logical tensor does not depend on the layout") {
     // Shape and stride: a (B, H, N, d) = (2, 3, 4, 5) tensor.
     CHECK(dense_strides(2, 3, 4, 5, Layout::BHND) == std::array<int64_t, 4>{60, 20, 5, 1});
     CHECK(dense_strides(2, 3, 4, 5, Layout::BNHD) == std::array<int64_t, 4>{60, 5, 15, 1});
-    const Problem p = problem(2, 3, 7, 9, 5);
+    const Problem p = make_problem(2, 3, 7, 9, 5);
     const Inputs a = make_inputs(p, Layout::BHND, InputKind::Normal, 11);
     const Inputs b = make_inputs(p, Layout::BNHD, InputKind::Normal, 11);
     CHECK(a.q.logical() == b.q.logical());
@@ -137,7 +130,7 @@ TEST_CASE("views read both layouts; the logical tensor does not depend on the la
 }
 
 TEST_CASE("inputs are seeded, never zeros, and large inputs are large") {
-    const Problem p = problem(1, 2, 33, 17, 8);
+    const Problem p = make_problem(1, 2, 33, 17, 8);
     const Inputs a = make_inputs(p, Layout::BHND, InputKind::Normal, 5);
     const Inputs b = make_inputs(p, Layout::BHND, InputKind::Normal, 5);
     const Inputs c = make_inputs(p, Layout::BHND, InputKind::Normal, 6);
@@ -182,7 +175,7 @@ TEST_CASE("metrics") {
 
 TEST_CASE("the float64 reference: softmax of [3, 2, 5, 1]") {
     // One query, four keys, d = 1, scale 1: the scores are q * k = [3, 2, 5, 1].
-    Problem p = problem(1, 1, 1, 4, 1);
+    Problem p = make_problem(1, 1, 1, 4, 1);
     p.scale = 1.0;
     std::vector<float> q{1.0f}, k{3, 2, 5, 1}, v{10, 20, 30, 40};
     const Reference ref = reference_attention(p, make_view<const float>(q.data(), 1, 1, 1, 1, Layout::BHND),
@@ -193,7 +186,7 @@ TEST_CASE("the float64 reference: softmax of [3, 2, 5, 1]") {
     CHECK(ref.o[0] == doctest::Approx((10 * e[0] + 20 * e[1] + 30 * e[2] + 40 * e[3]) / sum));
     CHECK(ref.lse[0] == doctest::Approx(std::log(sum)));
     // Causal with Nq > Nk: the first row sees nothing.
-    Problem c = problem(1, 1, 2, 1, 1, true);
+    Problem c = make_problem(1, 1, 2, 1, 1, true);
     std::vector<float> q2{1, 2};
     const Reference r2 = reference_attention(c, make_view<const float>(q2.data(), 1, 1, 2, 1, Layout::BHND),
                                              make_view<const float>(k.data(), 1, 1, 1, 1, Layout::BHND),
@@ -205,7 +198,7 @@ TEST_CASE("the float64 reference: softmax of [3, 2, 5, 1]") {
 }
 
 TEST_CASE("counts") {
-    const Problem p = problem(2, 4, 1024, 1024, 64);
+    const Problem p = make_problem(2, 4, 1024, 1024, 64);
     CHECK(attention_flops(p) == doctest::Approx(4.0 * 2 * 4 * 1024 * 1024 * 64));
     Problem c = p;
     c.causal = true;
