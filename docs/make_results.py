@@ -491,28 +491,21 @@ def cpu_section(rows, images, out, plots_made):
         def mark(r):
             return "" if r["pass"] else " **FAIL**"
 
-        w("Median time in ms, with GFLOP/s in parentheses:")
-        w("")
-        w(f"| {size_head} | {heads} |")
-        w("|---:|" + "---:|" * len(stages))
-        for nq, nk in sizes:
-            cells = []
-            for st in stages:
-                r = cell.get((nq, nk, st))
-                cells.append(f"{fmt_num(r['median_ms'])} ({fmt_num(r['gflops'])}){mark(r)}" if r else "–")
-            w(f"| {size_label(nq, nk)} | " + " | ".join(cells) + " |")
-        w("")
-        w("Memory above the inputs, measured, with the stage's own count of its intermediates in parentheses:")
-        w("")
-        w(f"| {size_head} | {heads} |")
-        w("|---:|" + "---:|" * len(stages))
-        for nq, nk in sizes:
-            cells = []
-            for st in stages:
-                r = cell.get((nq, nk, st))
-                cells.append(f"{fmt_bytes(r['extra_bytes'])} ({fmt_bytes(r['intermediate_bytes'])})" if r else "–")
-            w(f"| {size_label(nq, nk)} | " + " | ".join(cells) + " |")
-        w("")
+        def table(caption, format_cell):
+            # One row per size, one column per stage; "–" where a stage has no run at that size.
+            w(caption)
+            w("")
+            w(f"| {size_head} | {heads} |")
+            w("|---:|" + "---:|" * len(stages))
+            for nq, nk in sizes:
+                cells = [format_cell(r) if (r := cell.get((nq, nk, st))) else "–" for st in stages]
+                w(f"| {size_label(nq, nk)} | " + " | ".join(cells) + " |")
+            w("")
+
+        table("Median time in ms, with GFLOP/s in parentheses:",
+              lambda r: f"{fmt_num(r['median_ms'])} ({fmt_num(r['gflops'])}){mark(r)}")
+        table("Memory above the inputs, measured, with the stage's own count of its intermediates in parentheses:",
+              lambda r: f"{fmt_bytes(r['extra_bytes'])} ({fmt_bytes(r['intermediate_bytes'])})")
         failed = [r for r in g if not r["pass"]]
         if failed:
             w(f"\\warning {len(failed)} of these runs failed their own check (marked **FAIL**).")

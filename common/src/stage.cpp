@@ -191,7 +191,7 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
         std::printf("inputs     %s\n", opt.load_dir.empty()
                                            ? (to_string(opt.inputs) + " random, seed " + std::to_string(opt.seed)).c_str()
                                            : ("loaded from " + opt.load_dir).c_str());
-        if (spec.describe_config) std::printf("config     %s\n", spec.describe_config().c_str());
+        if (spec.describe_config) std::printf("config     %s\n", spec.describe_config(p).c_str());
         const double flops = attention_flops(p);
         std::printf("work       %s (4*B*H*Nq*Nk*d%s), at least %s moved (q, k, v read once; o, lse written once)\n",
                     format_flops(flops).c_str(), p.causal && p.seq_q == p.seq_k ? " / 2 for causal" : "",
@@ -223,8 +223,10 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
                 Outputs scratch = make_outputs(p, opt.layout);
                 stats = time_host([&] { run_into(spec.run, p, in, scratch); }, opt.warmup, opt.repeat);
             }
-            std::printf("bench      median %.4f ms over %d runs after %d warm-up (min %.4f, max %.4f): %.2f GFLOP/s\n",
-                        stats->median_ms, opt.repeat, opt.warmup, stats->min_ms, stats->max_ms, flops / stats->median_ms * 1e-6);
+            const double rate = flops / (stats->median_ms * 1e-3);  // FLOP/s
+            std::printf("bench      median %.4f ms over %d runs after %d warm-up (min %.4f, max %.4f): %.2f %s\n",
+                        stats->median_ms, opt.repeat, opt.warmup, stats->min_ms, stats->max_ms,
+                        rate >= 1e12 ? rate * 1e-12 : rate * 1e-9, rate >= 1e12 ? "TFLOP/s" : "GFLOP/s");
             if (spec.after_bench) spec.after_bench(p, *stats);
         }
 
@@ -304,11 +306,18 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
         std::printf("verdict    MISMATCH: see the rows marked FAIL\n");
         return kExitMismatch;
     } catch (const InputError& e) {
+        std::fflush(stdout);  // the report so far, then the error, in that order
         std::fprintf(stderr, "error: %s\n", e.what());
         return kExitBadInput;
     } catch (const std::bad_alloc&) {
         std::fprintf(stderr, "error: out of memory for %s: use smaller sizes\n", opt.problem.describe().c_str());
         return kExitBadInput;
+    } catch (const std::exception& e) {
+        // Anything else is a failure of the run itself (a CUDA call names its call, file and
+        // line): say so and fail, rather than abort.
+        std::fflush(stdout);
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return kExitMismatch;
     }
 }
 

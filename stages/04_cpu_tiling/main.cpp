@@ -9,7 +9,6 @@
 
 int main(int argc, char** argv) {
     fa::stage04::Tiling tiling;
-    fa::Problem problem;  // the parsed problem, kept for the messages printed after the run
 
     fa::StageSpec spec;
     spec.number = "04";
@@ -26,7 +25,7 @@ int main(int argc, char** argv) {
     spec.checked_against.push_back({"stage 03 (online softmax)", fa::stage03::attention, {}, false});
     spec.intermediate_bytes = [&tiling](const fa::Problem& p) { return fa::stage04::intermediate_bytes(p, tiling); };
     spec.intermediate_what = "S_ij/P_ij (Br x Bc), Q_i and O_i (Br x d), m_i and l_i (Br)";
-    spec.describe_config = [&] { return fa::stage04::describe(tiling, problem); };
+    spec.describe_config = [&tiling](const fa::Problem& p) { return fa::stage04::describe(tiling, p); };
     spec.add_options = [&tiling](CLI::App& app) {
         const auto range = CLI::Range(int64_t{1}, fa::stage04::kMaxBlock);
         app.add_option("--block-m", tiling.Br, "Br: query rows per block Q_i")->check(range)->capture_default_str();
@@ -34,10 +33,7 @@ int main(int argc, char** argv) {
         app.add_flag("--local-softmax", tiling.local_softmax,
                      "normalize each score block on its own (WRONG on purpose when Nk > Bc: the check fails)");
     };
-    spec.validate_options = [&](const fa::CommonOptions& options) {
-        fa::stage04::check_tiling(tiling);
-        problem = options.problem;
-    };
+    spec.validate_options = [&tiling](const fa::CommonOptions&) { fa::stage04::check_tiling(tiling); };
     spec.after_bench = [&tiling](const fa::Problem& p, const fa::TimingStats& stats) {
         const double gflops = fa::attention_flops(p) / stats.median_ms * 1e-6;
         // Ten timed repetitions of each, or three where one pass over the blocks is long.

@@ -15,13 +15,12 @@ int main(int argc, char** argv) {
         "Checked against stage 04 (CPU tiling) and the float64 reference. --bench times it with CUDA events.";
     spec.run = fa::stage05::attention;
     spec.check_supported = fa::stage05::check_supported;
-    spec.describe_config = fa::stage05::describe_config;
-    spec.intermediate_bytes = [](const fa::Problem&) { return 0.0; };
+    spec.describe_config = [](const fa::Problem&) { return fa::stage05::describe_config(); };
     spec.intermediate_what = "none in device memory: S_ij, m_i, l_i and O_i stay in registers and shared memory";
     spec.needs_gpu = true;
     spec.gpu_unavailable_reason = fa::cuda::gpu_unavailable_reason;
     spec.bench = fa::cuda::device_bench(fa::stage05::attention_device);
     spec.after_bench = fa::cuda::print_gpu_report;
     spec.checked_against.push_back({"stage 04 (CPU tiling)", fa::stage04::attention, {}, false});
-    return fa::cuda::run_gpu_stage(argc, argv, spec);
+    return fa::run_stage(argc, argv, spec);
 }

@@ -7,8 +7,6 @@
 #include "fa/stage.hpp"
 
 int main(int argc, char** argv) {
-    fa::Problem problem;  // the parsed problem, for the tile counts in the report
-
     fa::StageSpec spec;
     spec.number = "06";
     spec.title = "causal masking";
@@ -17,12 +15,8 @@ int main(int argc, char** argv) {
         "a mask, tiles on it with the mask, tiles above it are skipped; query tiles start heaviest first.\n"
         "Checked against stage 05 (GPU), stage 04 (CPU tiling) and the float64 reference.";
     spec.run = fa::stage06::attention;
-    spec.check_supported = [&problem](const fa::Problem& p) {
-        fa::stage06::check_supported(p);
-        problem = p;
-    };
-    spec.describe_config = [&problem] { return fa::stage06::describe_config(problem); };
-    spec.intermediate_bytes = [](const fa::Problem&) { return 0.0; };
+    spec.check_supported = fa::stage06::check_supported;
+    spec.describe_config = fa::stage06::describe_config;
     spec.intermediate_what = "none in device memory: S_ij, m_i, l_i and O_i stay in registers and shared memory";
     spec.needs_gpu = true;
     spec.gpu_unavailable_reason = fa::cuda::gpu_unavailable_reason;
@@ -32,5 +26,5 @@ int main(int argc, char** argv) {
     spec.after_bench = fa::cuda::print_gpu_report;
     spec.checked_against.push_back({"stage 05 (every tile masked)", fa::stage05::attention, {}, false});
     spec.checked_against.push_back({"stage 04 (CPU tiling)", fa::stage04::attention, {}, false});
-    return fa::cuda::run_gpu_stage(argc, argv, spec);
+    return fa::run_stage(argc, argv, spec);
 }

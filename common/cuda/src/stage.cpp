@@ -45,14 +45,4 @@ void print_gpu_report(const Problem& p, const TimingStats& stats) {
                 gpu.max_sm_clock_mhz);
 }
 
-int run_gpu_stage(int argc, char** argv, const StageSpec& spec) {
-    try {
-        return run_stage(argc, argv, spec);
-    } catch (const Error& e) {
-        std::fflush(stdout);
-        std::fprintf(stderr, "error: %s\n", e.what());
-        return kExitMismatch;
-    }
-}
-
 }  // namespace fa::cuda

@@ -45,8 +45,9 @@ struct StageSpec {
     /// Extra memory this stage allocates beyond q, k, v, o and lse, in bytes.
     std::function<double(const Problem&)> intermediate_bytes;
     std::string intermediate_what;  ///< what that memory holds, e.g. "S and P, N x N per head"
-    /// The stage's own settings in one line (block sizes, ...), printed in the report.
-    std::function<std::string()> describe_config;
+    /// The stage's own settings for `problem` in one line (block sizes, tile counts, ...),
+    /// printed in the report.
+    std::function<std::string(const Problem&)> describe_config;
     bool naive_softmax = false;     ///< exp of raw scores: overflow on large inputs is the lesson
     bool needs_gpu = false;         ///< skip with one line when no GPU is present
     /// Returns "" when a usable GPU is present, otherwise why not (one line).

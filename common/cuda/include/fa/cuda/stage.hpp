@@ -29,8 +29,4 @@ std::function<TimingStats(const Problem&, const Inputs&, const CommonOptions&)> 
 /// measured rate against the GPU's float32 FMA peak.
 void print_gpu_report(const Problem& problem, const TimingStats& stats);
 
-/// Runs the shared driver for a GPU stage. A failed CUDA call ends the run with its message
-/// (the call, file and line) and exit code 1, instead of an abort.
-int run_gpu_stage(int argc, char** argv, const StageSpec& spec);
-
 }  // namespace fa::cuda
