@@ -1,34 +1,90 @@
 #!/usr/bin/env bash
-# One session on a GPU machine: build, test, sanitize, benchmark, profile, record the lesson runs.
+# One session on a GPU machine: build, test, sanitize, measure the ceilings, benchmark, profile,
+# record the lesson runs.
 #
-#   bench/gpu_session.sh STEP...    STEP: build test sanitize quick sweep ncu lessons
+#   bench/gpu_session.sh STEP...
+#
+#   build      configure (stage 07's tuning candidates on) and build what the other steps need
+#   test       the whole CTest suite (builds everything)
+#   sanitize   compute-sanitizer memcheck, racecheck, synccheck, initcheck on stages 05, 06, 07
+#              (SANITIZE_STAGES="05 06 07" picks which)
+#   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates
+#   road       stage 07, every step of its road and every tuning candidate, bf16, d 64/128,
+#              N 1024/4096/16384, causal and not, beside SDPA flash and cuDNN: road.csv
+#   sweep07    stage 07's final kernel in bf16 and fp16 beside SDPA flash and cuDNN, the full grid;
+#              its gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
+#   sweep      every stage beside every SDPA backend, the full grid (as the committed data)
+#   quick      the same at two sizes (QUICK_SIZES), 10 runs each
+#   ncu        Nsight Compute on the stage 05 kernel
+#   ncu07      Nsight Compute on the stage 07 final kernel, d 64 and 128, N 4096
+#   ncu07road  shared-memory bank conflicts of road steps 1 (ldmatrix) and 2 (swizzle), d 64, N 4096
+#   lessons    the runs the lessons of stages 05, 06 and 07 show
 #
 # Run from the repository root. Logs and results are written under /tmp/fa-session, then packed
-# into $OUT/session.tgz (default OUT=/tmp/fa-out) beside a copy of the summary. The Debian
-# packages CMake needs (Eigen, CLI11, doctest) are unpacked from .deps/ when present.
+# into $OUT/session.tgz (default OUT=/tmp/fa-out) beside a copy of the summary, after every step
+# (a call cut short still returns the steps it finished); the summary says how long each step
+# took. The Debian packages CMake needs (Eigen, CLI11, doctest) are unpacked from .deps/ when
+# present. Each call starts a fresh /tmp/fa-session; the build folder ($BUILD, default build-gpu)
+# is kept, so `build` is quick when the machine still holds it.
 set -u -o pipefail
 OUT=${OUT:-/tmp/fa-out}
 WORK=/tmp/fa-session
 BUILD=${BUILD:-build-gpu}
 LOGS=$WORK/logs
-rm -rf "$WORK" && mkdir -p "$LOGS" "$WORK/results" "$OUT"
+RESULTS=$WORK/results
+KERNEL07=${KERNEL07:-flash_forward_kernel}  # stage 07's kernel, as Nsight Compute filters it
+STAGE05=$BUILD/stages/05_shared_memory_kernel/stage05_shared_memory_kernel
+STAGE06=$BUILD/stages/06_causal_masking/stage06_causal_masking
+STAGE07=$BUILD/stages/07_pipelined_fused_kernel/stage07_pipelined_fused_kernel
+rm -rf "$WORK" && mkdir -p "$LOGS" "$RESULTS" "$OUT"
+STEPS=("$@")
 status=0
+start_all=$SECONDS
 note() { printf '\n===== %s =====\n' "$*" | tee -a "$LOGS/summary.txt"; }
 record() { echo "$*" | tee -a "$LOGS/summary.txt"; }
 
+# The ninja targets the chosen steps need: everything when the tests run (they cover every target).
+build_targets() {
+    local s targets=()
+    for s in "${STEPS[@]}"; do
+        case $s in
+            test) return 0 ;;  # no list: build all
+            sanitize | lessons) targets+=(stage05_shared_memory_kernel stage06_causal_masking stage07_pipelined_fused_kernel) ;;
+            ceiling) targets+=(mma_ceiling) ;;
+            road | sweep07 | sweep | quick | ncu | ncu07 | ncu07road) targets+=(bench_gpu mma_ceiling) ;;
+        esac
+    done
+    [ ${#targets[@]} -eq 0 ] || printf '%s\n' "${targets[@]}" | sort -u
+}
+
 step_build() {
     note "build"
-    local prefix=()
+    local prefix=() targets
     if compgen -G ".deps/*.deb" >/dev/null; then
         mkdir -p /tmp/deps && for f in .deps/*.deb; do dpkg -x "$f" /tmp/deps; done
         prefix=(-DCMAKE_PREFIX_PATH=/tmp/deps/usr)
     fi
-    cmake -S . -B "$BUILD" -G Ninja "${prefix[@]}" -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF >"$LOGS/configure.log" 2>&1 \
-        || { record "configure FAILED"; tail -30 "$LOGS/configure.log"; return 1; }
-    ninja -C "$BUILD" -j16 -k 0 >"$LOGS/build.log" 2>&1 || { record "build FAILED (some targets)"; grep -B2 -A12 -m3 "error" "$LOGS/build.log"; }
-    record "build ok"
+    # FA_STAGE07_TUNING adds stage 07's candidate tile shapes as extra steps: the road step times them.
+    cmake -S . -B "$BUILD" -G Ninja "${prefix[@]}" -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF -DFA_STAGE07_TUNING=ON \
+        >"$LOGS/configure.log" 2>&1 || { record "configure FAILED"; tail -30 "$LOGS/configure.log"; return 1; }
+    mapfile -t targets < <(build_targets)
+    ninja -C "$BUILD" -j16 -k 0 "${targets[@]}" >"$LOGS/build.log" 2>&1 \
+        || { record "build FAILED (some targets)"; grep -B2 -A12 -m3 "error" "$LOGS/build.log"; }
+    record "build ok (${targets[*]:-all targets})"
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version,temperature.gpu,power.draw --format=csv | tee -a "$LOGS/summary.txt"
-    cuobjdump -res-usage "$BUILD/bench/bench_gpu" 2>&1 | grep -A1 "attention_kernel" | tee "$LOGS/resource_usage.txt" | grep -E "Function|REG" | head -12
+    # Registers, shared memory and local memory (spills) of every kernel instance.
+    if [ -x "$BUILD/bench/bench_gpu" ]; then
+        cuobjdump -res-usage "$BUILD/bench/bench_gpu" 2>&1 | awk '/Function/ {f = $2; sub(/:$/, "", f)} /REG:/ {print f, $1, $2, $3, $4}' \
+            | (c++filt 2>/dev/null || cat) >"$LOGS/resource_usage.txt"
+        grep "attention_kernel" "$LOGS/resource_usage.txt" | head -8 | tee -a "$LOGS/summary.txt"
+        # Spilled registers live in the stack frame (STACK), not in LOCAL, which counts local arrays.
+        grep "$KERNEL07" "$LOGS/resource_usage.txt" | awk '{for (i = 1; i <= NF; ++i) if ($i ~ /^(REG|STACK|LOCAL):/) {split($i, a, ":"); v[a[1]] = a[2]}
+            n++; r = v["REG"] + 0; if (r > maxr) maxr = r; if (minr == "" || r < minr) minr = r; if (v["STACK"] + v["LOCAL"] > 0) spill++}
+            END {if (n) printf "stage 07: %d kernel instances, %d to %d registers per thread, %d with a stack frame (spills)\n", n, minr, maxr, spill}' \
+            | tee -a "$LOGS/summary.txt"
+        grep "$KERNEL07" "$LOGS/resource_usage.txt" | grep -v "STACK:0 " | sed 's/^/  spills: /' | head -8 | tee -a "$LOGS/summary.txt" || true
+    fi
+    return 0
 }
 
 step_test() {
@@ -44,15 +100,29 @@ sanitize_cases=(
     "--seq-q 300 --seq-k 100 --batch 2 --head-dim 128 --causal"
     "--seq-q 65 --seq-k 129 --head-dim 128 --layout bnhd"
 )
+# Stage 07 adds d = 256 (Nq > Nk, causal: the first 23 rows see no key), fp16, and the first step
+# of its road (plain shared loads, no pipeline), whose code paths the final kernel does not take.
+sanitize_cases07=(
+    "${sanitize_cases[@]}"
+    "--seq-q 100 --seq-k 77 --heads 2 --head-dim 256 --causal"
+    "--seq-q 77 --seq-k 93 --heads 2 --head-dim 64 --causal --dtype fp16"
+    "--seq-q 130 --seq-k 70 --head-dim 128 --causal --layout bnhd --step 0"
+)
 step_sanitize() {
     note "compute-sanitizer"
-    local exe tool args
-    for exe in "$BUILD/stages/05_shared_memory_kernel/stage05_shared_memory_kernel" "$BUILD/stages/06_causal_masking/stage06_causal_masking"; do
+    local exe tool args cases
+    for stage in ${SANITIZE_STAGES:-05 06 07}; do
+        case $stage in
+            05) exe=$STAGE05 cases=("${sanitize_cases[@]}") ;;
+            06) exe=$STAGE06 cases=("${sanitize_cases[@]}") ;;
+            07) exe=$STAGE07 cases=("${sanitize_cases07[@]}") ;;
+            *) record "FAIL  sanitize: no stage $stage"; status=1; continue ;;
+        esac
         for tool in memcheck racecheck synccheck initcheck; do
-            for args in "${sanitize_cases[@]}"; do
-                local log="$LOGS/sanitize_$(basename "$exe" | cut -c1-7)_${tool}.log"
-                # shellcheck disable=SC2086
-                if compute-sanitizer --tool "$tool" --error-exitcode 9 $( [ "$tool" = memcheck ] && echo --leak-check full ) \
+            local log="$LOGS/sanitize_stage${stage}_${tool}.log"
+            for args in "${cases[@]}"; do
+                # shellcheck disable=SC2046,SC2086  # $args is a list of options
+                if timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 $( [ "$tool" = memcheck ] && echo --leak-check full ) \
                     "$exe" $args --reference never >>"$log" 2>&1; then
                     record "ok    $tool $(basename "$exe") $args"
                 else
@@ -60,22 +130,97 @@ step_sanitize() {
                     status=1
                 fi
             done
-            grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|LEAK SUMMARY" "$LOGS/sanitize_$(basename "$exe" | cut -c1-7)_${tool}.log" | sort | uniq -c | tee -a "$LOGS/summary.txt"
+            grep -h "ERROR SUMMARY\|RACECHECK SUMMARY\|LEAK SUMMARY" "$log" | sort | uniq -c | tee -a "$LOGS/summary.txt"
         done
     done
 }
 
+step_ceiling() {
+    note "ceilings: mma.sync m16n8k16 bf16/fp16, ex2.approx, fp32 FMA"
+    "$BUILD/bench/mma_ceiling" --json "$RESULTS/mma_ceiling.jsonl" 2>&1 | tee "$RESULTS/mma_ceiling.txt" | tee -a "$LOGS/summary.txt" \
+        || status=1
+}
+
+# What sdpa_compare.py needs to reuse this session's ceiling rather than measure it again.
+ceiling_args() {
+    if [ -s "$RESULTS/mma_ceiling.jsonl" ]; then echo --mma-ceiling-json "$RESULTS/mma_ceiling.jsonl"; fi
+}
+
+# Runs sdpa_compare.py with "$@", its log in $LOGS/$1.log, and copies its tables to the summary.
+# $1: a name for the log; $2: the out dir; the rest: sdpa_compare.py's options.
+compare() {
+    local name=$1 dir=$2
+    shift 2
+    # shellcheck disable=SC2046
+    PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py --bench-exe "$BUILD/bench/bench_gpu" --out-dir "$dir" $(ceiling_args) "$@" \
+        >"$LOGS/$name.log" 2>&1 || { status=1; record "sdpa_compare.py $name FAILED:"; tail -20 "$LOGS/$name.log" | tee -a "$LOGS/summary.txt"; }
+    # The points that failed their check and the kernels that were skipped, then the tables (after
+    # the first empty line: bench_gpu and the SDPA progress print none).
+    grep -E "BAD|MISMATCH|^ +skipped" "$LOGS/$name.log" | head -20 | tee -a "$LOGS/summary.txt"
+    awk '/^$/ {table = 1} table' "$LOGS/$name.log" | tee -a "$LOGS/summary.txt"
+}
+
+step_road() {
+    note "road: stage 07, every step and tuning candidate, bf16, beside SDPA flash and cuDNN"
+    # shellcheck disable=SC2086  # ROAD_SIZES is a list
+    compare road "$RESULTS/road" --stages 07 --dtypes bf16 --steps all --sizes ${ROAD_SIZES:-1024 4096 16384} \
+        --head-dims 64 128 --repeat 20 --warmup 3
+}
+
+step_sweep07() {
+    note "sweep07: stage 07 (bf16, fp16) beside SDPA flash and cuDNN, the full grid"
+    local merge=()
+    [ -f docs/results/gpu_sweep.csv ] && merge=(--merge-with docs/results/gpu_sweep.csv)
+    compare sweep07 "$RESULTS/sweep07" --stages 07 --dtypes bf16 fp16 "${merge[@]}"
+}
+
 step_quick() {
     note "quick benchmark"
-    PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py --bench-exe "$BUILD/bench/bench_gpu" --out-dir "$WORK/results/quick" \
-        --sizes ${QUICK_SIZES:-2048 8192} --repeat 10 --warmup 2 2>&1 | tee "$LOGS/quick.log" | grep -v "^\[" || status=1
+    # shellcheck disable=SC2086  # QUICK_SIZES is a list
+    compare quick "$RESULTS/quick" --sizes ${QUICK_SIZES:-2048 8192} --repeat 10 --warmup 2
 }
 
 step_sweep() {
-    note "sweep: stages 05/06 beside PyTorch SDPA"
-    PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py --bench-exe "$BUILD/bench/bench_gpu" --out-dir "$WORK/results" 2>&1 \
-        | tee "$LOGS/sweep.log" || status=1
+    note "sweep: stages 05, 06, 07 beside PyTorch SDPA"
+    compare sweep "$RESULTS" --stages 05 06 07
 }
+
+# The metrics of "$@" this ncu knows on this GPU (by base name), comma-separated; the unknown
+# ones are named on stderr. All of them when ncu cannot list its metrics.
+known_metrics() {
+    [ -f "$WORK/ncu_metrics.txt" ] || ncu --query-metrics 2>/dev/null | awk 'NF {print $1}' >"$WORK/ncu_metrics.txt"
+    local m out=()
+    for m in "$@"; do
+        if [ ! -s "$WORK/ncu_metrics.txt" ] || grep -qx "${m%%.*}" "$WORK/ncu_metrics.txt"; then
+            out+=("$m")
+        else
+            echo "ncu here does not know ${m%%.*}: left out" >&2
+        fi
+    done
+    (IFS=,; echo "${out[*]}")
+}
+
+# "--section X" for each section of "$@" this ncu has (by identifier); all of them when ncu cannot
+# list its sections.
+known_sections() {
+    [ -f "$WORK/ncu_sections.txt" ] || ncu --list-sections 2>/dev/null | awk 'NF {print $1}' >"$WORK/ncu_sections.txt"
+    local s
+    for s in "$@"; do
+        if [ ! -s "$WORK/ncu_sections.txt" ] || grep -qx "$s" "$WORK/ncu_sections.txt"; then
+            echo --section "$s"
+        else
+            echo "ncu here has no section $s: left out" >&2
+        fi
+    done
+}
+
+# Text of an Nsight Compute report, with every section's details when this ncu can print them.
+ncu_text() {
+    ncu --import "$1" --page details --print-details all 2>/dev/null || ncu --import "$1" --page details
+}
+
+# Drops bench_gpu's own lines from a profiled run's output (its timings under replays mean nothing).
+strip_bench() { grep -v -E '^\[ *[0-9]+/ *[0-9]+\]|^(gpu|method|wrote|stage 07) |^ +(vs|skipped|stage 0)'; }
 
 step_ncu() {
     note "ncu: stage 05 kernel, B=4 N=4096, d=64 (H=32) and d=128 (H=16), one launch each"
@@ -84,17 +229,16 @@ step_ncu() {
     ncu --clock-control none -k regex:attention_kernel --launch-count 2 \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
         --section ComputeWorkloadAnalysis --section WarpStateStats \
-        "$BUILD/bench/bench_gpu" "${args[@]}" >"$WORK/results/ncu_stage05.txt" 2>&1 || status=1
+        "$BUILD/bench/bench_gpu" "${args[@]}" >"$RESULTS/ncu_stage05.txt" 2>&1 || status=1
     grep -E "attention_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Dynamic Shared|Block Limit" \
-        "$WORK/results/ncu_stage05.txt" | tee -a "$LOGS/summary.txt"
+        "$RESULTS/ncu_stage05.txt" | tee -a "$LOGS/summary.txt"
     # Counters for the roofline and the shared-memory banks (a separate run: a metric this ncu does
     # not know must not cost the report above).
     ncu --clock-control none -k regex:attention_kernel --launch-count 2 \
         --metrics dram__bytes_read.sum,dram__bytes_write.sum,lts__t_bytes.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,smsp__inst_executed.sum,l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum \
-        "$BUILD/bench/bench_gpu" "${args[@]}" >"$WORK/results/ncu_stage05_metrics.txt" 2>&1 || true
-    grep -E "attention_kernel|dram__|lts__|ffma|bank_conflicts|wavefronts|inst_executed.sum|local" "$WORK/results/ncu_stage05_metrics.txt" | tee -a "$LOGS/summary.txt"
-    # One file for docs/results/: the commands, then both reports without bench_gpu's own lines
-    # (its timings under the profiler's replays mean nothing).
+        "$BUILD/bench/bench_gpu" "${args[@]}" >"$RESULTS/ncu_stage05_metrics.txt" 2>&1 || true
+    grep -E "attention_kernel|dram__|lts__|ffma|bank_conflicts|wavefronts|inst_executed.sum|local" "$RESULTS/ncu_stage05_metrics.txt" | tee -a "$LOGS/summary.txt"
+    # One file for docs/results/: the commands, then both reports without bench_gpu's own lines.
     {
         echo "Nsight Compute on the stage 05 kernel, $(nvidia-smi --query-gpu=name --format=csv,noheader), $(date -u +%F)."
         echo "Commands (bench/gpu_session.sh, step ncu):"
@@ -103,26 +247,138 @@ step_ncu() {
         echo "      bench_gpu ${args[*]}"
         echo "  ncu ... --metrics dram__bytes_read.sum,... (second report below)"
         echo
-        grep -v -E '^\[ *[0-9]+/ *[0-9]+\]|^(gpu|method|wrote) ' "$WORK/results/ncu_stage05.txt"
+        strip_bench <"$RESULTS/ncu_stage05.txt"
         echo
         echo "---- counters (second ncu run, --metrics) ----"
-        grep -v -E '^\[ *[0-9]+/ *[0-9]+\]|^(gpu|method|wrote) ' "$WORK/results/ncu_stage05_metrics.txt"
-    } >"$WORK/results/ncu_stage05_report.txt"
+        strip_bench <"$RESULTS/ncu_stage05_metrics.txt"
+    } >"$RESULTS/ncu_stage05_report.txt"
+}
+
+# Counters of the stage 07 reports: tensor-pipe use, shared-memory traffic and bank conflicts,
+# ldmatrix and cp.async instructions, spills, the special-function pipe (ex2), the stall reasons.
+NCU07_METRICS=(
+    gpu__time_duration.sum
+    sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+    sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
+    l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
+    l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
+    smsp__inst_executed_op_ldsm.sum
+    smsp__sass_inst_executed_op_ldsm.sum
+    smsp__sass_inst_executed_op_shared_ld.sum
+    smsp__sass_inst_executed_op_shared_st.sum
+    smsp__sass_inst_executed_op_ldgsts.sum
+    smsp__inst_executed.sum
+    launch__registers_per_thread
+    launch__occupancy_limit_registers
+    sm__warps_active.avg.pct_of_peak_sustained_active
+    l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum
+    l1tex__t_bytes_pipe_lsu_mem_local_op_st.sum
+    dram__bytes_read.sum
+    smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_selected_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio
+)
+
+# The counters the lesson quotes for the road's ldmatrix and swizzle steps.
+NCUROAD_METRICS=(
+    gpu__time_duration.sum
+    sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
+    l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
+    l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
+    smsp__inst_executed_op_ldsm.sum
+    smsp__sass_inst_executed_op_ldsm.sum
+    smsp__sass_inst_executed_op_shared_ld.sum
+    smsp__sass_inst_executed_op_ldgsts.sum
+)
+
+# One stage 07 launch under Nsight Compute: the sections (report $1.txt) and the counters ($1_metrics.txt).
+# $1: the report's name; the rest: bench_gpu's options (one shape, one step, one dtype).
+ncu07_one() {
+    local name=$1
+    shift
+    local bench=("$BUILD/bench/bench_gpu" --stages 07 --repeat 1 --warmup 0 --check false --json /tmp/ncu.json --csv /tmp/ncu.csv "$@")
+    mkdir -p "$WORK/ncu-rep"
+    # The first launch of the kernel is profiled (Nsight Compute flushes the caches before it, as the
+    # timing does); bench_gpu's own timed launch after it runs unprofiled.
+    local sections
+    mapfile -t sections < <(known_sections SpeedOfLight Occupancy LaunchStats MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables \
+                            ComputeWorkloadAnalysis WarpStateStats 2>>"$LOGS/$name.log" | tr ' ' '\n')
+    timeout 300 ncu --clock-control none -k "regex:$KERNEL07" --launch-count 1 --force-overwrite -o "$WORK/ncu-rep/$name" \
+        "${sections[@]}" "${bench[@]}" >>"$LOGS/$name.log" 2>&1 || { status=1; tail -5 "$LOGS/$name.log"; }
+    ncu_text "$WORK/ncu-rep/$name.ncu-rep" >"$RESULTS/$name.txt" 2>&1
+    timeout 300 ncu --clock-control none -k "regex:$KERNEL07" --launch-count 1 \
+        --metrics "$(known_metrics "${NCU07_METRICS[@]}" 2>>"$LOGS/$name.log")" \
+        "${bench[@]}" 2>&1 | strip_bench >"$RESULTS/${name}_metrics.txt" || status=1
+}
+
+step_ncu07() {
+    note "ncu07: stage 07 final kernel, bf16, N=4096 non-causal, d=64 (B=4 H=32) and d=128 (B=4 H=16), one launch each"
+    local d
+    for d in 64 128; do
+        ncu07_one "ncu_stage07_d$d" --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no
+        record "-- d=$d"
+        grep -E "$KERNEL07|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Dynamic Shared|Block Limit|Bank Conflicts" \
+            "$RESULTS/ncu_stage07_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
+        grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|ldgsts|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
+            "$RESULTS/ncu_stage07_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
+    done
+}
+
+step_ncu07road() {
+    note "ncu07road: shared-memory bank conflicts, road steps ${NCU_ROAD_STEPS:-1 2}, bf16, d=64 N=4096 non-causal"
+    local s
+    for s in ${NCU_ROAD_STEPS:-1 2}; do
+        timeout 300 ncu --clock-control none -k "regex:$KERNEL07" --launch-count 1 \
+            --metrics "$(known_metrics "${NCUROAD_METRICS[@]}" 2>/dev/null)" \
+            "$BUILD/bench/bench_gpu" --stages 07 --dtypes bf16 --steps "$s" --sizes 4096 --head-dims 64 --causal no \
+            --repeat 1 --warmup 0 --check false --json /tmp/ncu.json --csv /tmp/ncu.csv 2>&1 \
+            | strip_bench >"$RESULTS/ncu_stage07_step$s.txt" || status=1
+        record "-- step $s"
+        grep -E "gpu__time|hmma|bank_conflicts|wavefronts|ldsm|shared_(ld|st)|ldgsts" "$RESULTS/ncu_stage07_step$s.txt" | tee -a "$LOGS/summary.txt"
+    done
 }
 
 step_lessons() {
     note "lesson runs (LESSON_ARGS)"
-    "$BUILD/stages/05_shared_memory_kernel/stage05_shared_memory_kernel" --heads 16 --seq-q 2048 --seq-k 2048 --head-dim 64 --bench \
-        >"$WORK/results/stage05_run.txt" 2>&1 || status=1
-    "$BUILD/stages/06_causal_masking/stage06_causal_masking" --heads 16 --seq-q 2048 --seq-k 2048 --head-dim 64 --causal --bench \
-        >"$WORK/results/stage06_run.txt" 2>&1 || status=1
-    tail -n 4 "$WORK/results/stage05_run.txt" "$WORK/results/stage06_run.txt" | tee -a "$LOGS/summary.txt"
+    "$STAGE05" --heads 16 --seq-q 2048 --seq-k 2048 --head-dim 64 --bench >"$RESULTS/stage05_run.txt" 2>&1 || status=1
+    "$STAGE06" --heads 16 --seq-q 2048 --seq-k 2048 --head-dim 64 --causal --bench >"$RESULTS/stage06_run.txt" 2>&1 || status=1
+    "$STAGE07" --heads 16 --seq-q 2048 --seq-k 2048 --head-dim 64 --causal --bench >"$RESULTS/stage07_run.txt" 2>&1 || status=1
+    tail -n 4 "$RESULTS/stage05_run.txt" "$RESULTS/stage06_run.txt" "$RESULTS/stage07_run.txt" | tee -a "$LOGS/summary.txt"
+}
+
+# Packs what is there so far: after every step, so a call cut short by its time limit still
+# returns the steps it finished.
+pack() {
+    tar czf "$OUT/session.tgz.part" -C "$WORK" logs results 2>/dev/null && mv "$OUT/session.tgz.part" "$OUT/session.tgz"
+    cp "$LOGS/summary.txt" "$OUT/summary.txt"
 }
 
 for step in "$@"; do
+    if ! declare -F "step_$step" >/dev/null; then
+        record "unknown step '$step': use build test sanitize ceiling road sweep07 sweep quick ncu ncu07 ncu07road lessons"
+        status=2
+        continue
+    fi
+    t_step=$SECONDS
     "step_$step" || { status=1; [ "$step" = build ] && break; }
+    record "[$step: $((SECONDS - t_step)) s, $((SECONDS - start_all)) s since the start]"
+    pack
 done
-note "done, status $status"
-tar czf "$OUT/session.tgz" -C "$WORK" logs results 2>/dev/null
-cp "$LOGS/summary.txt" "$OUT/summary.txt"
+note "done, status $status, $((SECONDS - start_all)) s"
+pack
 exit $status

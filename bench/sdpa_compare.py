@@ -1,29 +1,49 @@
 #!/usr/bin/env python3
-"""Stages 05/06 beside PyTorch SDPA on the same GPU, in the same run, timed the same way.
+"""Our GPU stages beside PyTorch SDPA on the same GPU, in the same run, timed the same way.
 
-Runs bench_gpu (our kernels) and then, where torch is importable, PyTorch's
+Runs mma_ceiling (when built: the mma.sync bf16 rate every stage 07 figure is also given as a
+fraction of), then bench_gpu (our kernels: stages 05/06 in float32, stage 07 in bf16 and fp16,
+at its final kernel or at the steps of its road), then, where torch is importable, PyTorch's
 scaled_dot_product_attention pinned to one backend at a time with
-torch.nn.attention.sdpa_kernel: flash, cudnn, efficient (and math for the sizes whose N x N
-matrices fit). Every point is timed with CUDA events after warm-up runs, with the L2 flushed
-(a buffer four times the L2 overwritten) before each timed run, and the median of the runs is
-kept: the method bench_gpu uses. FLOPs follow fa::attention_flops: 4*B*H*N*N*d, halved for
-causal.
+torch.nn.attention.sdpa_kernel, on the same shapes:
 
-flash and cudnn have no float32 kernels; they are recorded as unsupported in fp32 and timed in
-bf16 instead, for scale (stage 07 is the stage that competes with them).
+  for stages 05/06 (float32)  efficient and math in fp32 (flash and cudnn have no fp32 kernel:
+                              recorded as unsupported), and flash and cudnn in bf16 for scale
+  for stage 07 (--dtypes)     flash and cudnn in each of bf16 and fp16
 
-Writes OUT_DIR/gpu_sweep.csv (columns impl,dtype,B,H,N,d,causal,median_ms,tflops,gpu,
-sm_clock_mhz,date) and OUT_DIR/gpu_sweep.json, and prints the table of ratios ours / theirs.
+Every point is timed with CUDA events after warm-up runs, with the L2 flushed (a buffer four
+times the L2 overwritten) before each timed run, and the median of the runs is kept: the method
+bench_gpu uses. FLOPs follow fa::attention_flops: 4*B*H*N*N*d, halved for causal. A backend that
+refuses a dtype or shape is recorded with an empty time and the reason in the note.
+
+Writes to OUT_DIR:
+  gpu_sweep.csv, gpu_sweep.json  every row (columns impl,dtype,B,H,N,d,causal,median_ms,tflops,gpu,
+                                 sm_clock_mhz,date as before, then step,step_name,min_ms,max_ms,
+                                 check,check_max_abs,check_rel_l2,note)
+  road.csv, road.json            when several stage 07 steps were timed: each step's TFLOP/s per
+                                 shape and its gain over the step before (tuning candidates: over
+                                 the final kernel), beside SDPA flash
+  mma_ceiling.jsonl              what mma_ceiling measured
+  bench_gpu.csv, bench_gpu.json  bench_gpu's own output
+and prints the tables: float32 stages against SDPA efficient, stage 07 against SDPA flash and
+cuDNN per dtype (with the worst ratio), and the road. The exit code is 1 when a bench_gpu point
+failed its check (the files are written all the same).
 """
 import argparse
-import datetime
+import contextlib
+import csv
+import io
 import json
 import os
 import subprocess
 import sys
 import warnings
 
-BACKENDS = ["flash", "cudnn", "efficient", "math"]
+CSV_COLUMNS = ["impl", "dtype", "B", "H", "N", "d", "causal", "median_ms", "tflops", "gpu", "sm_clock_mhz", "date",
+               "step", "step_name", "min_ms", "max_ms", "check", "check_max_abs", "check_rel_l2", "note"]
+ROAD_COLUMNS = ["kind", "impl", "step", "step_name", "idea", "dtype", "d", "N", "causal", "tflops", "median_ms", "gain", "gain_over",
+                "vs_flash", "pct_of_mma", "gpu", "sm_clock_mhz", "date"]
+FP32_STAGES = ("05", "06")
 
 
 def flops(b, h, n, d, causal):
@@ -42,15 +62,65 @@ def sm_clock_mhz():
         return -1
 
 
-def run_bench_gpu(exe, args, out_json, out_csv):
-    cmd = [exe, "--sizes", *map(str, args.sizes), "--head-dims", *map(str, args.head_dims),
+def causal_values(mode):
+    return [c for c in (False, True) if mode == "both" or (mode == "yes") == c]
+
+
+# ----------------------------------------------------------------------------- our executables
+def read_ceiling(path):
+    """The JSON lines of mma_ceiling, as {name: record}."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                out[r["name"]] = r
+    return out
+
+
+def run_mma_ceiling(args):
+    """The mma.sync bf16 rate in TFLOP/s (and every ceiling measured), or (None, {})."""
+    if args.mma_ceiling_tflops is not None:
+        return args.mma_ceiling_tflops, {}
+    path = args.mma_ceiling_json
+    if path is None:
+        exe = args.mma_ceiling_exe or os.path.join(os.path.dirname(os.path.abspath(args.bench_exe)), "mma_ceiling")
+        if not os.path.exists(exe):
+            print(f"no mma_ceiling at {exe}: the stage 07 figures go without their fraction of the ceiling", flush=True)
+            return None, {}
+        path = os.path.join(args.out_dir, "mma_ceiling.jsonl")
+        cmd = [exe, "--json", path]
+        print("running", " ".join(cmd), flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            print("mma_ceiling failed: the stage 07 figures go without their fraction of the ceiling", flush=True)
+            return None, {}
+    ceilings = read_ceiling(path)
+    bf16 = ceilings.get("mma_bf16", {}).get("value")
+    return bf16, ceilings
+
+
+def run_bench_gpu(args, ceiling, out_json, out_csv):
+    """Runs bench_gpu; returns its JSON and whether every point passed its check."""
+    cmd = [args.bench_exe, "--stages", *args.stages, "--sizes", *map(str, args.sizes), "--head-dims",
+           *map(str, args.head_dims), "--causal", args.causal, "--tokens", str(args.tokens), "--width", str(args.width),
            "--repeat", str(args.repeat), "--warmup", str(args.warmup), "--json", out_json, "--csv", out_csv]
+    if "07" in args.stages:
+        cmd += ["--dtypes", *args.dtypes]
+        if args.steps:
+            cmd += ["--steps", *args.steps]
+        if ceiling:
+            cmd += ["--mma-ceiling-tflops", f"{ceiling:.1f}"]
+    if not args.check:
+        cmd += ["--check", "false"]
     print("running", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    rc = subprocess.run(cmd).returncode
+    if rc not in (0, 1):  # 1: a point failed its check, and the files were written
+        sys.exit(f"bench_gpu failed with exit code {rc}")
     with open(out_json) as f:
-        return json.load(f)
+        return json.load(f), rc == 0
 
 
+# ----------------------------------------------------------------------------- PyTorch SDPA
 def time_torch(fn, warmup, repeat, flush):
     import torch
 
@@ -67,7 +137,17 @@ def time_torch(fn, warmup, repeat, flush):
     torch.cuda.synchronize()
     times = sorted(s.elapsed_time(e) for s, e in zip(starts, stops))
     n = len(times)
-    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2])
+    return times[n // 2] if n % 2 else 0.5 * (times[n // 2 - 1] + times[n // 2]), times[0], times[-1]
+
+
+def sdpa_plan(args):
+    """(backend, dtype) pairs to time: what the stages in this run are compared with."""
+    plan = []
+    if any(s in FP32_STAGES for s in args.stages):
+        plan += [("flash", "fp32"), ("cudnn", "fp32"), ("efficient", "fp32"), ("math", "fp32")]
+    half = args.dtypes if "07" in args.stages else ["bf16"]
+    plan += [(name, t) for t in half for name in ("flash", "cudnn")]
+    return plan
 
 
 def run_sdpa(args, gpu_name, date):
@@ -80,134 +160,326 @@ def run_sdpa(args, gpu_name, date):
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     torch.backends.cuda.matmul.allow_tf32 = False  # the math backend in true float32
     torch.backends.cudnn.allow_tf32 = False
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     flush = torch.empty(max(4 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
+    plan = sdpa_plan(args)
+    print("SDPA backends: " + ", ".join(f"{b} {t}" for b, t in plan), flush=True)
     rows = []
-    total = len(args.head_dims) * len(args.sizes) * 2
+    total = len(args.head_dims) * len(args.sizes) * len(causal_values(args.causal))
     done = 0
     for d in args.head_dims:
         for n in args.sizes:
             b, h = max(1, args.tokens // n), max(1, args.width // d)
             gen = torch.Generator(device="cuda").manual_seed(1234)
             q32, k32, v32 = (torch.randn(b, h, n, d, device="cuda", generator=gen) for _ in range(3))
-            for causal in (False, True):
+            for causal in causal_values(args.causal):
                 done += 1
-                for name in BACKENDS:
-                    for dtype_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-                        if name == "math" and dtype_name == "bf16":
+                point = []
+                for name, dtype_name in plan:
+                    row = dict(impl="sdpa_" + name, dtype=dtype_name, B=b, H=h, N=n, d=d, causal=int(causal), gpu=gpu_name,
+                               date=date)
+                    if name == "math":
+                        # N x N scores and probabilities per head, in float32, several copies.
+                        need = 4.0 * b * h * n * n * 3
+                        free, _ = torch.cuda.mem_get_info()
+                        if need > 0.6 * free:
+                            rows.append(dict(row, note="skipped: N x N matrices too large"))
                             continue
-                        if name == "math":
-                            # N x N scores and probabilities per head, in float32, several copies.
-                            need = 4.0 * b * h * n * n * 3
-                            free, _ = torch.cuda.mem_get_info()
-                            if need > 0.6 * free:
-                                rows.append(dict(impl="sdpa_math", dtype=dtype_name, B=b, H=h, N=n, d=d, causal=int(causal),
-                                                 median_ms="", tflops="", gpu=gpu_name, sm_clock_mhz="", date=date,
-                                                 note="skipped: N x N matrices too large"))
-                                continue
-                        q, k, v = (t.to(dtype) for t in (q32, k32, v32))
-                        fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-                        row = dict(impl="sdpa_" + name, dtype=dtype_name, B=b, H=h, N=n, d=d, causal=int(causal), gpu=gpu_name,
-                                   date=date)
-                        try:
-                            with sdpa_kernel(backends[name]):
-                                ms = time_torch(fn, args.warmup, args.repeat, flush)
-                            row.update(median_ms=ms, tflops=flops(b, h, n, d, causal) / (ms * 1e-3) * 1e-12,
-                                       sm_clock_mhz=sm_clock_mhz(), note="")
-                        except (RuntimeError, torch.OutOfMemoryError) as e:  # no kernel for this dtype/shape
-                            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                            row.update(median_ms="", tflops="", sm_clock_mhz="", note="unsupported: " + first[:120])
-                        rows.append(row)
-                        del q, k, v
-                line = " ".join(
-                    f"{r['impl'][5:]}/{r['dtype']}={r['tflops']:.1f}" for r in rows[-7:] if r["tflops"] != "" and r["N"] == n
-                    and r["d"] == d and r["causal"] == int(causal))
-                print(f"[{done:2d}/{total}] sdpa d={d} N={n} {'causal' if causal else 'non-causal'}: {line} TFLOP/s", flush=True)
+                    q, k, v = (t.to(dtypes[dtype_name]) for t in (q32, k32, v32))
+                    fn = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+                    try:
+                        with sdpa_kernel(backends[name]):
+                            ms, lo, hi = time_torch(fn, args.warmup, args.repeat, flush)
+                        row.update(median_ms=ms, min_ms=lo, max_ms=hi, tflops=flops(b, h, n, d, causal) / (ms * 1e-3) * 1e-12,
+                                   sm_clock_mhz=sm_clock_mhz())
+                        point.append(f"{name}/{dtype_name}={row['tflops']:.1f}")
+                    except (RuntimeError, torch.OutOfMemoryError) as e:  # no kernel for this dtype/shape
+                        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                        row.update(note="unsupported: " + first[:120])
+                        if dtype_name != "fp32":  # fp32 flash/cudnn are expected to refuse; a 16-bit refusal is news
+                            point.append(f"{name}/{dtype_name}=unsupported")
+                    rows.append(row)
+                    del q, k, v
+                print(f"[{done:2d}/{total}] sdpa d={d} N={n} {'causal' if causal else 'non-causal'}: {' '.join(point)} TFLOP/s",
+                      flush=True)
             del q32, k32, v32
             torch.cuda.empty_cache()
     return rows
 
 
+# ----------------------------------------------------------------------------- files
+def tee_to_file(path, fn, *args):
+    """Runs fn(*args), prints what it printed and keeps a copy in `path`: the table a lesson shows."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        fn(*args)
+    sys.stdout.write(buf.getvalue())
+    with open(path, "w") as f:
+        f.write(buf.getvalue().lstrip("\n"))
+
+
+def write_csv(path, rows, columns):
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({c: ("%.6g" % r[c] if isinstance(r.get(c), float) else r.get(c, "")) for c in columns})
+
+
+def merge_rows(rows, path):
+    """Rows of an earlier sweep (CSV) whose (impl, dtype) this run did not measure, so one file
+    keeps every stage: e.g. stage 07's sweep beside the float32 stages measured before."""
+    measured = {(r["impl"], r["dtype"]) for r in rows}
+    with open(path, newline="") as f:
+        old = [r for r in csv.DictReader(f) if (r["impl"], r["dtype"]) not in measured]
+    print(f"kept {len(old)} rows of {path} ({', '.join(sorted({r['impl'] + ' ' + r['dtype'] for r in old})) or 'none'})",
+          flush=True)
+    return rows + old
+
+
+# ----------------------------------------------------------------------------- tables
+def index(rows):
+    """(impl, dtype, N, d, causal) -> row, for the rows that have a time."""
+    return {(r["impl"], r["dtype"], int(r["N"]), int(r["d"]), int(r["causal"])): r for r in rows
+            if r.get("tflops") not in (None, "")}
+
+
+def fmt(r, key="tflops"):
+    return f"{float(r[key]):.1f}" if r else "-"
+
+
+def ratio(a, b):
+    return float(a["tflops"]) / float(b["tflops"]) if a and b and float(b["tflops"]) > 0 else None
+
+
+def rfmt(x, digits=2, suffix=""):
+    return f"{x:.{digits}f}{suffix}" if x is not None else "-"
+
+
+def print_fp32_table(args, idx, gpu_name, date):
+    half = "bf16"
+    print()
+    print(f"{gpu_name}, {date}: TFLOP/s in float32 (ratio = ours / SDPA efficient fp32; target >= 0.50)")
+    print(f"{'d':>4} {'N':>6} {'causal':>7} {'stage05':>8} {'stage06':>8} {'sdpa_eff':>9} {'05/eff':>7} {'06/eff':>7}"
+          f" {'flash ' + half:>11} {'cudnn ' + half:>11}")
+    worst = None
+    for d in args.head_dims:
+        for n in args.sizes:
+            for c in causal_values(args.causal):
+                s5, s6, eff = (idx.get((i, "fp32", n, d, int(c))) for i in ("stage05", "stage06", "sdpa_efficient"))
+                fl, cu = idx.get(("sdpa_flash", half, n, d, int(c))), idx.get(("sdpa_cudnn", half, n, d, int(c)))
+                r5, r6 = ratio(s5, eff), ratio(s6, eff)
+                if r6 is not None:
+                    worst = r6 if worst is None else min(worst, r6)
+                print(f"{d:>4} {n:>6} {str(c):>7} {fmt(s5):>8} {fmt(s6):>8} {fmt(eff):>9} {rfmt(r5):>7} {rfmt(r6):>7} "
+                      f"{fmt(fl):>11} {fmt(cu):>11}")
+    print()
+    print("stage 06 causal / non-causal time (target <= 0.55 at N >= 4096):")
+    for d in args.head_dims:
+        for n in args.sizes:
+            nc, c = idx.get(("stage06", "fp32", n, d, 0)), idx.get(("stage06", "fp32", n, d, 1))
+            if nc and c:
+                print(f"  d={d:<4} N={n:<6} {float(c['median_ms']) / float(nc['median_ms']):.3f}")
+    if worst is not None:
+        print(f"\nworst stage06 / sdpa_efficient fp32 ratio: {worst:.2f}")
+
+
+def print_stage07_tables(args, idx, rows, ceiling, gpu_name, date):
+    """Stage 07's final kernel against SDPA flash and cuDNN, one table per dtype; returns the worst 07/flash."""
+    worst = None
+    for t in args.dtypes:
+        print()
+        print(f"{gpu_name}, {date}: stage 07 in {t}, TFLOP/s (target: 07 / flash >= 1.0, aim 1.2)"
+              + (f"; mma.sync bf16 ceiling {ceiling:.0f} TFLOP/s" if ceiling else ""))
+        print(f"{'d':>4} {'N':>6} {'causal':>7} {'stage07':>8} {'flash':>8} {'cudnn':>8} {'07/flash':>9} {'07/cudnn':>9} "
+              f"{'% of mma':>9}")
+        for d in args.head_dims:
+            for n in args.sizes:
+                for c in causal_values(args.causal):
+                    s7 = idx.get(("stage07", t, n, d, int(c)))
+                    fl, cu = idx.get(("sdpa_flash", t, n, d, int(c))), idx.get(("sdpa_cudnn", t, n, d, int(c)))
+                    rf, rc = ratio(s7, fl), ratio(s7, cu)
+                    if rf is not None and (worst is None or rf < worst[0]):
+                        worst = (rf, t, d, n, c)
+                    pct = 100 * float(s7["tflops"]) / ceiling if s7 and ceiling else None
+                    bad = "  BAD" if s7 and s7.get("check") == "BAD" else ""
+                    print(f"{d:>4} {n:>6} {str(c):>7} {fmt(s7):>8} {fmt(fl):>8} {fmt(cu):>8} {rfmt(rf):>9} {rfmt(rc):>9} "
+                          f"{rfmt(pct, 1, '%'):>9}{bad}")
+        refused = sorted({(r["impl"], r["N"], r["d"], r["causal"], r["note"]) for r in rows
+                          if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == t and r.get("note")})
+        for impl, n, d, c, note in refused:
+            print(f"  {impl} {t} d={d} N={n} {'causal' if c else 'non-causal'}: {note}")
+    if worst:
+        rf, t, d, n, c = worst
+        print(f"\nworst stage07 / sdpa_flash ratio: {rf:.2f} ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
+
+
+def road_rows(args, bench, idx, ceiling):
+    """One row per stage 07 step and shape, with its gain; and SDPA flash at each shape."""
+    road = {s["step"]: s for s in bench.get("stage07_road", [])}
+    final = bench.get("stage07_final_step")
+    by_step = {}
+    for r in bench["results"]:
+        if r.get("step") is not None and r["dtype"] in args.dtypes:
+            by_step[(r["step"], r["dtype"], r["N"], r["d"], int(r["causal"]))] = r
+    out = []
+    shapes = sorted({k[1:] for k in by_step}, key=lambda k: (k[0] != "bf16", k[0], k[2], k[1], k[3]))
+    for t, n, d, c in shapes:
+        flash = idx.get(("sdpa_flash", t, n, d, c))
+        for step in sorted({k[0] for k in by_step if k[1:] == (t, n, d, c)}):
+            r = by_step[(step, t, n, d, c)]
+            # Road steps build on the step before; a tuning candidate is a variant of the final kernel.
+            over = step - 1 if final is None or step <= final else final
+            prev = by_step.get((over, t, n, d, c))
+            out.append(dict(kind="road" if final is None or step <= final else "candidate", impl=r["impl"], step=step, step_name=r.get("step_name", ""), idea=road.get(step, {}).get("idea", ""),
+                            dtype=t, d=d, N=n, causal=c, tflops=r["tflops"], median_ms=r["median_ms"],
+                            gain=ratio(r, prev) if prev else "", gain_over=over if prev else "",
+                            vs_flash=ratio(r, flash) if flash else "",
+                            pct_of_mma=100 * r["tflops"] / ceiling if ceiling else "", gpu=bench["gpu"],
+                            sm_clock_mhz=r["sm_clock_mhz"], date=bench["date"]))
+        if flash:
+            out.append(dict(kind="sdpa", impl="sdpa_flash", step="", step_name="SDPA flash", idea="PyTorch SDPA, flash backend", dtype=t,
+                            d=d, N=n, causal=c, tflops=flash["tflops"], median_ms=flash["median_ms"], gain="", gain_over="",
+                            vs_flash=1.0, pct_of_mma=100 * flash["tflops"] / ceiling if ceiling else "", gpu=flash["gpu"],
+                            sm_clock_mhz=flash["sm_clock_mhz"], date=flash["date"]))
+    return out
+
+
+def print_road(args, rows):
+    """The road in bf16 (or the first dtype timed) at one N: a row per step, a column per (d, causal);
+    then the slower steps at any N, and which tile shape was fastest where candidates were timed."""
+    dtype = "bf16" if any(r["dtype"] == "bf16" for r in rows) else rows[0]["dtype"]
+    rows = [r for r in rows if r["dtype"] == dtype]
+    sizes = sorted({r["N"] for r in rows})
+    n = args.road_n if args.road_n in sizes else sizes[len(sizes) // 2]
+    cols = sorted({(r["d"], r["causal"]) for r in rows if r["N"] == n})
+    cell = {(r["kind"], r["step"], r["d"], r["causal"]): r for r in rows if r["N"] == n}
+    heads = ["d=%d %s" % (d, "causal" if c else "full") for d, c in cols]
+
+    def line(kind, step, name):
+        cells = []
+        for d, c in cols:
+            r = cell.get((kind, step, d, c))
+            text = "-" if r is None else "%.1f" % r["tflops"] + (" x%.2f" % r["gain"] if r["gain"] != "" else "")
+            cells.append(f"{text:>16}")
+        print(f"{str(step):>4} {name:<18} " + " ".join(cells))
+
+    print()
+    print(f"the road, {dtype}, N={n}: TFLOP/s (x gain over the step before)")
+    print(f"{'step':>4} {'name':<18} " + " ".join(f"{h:>16}" for h in heads))
+    for kind in ("road", "candidate", "sdpa"):
+        steps = sorted({(r["step"], r["step_name"]) for r in rows if r["kind"] == kind}, key=lambda s: str(s[0]).zfill(3))
+        if steps and kind == "candidate":
+            print("tuning candidates (x gain over the final kernel):")
+        for step, name in steps:
+            line(kind, step, name)
+    for r in rows:
+        if r["kind"] == "road" and r["gain"] != "" and r["gain"] < 1.0:
+            print(f"  slower: step {r['step']} ({r['step_name']}) x{r['gain']:.2f} at d={r['d']} N={r['N']} "
+                  f"{'causal' if r['causal'] else 'non-causal'}")
+    # Where candidates were timed: which shape was fastest at each point, and what the final kernel gives up.
+    final = max((r["step"] for r in rows if r["kind"] == "road"), default=None)
+    tuned = [r for r in rows if r["kind"] == "candidate" or (r["kind"] == "road" and r["step"] == final)]
+    for d in sorted({r["d"] for r in rows if r["kind"] == "candidate"}):
+        wins, worst = {}, 1.0
+        for point in sorted({(r["N"], r["causal"]) for r in tuned if r["d"] == d}):
+            here = [r for r in tuned if (r["d"], r["N"], r["causal"]) == (d, *point)]
+            best = max(here, key=lambda r: r["tflops"])
+            label = "final kernel" if best["step"] == final else f"step {best['step']} ({best['step_name']})"
+            wins[label] = wins.get(label, 0) + 1
+            worst = min([worst] + [r["tflops"] / best["tflops"] for r in here if r["step"] == final])
+        ranked = ", ".join(f"{label} at {k}" for label, k in sorted(wins.items(), key=lambda kv: -kv[1]))
+        print(f"  fastest tile shape, d={d}, over {sum(wins.values())} points: {ranked}; "
+              f"the final kernel reaches x{worst:.2f} of the fastest at worst")
+
+
+# ----------------------------------------------------------------------------- main
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bench-exe", required=True, help="path to the bench_gpu executable")
     parser.add_argument("--out-dir", default=os.path.join(here, "..", "docs", "results"))
+    parser.add_argument("--stages", nargs="+", default=["05", "06", "07"], choices=["05", "06", "07"])
+    parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"],
+                        help="16-bit types of stage 07 and of the SDPA flash/cudnn rows beside it")
+    parser.add_argument("--steps", nargs="+", default=[], help="stage 07 steps (bench_gpu --steps): numbers, all or road")
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--causal", choices=["no", "yes", "both"], default="both")
     parser.add_argument("--tokens", type=int, default=16384, help="B * N")
     parser.add_argument("--width", type=int, default=2048, help="H * d")
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--check", type=lambda s: s.lower() not in ("0", "false", "no"), default=True,
+                        help="bench_gpu's checks of every point (true/false)")
+    parser.add_argument("--sdpa", type=lambda s: s.lower() not in ("0", "false", "no"), default=True,
+                        help="time PyTorch SDPA beside our stages (true/false)")
+    parser.add_argument("--mma-ceiling-exe", help="mma_ceiling executable (default: beside bench_gpu)")
+    parser.add_argument("--mma-ceiling-json", help="read the ceiling from this mma_ceiling --json output instead of running it")
+    parser.add_argument("--mma-ceiling-tflops", type=float, help="the mma.sync bf16 ceiling, given instead of measured")
+    parser.add_argument("--road-n", type=int, default=4096, help="the N of the printed road table")
+    parser.add_argument("--merge-with", help="an earlier gpu_sweep.csv: its rows of (impl, dtype) pairs this run does not "
+                        "measure are kept in the new gpu_sweep.csv")
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
 
-    ours = run_bench_gpu(args.bench_exe, args, os.path.join(args.out_dir, "bench_gpu.json"),
-                         os.path.join(args.out_dir, "bench_gpu.csv"))
+    ceiling, ceilings = run_mma_ceiling(args) if "07" in args.stages else (None, {})
+    ours, checks_ok = run_bench_gpu(args, ceiling, os.path.join(args.out_dir, "bench_gpu.json"),
+                                    os.path.join(args.out_dir, "bench_gpu.csv"))
     gpu_name, date = ours["gpu"], ours["date"]
-    rows = [dict(impl=r["impl"], dtype=r["dtype"], B=r["B"], H=r["H"], N=r["N"], d=r["d"], causal=int(r["causal"]),
-                 median_ms=r["median_ms"], tflops=r["tflops"], gpu=gpu_name, sm_clock_mhz=r["sm_clock_mhz"], date=date, note="")
-            for r in ours["results"]]
-    try:
-        import torch
+    rows = [dict(r, gpu=gpu_name, date=date, causal=int(r["causal"]), note="") for r in ours["results"]]
+    have_torch = False
+    if args.sdpa:
+        try:
+            import torch
 
-        have_torch = torch.cuda.is_available()
-    except ImportError:
-        have_torch = False
+            have_torch = torch.cuda.is_available()
+        except ImportError:
+            pass
     if have_torch:
         print(f"torch {torch.__version__}, timing SDPA backends on {torch.cuda.get_device_name(0)}", flush=True)
         rows += run_sdpa(args, gpu_name, date)
-    else:
+    elif args.sdpa:
         print("torch with CUDA is not importable here: only our stages are in the results", flush=True)
+    measured = rows  # the tables show this run only; the files may also keep an earlier sweep's rows
+    idx = index(measured)
+    if args.merge_with and os.path.exists(args.merge_with):
+        rows = merge_rows(rows, args.merge_with)
 
-    columns = ["impl", "dtype", "B", "H", "N", "d", "causal", "median_ms", "tflops", "gpu", "sm_clock_mhz", "date"]
     csv_path = os.path.join(args.out_dir, "gpu_sweep.csv")
-    with open(csv_path, "w") as f:
-        f.write(",".join(columns) + "\n")
-        for r in rows:
-            f.write(",".join(str(r[c]) for c in columns) + "\n")
+    write_csv(csv_path, rows, CSV_COLUMNS)
+    meta = dict(gpu=gpu_name, date=date, max_sm_clock_mhz=ours["max_sm_clock_mhz"], method=ours["method"],
+                torch=(torch.__version__ if have_torch else None))
+    if ceilings or ceiling:
+        meta["mma_ceiling_tflops"] = ceiling
+        meta["ceilings"] = {k: dict(value=v["value"], unit=v["unit"], sm_clock_mhz=v["sm_clock_mhz"]) for k, v in ceilings.items()}
+    if "stage07_road" in ours:
+        meta["stage07_road"] = ours["stage07_road"]
+        meta["stage07_final_step"] = ours["stage07_final_step"]
     with open(os.path.join(args.out_dir, "gpu_sweep.json"), "w") as f:
-        json.dump(dict(gpu=gpu_name, date=date, max_sm_clock_mhz=ours["max_sm_clock_mhz"], method=ours["method"],
-                       torch=(torch.__version__ if have_torch else None), results=rows), f, indent=1)
+        json.dump(dict(meta, results=rows), f, indent=1)
 
-    # The table: ours against SDPA's efficient backend in float32, and stage 06's causal saving.
-    def find(impl, dtype, n, d, causal):
-        for r in rows:
-            if (r["impl"], r["dtype"], r["N"], r["d"], r["causal"]) == (impl, dtype, n, d, int(causal)) and r["tflops"] != "":
-                return r
-        return None
-
-    print()
-    print(f"{gpu_name}, {date}: TFLOP/s in float32 (ratio = ours / SDPA efficient fp32; target >= 0.50)")
-    print(f"{'d':>4} {'N':>6} {'causal':>7} {'stage05':>8} {'stage06':>8} {'sdpa_eff':>9} {'05/eff':>7} {'06/eff':>7}"
-          f" {'flash bf16':>11} {'cudnn bf16':>11}")
-    worst = None
-    for d in args.head_dims:
-        for n in args.sizes:
-            for causal in (False, True):
-                s5, s6, eff = find("stage05", "fp32", n, d, causal), find("stage06", "fp32", n, d, causal), find(
-                    "sdpa_efficient", "fp32", n, d, causal)
-                fl, cu = find("sdpa_flash", "bf16", n, d, causal), find("sdpa_cudnn", "bf16", n, d, causal)
-                fmt = lambda r: f"{r['tflops']:.2f}" if r else "-"  # noqa: E731
-                r5 = s5["tflops"] / eff["tflops"] if s5 and eff else None
-                r6 = s6["tflops"] / eff["tflops"] if s6 and eff else None
-                if r6 is not None:
-                    worst = r6 if worst is None else min(worst, r6)
-                print(f"{d:>4} {n:>6} {str(causal):>7} {fmt(s5):>8} {fmt(s6):>8} {fmt(eff):>9} "
-                      f"{(f'{r5:.2f}' if r5 else '-'):>7} {(f'{r6:.2f}' if r6 else '-'):>7} {fmt(fl):>11} {fmt(cu):>11}")
-    print()
-    print("stage 06 causal / non-causal time (target <= 0.55 at N >= 4096):")
-    for d in args.head_dims:
-        for n in args.sizes:
-            nc, c = find("stage06", "fp32", n, d, False), find("stage06", "fp32", n, d, True)
-            if nc and c:
-                print(f"  d={d:<4} N={n:<6} {c['median_ms'] / nc['median_ms']:.3f}")
-    if worst is not None:
-        print(f"\nworst stage06 / sdpa_efficient fp32 ratio: {worst:.2f}")
+    if any(s in FP32_STAGES for s in args.stages):
+        print_fp32_table(args, idx, gpu_name, date)
+    if "07" in args.stages:
+        tee_to_file(os.path.join(args.out_dir, "stage07_sweep_table.txt"), print_stage07_tables, args, idx, measured, ceiling,
+                    gpu_name, date)
+        steps = {r["step"] for r in ours["results"] if r.get("step") is not None}
+        if len(steps) > 1:
+            road = road_rows(args, ours, idx, ceiling)
+            write_csv(os.path.join(args.out_dir, "road.csv"), road, ROAD_COLUMNS)
+            with open(os.path.join(args.out_dir, "road.json"), "w") as f:
+                json.dump(dict(meta, rows=road), f, indent=1)
+            tee_to_file(os.path.join(args.out_dir, "stage07_road_table.txt"), print_road, args, road)
+            print(f"wrote {os.path.join(args.out_dir, 'road.csv')}")
     print(f"wrote {csv_path}")
+    if not checks_ok:
+        print("FAILED: bench_gpu marked at least one point BAD or MISMATCH (see its lines above)")
+        return 1
     return 0
 
 

@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """Writes the results page of the flashcourse site from the measured data in docs/results/.
 
-Inputs (either may be missing; the page then says what is not there yet):
+Inputs (any may be missing; the page then says what is not there yet):
   gpu_sweep.csv    columns impl,dtype,B,H,N,d,causal,median_ms,tflops,gpu,sm_clock_mhz,date
-                   (bench/ writes it: our GPU stages and PyTorch SDPA's backends, same shapes)
+                   (bench/ writes it: our GPU stages and PyTorch SDPA's backends, same shapes;
+                   later sweeps add columns, e.g. step, which are not needed here). Beside it,
+                   gpu_sweep.json (the sweep's record: PyTorch version, timing, the mma.sync
+                   ceiling) and road.csv (stage 07's road: each step's TFLOP/s and gain).
   cpu_sweep.jsonl  one JSON object per line, as the stage executables print with --json
                    (stage,title,B,H,Nq,Nk,d,causal,layout,first_ms,median_ms,gflops,
                     peak_rss_bytes,rss_before_bytes,intermediate_bytes,pass,machine,date)
 Outputs: a Doxygen markdown page (anchor `results`) with tables, plots as PNG (matplotlib; tables
 only when it is missing), and checks against the performance targets of the course.
 
-Usage: make_results.py --gpu-csv F --cpu-jsonl F --out results.md --images DIR
+Usage: make_results.py --gpu-csv F --cpu-jsonl F --out results.md --images DIR [--road-csv F]
 """
 
 import argparse
@@ -37,7 +40,12 @@ except ImportError:  # the page keeps its tables and says why the plots are miss
 GPU_COLUMNS = ["impl", "dtype", "B", "H", "N", "d", "causal", "median_ms", "tflops", "gpu", "sm_clock_mhz", "date"]
 CPU_KEYS = ["stage", "title", "B", "H", "Nq", "Nk", "d", "causal", "median_ms", "gflops", "peak_rss_bytes",
             "rss_before_bytes", "intermediate_bytes", "pass", "machine", "date"]
+ROAD_COLUMNS = ["kind", "impl", "step", "step_name", "dtype", "d", "N", "causal", "tflops", "gain"]
 SDPA_ORDER = ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "sdpa_math"]
+HALF_DTYPES = ("bf16", "fp16")
+# Stage 07 beside the SDPA backends that run in 16 bits: one colour per implementation, one line
+# style per dtype.
+STAGE07_IMPLS = ["stage07", "sdpa_flash", "sdpa_cudnn"]
 SDPA_NAMES = {
     "sdpa_flash": "SDPA flash",
     "sdpa_cudnn": "SDPA cuDNN",
@@ -146,6 +154,8 @@ def read_gpu(path, notes, info):
             return []
         bad = unmeasured = 0
         for raw in reader:
+            if re.fullmatch(r"stage\d+_step\d+", (raw.get("impl") or "").strip()):
+                continue  # a step of stage 07's road: road.csv holds those, with their gains
             if not (raw.get("tflops") or "").strip() or not (raw.get("median_ms") or "").strip():
                 unmeasured += 1  # a backend without a kernel for this dtype/shape, or skipped for memory
                 continue
@@ -173,14 +183,66 @@ def read_gpu(path, notes, info):
 
 
 def read_gpu_meta(csv_path):
-    """The sweep's own record beside the CSV (gpu_sweep.json): PyTorch version, timing method."""
+    """The sweep's own record beside the CSV (gpu_sweep.json): PyTorch version, timing method, and
+    the ceilings mma_ceiling measured (in the record, or in mma_ceiling.jsonl beside it)."""
     path = os.path.splitext(csv_path)[0] + ".json"
+    out = {}
     try:
         with open(path, encoding="utf-8") as f:
             meta = json.load(f)
-        return {k: str(meta[k]) for k in ("gpu", "torch", "max_sm_clock_mhz", "method") if meta.get(k) not in (None, "")}
+        out = {k: str(meta[k]) for k in ("gpu", "torch", "max_sm_clock_mhz", "method") if meta.get(k) not in (None, "")}
+        if isinstance(meta.get("ceilings"), dict):
+            out["ceilings"] = {k: v for k, v in meta["ceilings"].items() if isinstance(v, dict) and "value" in v}
     except (OSError, ValueError, TypeError, AttributeError):
-        return {}
+        pass
+    if not out.get("ceilings"):
+        try:
+            with open(os.path.join(os.path.dirname(csv_path), "mma_ceiling.jsonl"), encoding="utf-8") as f:
+                out["ceilings"] = {r["name"]: r for r in (json.loads(line) for line in f if line.strip())}
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
+    return out
+
+
+def mma_ceiling(meta, dtype="bf16"):
+    """The mma.sync rate of `dtype` (bf16 or fp16) in TFLOP/s; the bf16 one when fp16's is not
+    recorded (the tensor cores run both at one rate); None when neither is."""
+    for name in ("mma_" + dtype, "mma_bf16"):
+        try:
+            return float(meta["ceilings"][name]["value"])
+        except (KeyError, TypeError, ValueError):
+            pass
+    return None
+
+
+def read_road(path, notes):
+    """road.csv of bench/sdpa_compare.py: one row per stage 07 step (or SDPA flash) and shape."""
+    if not os.path.exists(path):
+        return None
+    rows, bad = [], 0
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in ROAD_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            notes.append(f"`{os.path.basename(path)}` lacks the columns {', '.join(missing)}; it is not used.")
+            return []
+        for raw in reader:
+            try:
+                rows.append({
+                    "kind": raw["kind"].strip(), "impl": raw["impl"].strip(),
+                    "step": int(raw["step"]) if raw["step"].strip() else None,
+                    "step_name": raw["step_name"].strip(), "idea": (raw.get("idea") or "").strip(),
+                    "dtype": raw["dtype"].strip(), "d": int(raw["d"]), "N": int(raw["N"]),
+                    "causal": truthy(raw["causal"]), "tflops": float(raw["tflops"]),
+                    "gain": float(raw["gain"]) if raw["gain"].strip() else None,
+                    "gpu": (raw.get("gpu") or "").strip(), "sm_clock_mhz": (raw.get("sm_clock_mhz") or "").strip(),
+                    "date": (raw.get("date") or "").strip(),
+                })
+            except (KeyError, ValueError, TypeError, AttributeError):
+                bad += 1
+    if bad:
+        notes.append(f"{bad} malformed line(s) of `{os.path.basename(path)}` were skipped.")
+    return rows
 
 
 def read_cpu(path, notes):
@@ -215,6 +277,22 @@ def read_cpu(path, notes):
 
 
 # ----------------------------------------------------------------------------- plots
+def finish_tflops_against_n(fig, ax, title, path):
+    """The axes every TFLOP/s-against-N plot shares (N in powers of two), then the file."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(pow2_label))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("sequence length N")
+    ax.set_ylabel("TFLOP/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def plot_gpu(group_rows, impls, title, path):
     fig, ax = plt.subplots(figsize=(8.2, 4.2), dpi=110)
     for impl in impls:
@@ -225,15 +303,46 @@ def plot_gpu(group_rows, impls, title, path):
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o" if ours else "s",
                 linestyle="-" if ours else "--", linewidth=2.2 if ours else 1.4, markersize=5,
                 label=impl_name(impl))
-    ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_formatter(FuncFormatter(pow2_label))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("sequence length N")
+    finish_tflops_against_n(fig, ax, title, path)
+
+
+def plot_stage07(group_rows, ceiling, title, path):
+    """Stage 07 and SDPA flash / cuDNN, bf16 solid and fp16 dashed, the mma.sync ceiling dotted."""
+    fig, ax = plt.subplots(figsize=(8.2, 4.2), dpi=110)
+    for i, impl in enumerate(STAGE07_IMPLS):
+        for dtype in HALF_DTYPES:
+            pts = sorted((r["N"], r["tflops"]) for r in group_rows if r["impl"] == impl and r["dtype"] == dtype)
+            if not pts:
+                continue
+            ours = impl.startswith("stage")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i}", marker="o" if ours else "s",
+                    linestyle="-" if dtype == "bf16" else "--", linewidth=2.2 if ours else 1.4, markersize=5,
+                    label=f"{impl_name(impl)} {dtype}")
+    if ceiling:
+        ax.axhline(ceiling, color="0.5", linestyle=":", linewidth=1.2, label="mma.sync bf16 ceiling")
+    finish_tflops_against_n(fig, ax, title, path)
+
+
+def plot_road(rows, title, path):
+    """TFLOP/s step by step along the road, one line per (d, causal), SDPA flash as the last point."""
+    steps = sorted({(r["step"], r["step_name"]) for r in rows if r["kind"] == "road"})
+    labels = [f"{s}: {name}" for s, name in steps] + ["SDPA flash"]
+    fig, ax = plt.subplots(figsize=(8.2, 4.4), dpi=110)
+    for i, (d, causal) in enumerate(sorted({(r["d"], r["causal"]) for r in rows})):
+        cell = {r["step"]: r["tflops"] for r in rows if r["kind"] == "road" and (r["d"], r["causal"]) == (d, causal)}
+        flash = [r["tflops"] for r in rows if r["kind"] == "sdpa" and (r["d"], r["causal"]) == (d, causal)]
+        xs = [k for k, (s, _) in enumerate(steps) if s in cell]
+        ax.plot(xs, [cell[steps[k][0]] for k in xs], color=f"C{i}", marker="o",
+                linestyle="-" if not causal else "--", label=f"d = {d}, {'causal' if causal else 'non-causal'}")
+        if flash:
+            ax.plot([len(steps)], flash[:1], color=f"C{i}", marker="s", linestyle="none")
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("TFLOP/s")
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=11)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.legend(fontsize=9, loc="upper left")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -308,11 +417,14 @@ def gpu_section(rows, meta, images, out, plots_made):
             if extra:
                 w("From the sweep's record (`gpu_sweep.json`): " + "; ".join(extra) + ".")
                 w("")
-        # Groups where our stages ran come first; then the ones with SDPA alone.
+        # Groups where our stages ran come first; then the ones with SDPA alone. The 16-bit dtypes
+        # stage 07 ran in have their own section (stage07_section), beside flash and cuDNN.
         ours_dtypes = {r["dtype"] for r in grows if r["impl"].startswith("stage")}
+        stage07_dtypes = {r["dtype"] for r in grows if r["impl"] == "stage07"}
         groups = OrderedDict()
         for r in sorted(grows, key=lambda r: (r["dtype"] not in ours_dtypes, r["dtype"], r["d"], r["causal"])):
-            groups.setdefault((r["dtype"], r["d"], r["causal"]), []).append(r)
+            if r["dtype"] not in stage07_dtypes:
+                groups.setdefault((r["dtype"], r["d"], r["causal"]), []).append(r)
         level = "####" if len(by_gpu) > 1 else "###"
         for (dtype, d, causal), g in groups.items():
             mask = "causal" if causal else "non-causal"
@@ -321,7 +433,7 @@ def gpu_section(rows, meta, images, out, plots_made):
             w("")
             impls = sorted({r["impl"] for r in g}, key=impl_key)
             if not any(i.startswith("stage") for i in impls):
-                w(f"None of our stages runs in {dtype} yet: these are the numbers a {dtype} stage will be "
+                w(f"None of our stages was measured in {dtype} here: these are the numbers a {dtype} stage is "
                   "measured against.")
                 w("")
             if HAVE_MPL:
@@ -443,6 +555,173 @@ def gpu_targets(rows, out, anchor, level):
         w("")
 
 
+# ----------------------------------------------------------------------------- stage 07 section
+def stage07_section(rows, meta, road, images, out, plots_made):
+    """Stage 07 in bf16 and fp16 beside SDPA flash and cuDNN in the same dtypes; the ratios; the road."""
+    w = out.append
+    w("## GPU: stage 07 on the tensor cores beside SDPA flash and cuDNN {#results_stage07}")
+    w("")
+    ours = [r for r in rows or [] if r["impl"] == "stage07" and r["dtype"] in HALF_DTYPES]
+    ceiling = mma_ceiling(meta)
+    if not ours:
+        w("\\note The stage 07 figures have not been measured yet: `docs/results/gpu_sweep.csv` has no stage 07 "
+          "rows. `bench/gpu_session.sh sweep07` measures them in bf16 and fp16 beside SDPA's flash and cuDNN "
+          "backends, and `bench/gpu_session.sh road` measures each step of its road.")
+        w("")
+    else:
+        dtypes = [t for t in HALF_DTYPES if any(r["dtype"] == t for r in ours)]
+        shapes_of = {(r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) for r in ours}
+        side = [r for r in rows if r["impl"] in STAGE07_IMPLS and r["dtype"] in dtypes
+                and (r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) in shapes_of]
+        gpus = sorted({r["gpu"] for r in side})
+        w(f"Stage 07 runs in bf16 and fp16 (float32 accumulation) on the tensor cores; SDPA's flash and cuDNN "
+          f"backends ran on the same shapes in the same dtypes, in the same sweep. Measured on **{md(', '.join(gpus))}**, "
+          f"SM clock {span((r['sm_clock_mhz'] for r in side), 'MHz')}, {span(r['date'] for r in side)}.")
+        w("")
+        ceilings_table(meta, out)
+        groups = OrderedDict()
+        for r in sorted(side, key=lambda r: (r["gpu"], r["d"], r["causal"])):
+            groups.setdefault((r["gpu"], r["d"], r["causal"]), []).append(r)
+        for (gpu, d, causal), g in groups.items():
+            mask = "causal" if causal else "non-causal"
+            anchor = slug("results_stage07", gpu if len(gpus) > 1 else "", "d", d, mask)
+            w(f"### d = {d}, {mask}{', ' + md(gpu) if len(gpus) > 1 else ''} {{#{anchor}}}")
+            w("")
+            if HAVE_MPL:
+                name = f"{anchor}.png"
+                plot_stage07(g, ceiling, f"{gpu}: stage 07 and SDPA, d = {d}, {mask}", os.path.join(images, name))
+                plots_made.append(name)
+                w(f'\\image html {name} "TFLOP/s against N, bf16 and fp16, d = {d}, {mask}"')
+                w("")
+            cols = [(t, i) for t in dtypes for i in STAGE07_IMPLS]
+            cell = {(r["N"], r["B"], r["H"], r["dtype"], r["impl"]): r for r in g}
+            w("| N | B | H | " + " | ".join(f"{impl_ref(i)} {t}" for t, i in cols) + " |")
+            w("|---:|---:|---:|" + "---:|" * len(cols))
+            for n, b, h in sorted({(r["N"], r["B"], r["H"]) for r in g}):
+                cells = []
+                for t, i in cols:
+                    r = cell.get((n, b, h, t, i))
+                    cells.append(f"{fmt_num(r['tflops'])} ({fmt_num(r['median_ms'])} ms)" if r else "–")
+                w(f"| {n} | {b} | {h} | " + " | ".join(cells) + " |")
+            w("")
+            w("Cells: TFLOP/s (median time); – where a backend has no kernel for the dtype or shape.")
+            w("")
+        stage07_ratios(side, dtypes, meta, out)
+    road_section(road, ceiling, images, out, plots_made)
+
+
+def ceilings_table(meta, out):
+    """The peak rates mma_ceiling measured on the GPU of the sweep, when the record has them."""
+    names = {"mma_bf16": "`mma.sync` m16n8k16 bf16", "mma_fp16": "`mma.sync` m16n8k16 fp16",
+             "ex2": "`ex2.approx.ftz.f32`", "ffma": "fp32 FMA"}
+    ceilings = meta.get("ceilings") or {}
+    lines = [f"| {names.get(k, md(k))} | {fmt_num(float(v['value']))} {md(v.get('unit', ''))} | "
+             f"{md(v.get('sm_clock_mhz', ''))} MHz |" for k, v in ceilings.items() if k in names]
+    if not lines:
+        return
+    out.append("Ceilings of the same GPU, measured by `bench/mma_ceiling.cu` (one instruction issued back to back "
+               "from registers on every SM):")
+    out.append("")
+    out.append("| instruction | rate | SM clock |")
+    out.append("|---|---:|---:|")
+    out.extend(lines)
+    out.append("")
+
+
+def stage07_ratios(side, dtypes, meta, out):
+    """Per dtype: stage 07 / SDPA flash and / cuDNN at every shape, and the fraction of the ceiling."""
+    w = out.append
+    w("### Stage 07 against SDPA {#results_stage07_ratios}")
+    w("")
+    idx = {(r["gpu"], r["impl"], r["dtype"], r["N"], r["d"], r["causal"]): r for r in side}
+    for t in dtypes:
+        ceiling = mma_ceiling(meta, t)
+        shapes = sorted({(r["gpu"], r["d"], r["causal"]) for r in side if r["dtype"] == t and r["impl"] == "stage07"})
+        sizes = sorted({r["N"] for r in side if r["dtype"] == t and r["impl"] == "stage07"})
+        w(f"{t}: stage 07 / SDPA flash, with stage 07 / SDPA cuDNN in parentheses"
+          + (f" and the fraction of the `mma.sync` {t} ceiling below" if ceiling else "") + ".")
+        w("")
+        w("| d | mask | " + " | ".join(f"N = {n}" for n in sizes) + " |")
+        w("|---:|---|" + "---:|" * len(sizes))
+        for gpu, d, causal in shapes:
+            cells = []
+            for n in sizes:
+                r = idx.get((gpu, "stage07", t, n, d, causal))
+                fl, cu = idx.get((gpu, "sdpa_flash", t, n, d, causal)), idx.get((gpu, "sdpa_cudnn", t, n, d, causal))
+                if not r:
+                    cells.append("–")
+                    continue
+                text = f"{fmt_num(r['tflops'] / fl['tflops'])}×" if fl else "–"
+                low = fl is not None and r["tflops"] < fl["tflops"]
+                text = f"**{text}**" if low else text  # below the target (1.0x flash): in bold
+                text += f" ({fmt_num(r['tflops'] / cu['tflops'])}×)" if cu else ""
+                if ceiling:
+                    text += f"<br>{100 * r['tflops'] / ceiling:.0f}%"
+                cells.append(text)
+            w(f"| {d} | {'causal' if causal else 'non-causal'} | " + " | ".join(cells) + " |")
+        w("")
+    w("Bold: below SDPA flash, the course's target for stage 07 (≥ 1.0×, aim 1.2×).")
+    w("")
+
+
+def road_section(road, ceiling, images, out, plots_made):
+    """Stage 07's road from road.csv: TFLOP/s of each step and its gain over the step before."""
+    w = out.append
+    w("### The road of stage 07 {#results_stage07_road}")
+    w("")
+    if not road:
+        w("\\note The road has not been measured yet: `docs/results/road.csv` is not there. "
+          "`bench/gpu_session.sh road` times every step of stage 07 (and the candidate tile shapes of the "
+          "tuning build) and writes it.")
+        w("")
+        return
+    dtype = "bf16" if any(r["dtype"] == "bf16" for r in road) else road[0]["dtype"]
+    rows = [r for r in road if r["dtype"] == dtype]
+    w(f"Each step switches on one more feature of the kernel; {dtype}, measured on **{md(span(r['gpu'] for r in rows))}**, "
+      f"SM clock {span((r['sm_clock_mhz'] for r in rows), 'MHz')}, {span(r['date'] for r in rows)}. Cells: TFLOP/s, "
+      "with the gain over the step before (× < 1 in bold: the step made this shape slower). Tuning candidates are "
+      "compared with the final kernel instead.")
+    w("")
+    ideas = OrderedDict((r["step"], r) for r in sorted(rows, key=lambda r: r["step"] or 0) if r["kind"] == "road")
+    if any(r["idea"] for r in ideas.values()):
+        w("| step | name | what it changes |")
+        w("|---:|---|---|")
+        for step, r in ideas.items():
+            w(f"| {step} | {md(r['step_name'])} | {md(r['idea'])} |")
+        w("")
+    for n in sorted({r["N"] for r in rows}):
+        at_n = [r for r in rows if r["N"] == n]
+        cols = sorted({(r["d"], r["causal"]) for r in at_n})
+        cell = {(r["kind"], r["step"], r["d"], r["causal"]): r for r in at_n}
+        anchor = slug("results_stage07_road", dtype, "n", n)
+        w(f"#### N = {n} {{#{anchor}}}")
+        w("")
+        if HAVE_MPL and any(r["kind"] == "road" for r in at_n):
+            name = f"{anchor}.png"
+            plot_road(at_n, f"stage 07 step by step, {dtype}, N = {n}", os.path.join(images, name))
+            plots_made.append(name)
+            w(f'\\image html {name} "TFLOP/s of each step of the road, {dtype}, N = {n}"')
+            w("")
+        w("| step | name | " + " | ".join(f"d = {d}, {'causal' if c else 'non-causal'}" for d, c in cols) + " |")
+        w("|---:|---|" + "---:|" * len(cols))
+        for kind in ("road", "candidate", "sdpa"):
+            for step, label in sorted({(r["step"], r["step_name"]) for r in at_n if r["kind"] == kind},
+                                      key=lambda s: -1 if s[0] is None else s[0]):
+                cells = []
+                for d, c in cols:
+                    r = cell.get((kind, step, d, c))
+                    if not r:
+                        cells.append("–")
+                        continue
+                    gain = ""
+                    if r["gain"] is not None:
+                        gain = f" (×{fmt_num(r['gain'])})"
+                        gain = f" (**×{fmt_num(r['gain'])}**)" if r["gain"] < 1.0 and kind == "road" else gain
+                    cells.append(f"{fmt_num(r['tflops'])}{gain}")
+                title = md(label) + (" (candidate)" if kind == "candidate" else "")
+                w(f"| {'' if step is None else step} | {title} | " + " | ".join(cells) + " |")
+        w("")
+
 # ----------------------------------------------------------------------------- CPU section
 def cpu_section(rows, images, out, plots_made):
     w = out.append
@@ -547,6 +826,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--images", required=True)
     ap.add_argument("--lesson-pages", default="", help="comma-separated page names the site has (stage01,...)")
+    ap.add_argument("--road-csv", help="stage 07's road (default: road.csv beside --gpu-csv)")
     args = ap.parse_args()
     LESSON_PAGES.update(p for p in args.lesson_pages.split(",") if p)
     os.makedirs(args.images, exist_ok=True)
@@ -555,6 +835,8 @@ def main():
     notes, info = [], []
     gpu = read_gpu(args.gpu_csv, notes, info)
     cpu = read_cpu(args.cpu_jsonl, notes)
+    road_csv = args.road_csv or os.path.join(os.path.dirname(args.gpu_csv), "road.csv")
+    road = read_road(road_csv, notes)
 
     out = ["# Measured results {#results}", ""]
     out.append("Every number on this page is read from `docs/results/` and turned into tables and plots by "
@@ -576,7 +858,9 @@ def main():
         out.append("")
 
     plots = []
-    gpu_section(gpu, read_gpu_meta(args.gpu_csv), args.images, out, plots)
+    meta = read_gpu_meta(args.gpu_csv)
+    gpu_section(gpu, meta, args.images, out, plots)
+    stage07_section(gpu, meta, road, args.images, out, plots)
     cpu_section(cpu, args.images, out, plots)
 
     out.append("## Where the data comes from {#results_sources}")
@@ -584,6 +868,8 @@ def main():
     out.append("| file | written by | present |")
     out.append("|---|---|---|")
     out.append(f"| `docs/results/gpu_sweep.csv` | the GPU sweep in `bench/` | {'yes' if gpu is not None else 'not yet'} |")
+    out.append(f"| `docs/results/road.csv` | `bench/gpu_session.sh road` (stage 07 step by step) | "
+               f"{'yes' if road is not None else 'not yet'} |")
     out.append(f"| `docs/results/cpu_sweep.jsonl` | the CPU stages with `--bench --json` | "
                f"{'yes' if cpu is not None else 'not yet'} |")
     out.append("")

@@ -1,0 +1,358 @@
+// Stage 07: the tensor-core kernel's instances, its entry points and the road of its features.
+#include "attention.cuh"
+
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "fa/cuda/check.hpp"
+#include "fa/cuda/stage.hpp"
+#include "fa/cuda/tensors.hpp"
+#include "fa/error.hpp"
+#include "kernel.cuh"
+
+namespace fa::stage07 {
+
+namespace {
+
+//! [tuned]
+/// The tile shape of the final kernel for head dimension D: query rows per block, keys per
+/// tile, warps, pipeline depth. Chosen by measurement on an H100 (see the lesson): each warp
+/// owns 16 or 32 query rows; more rows per warp reuse every K and V fragment more often, but
+/// need more registers (Q fragments, O accumulators and S all stay in registers).
+template <int D>
+struct Tuned;
+template <>
+struct Tuned<32> {
+    static constexpr int kBr = 128, kBc = 64, kWarps = 4, kStages = 2;
+    static constexpr bool kQInRegisters = true, kLazyRescale = false;
+};
+template <>
+struct Tuned<64> {
+    static constexpr int kBr = 128, kBc = 64, kWarps = 4, kStages = 2;
+    static constexpr bool kQInRegisters = true, kLazyRescale = false;
+};
+template <>
+struct Tuned<128> {  // 32 rows per warp fit only with Q re-read from shared memory
+    static constexpr int kBr = 128, kBc = 64, kWarps = 4, kStages = 2;
+    static constexpr bool kQInRegisters = false, kLazyRescale = true;
+};
+template <>
+struct Tuned<256> {
+    static constexpr int kBr = 64, kBc = 32, kWarps = 4, kStages = 2;
+    static constexpr bool kQInRegisters = false, kLazyRescale = false;
+};
+//! [tuned]
+
+//! [road]
+/// The features of step `Step` of the road for head dimension D.
+template <int D, int Step>
+struct RoadStep;
+// 0: the first tensor-core kernel: mma.sync, fragments gathered by 32-bit shared loads from
+//    plain row-major tiles, load-wait-compute, P through shared memory, expf, every key tile
+//    visited (masked) under a causal mask.
+template <int D>
+struct RoadStep<D, 0> { using F = Features<64, 64, 4, 1, false, false, false, false, false>; };
+template <int D>
+struct RoadStep<D, 1> { using F = Features<64, 64, 4, 1, true, false, false, false, false>; };   // + ldmatrix
+template <int D>
+struct RoadStep<D, 2> { using F = Features<64, 64, 4, 1, true, true, false, false, false>; };    // + swizzle
+template <int D>
+struct RoadStep<D, 3> { using F = Features<64, 64, 4, 2, true, true, false, false, false>; };    // + cp.async pipeline
+template <int D>
+struct RoadStep<D, 4> { using F = Features<64, 64, 4, 2, true, true, true, false, false>; };     // + P in registers
+template <int D>
+struct RoadStep<D, 5> { using F = Features<64, 64, 4, 2, true, true, true, true, false>; };      // + exp2
+template <int D>
+struct RoadStep<D, 6> {  // + the tile shape measured best for this d
+    using F = Features<Tuned<D>::kBr, Tuned<D>::kBc, Tuned<D>::kWarps, Tuned<D>::kStages, true, true, true, true, false,
+                       Tuned<D>::kQInRegisters>;
+};
+template <int D>
+struct RoadStep<D, 7> {  // + causal tile skipping
+    using F = Features<Tuned<D>::kBr, Tuned<D>::kBc, Tuned<D>::kWarps, Tuned<D>::kStages, true, true, true, true, true,
+                       Tuned<D>::kQInRegisters>;
+};
+template <int D>
+struct RoadStep<D, 8> {  // + O rescaled only when a row's maximum grew, where that measured faster: the final kernel
+    using F = Features<Tuned<D>::kBr, Tuned<D>::kBc, Tuned<D>::kWarps, Tuned<D>::kStages, true, true, true, true, true,
+                       Tuned<D>::kQInRegisters, Tuned<D>::kLazyRescale>;
+};
+constexpr int kFinalStep = 8;
+constexpr int kRoadSteps = 9;  // the tuning build's candidates come after the road
+//! [road]
+
+#ifdef FA_STAGE07_TUNING
+// Candidate shapes the tuning build times beside the road (steps 8 and up): Br, Bc, warps, stages.
+template <int Br, int Bc, int Warps, int Stages, bool QInRegisters, bool Lazy, int MinBlocks, int Bn>
+using Candidate = Features<Br, Bc, Warps, Stages, true, true, true, true, true, QInRegisters, Lazy, MinBlocks, Bn>;
+struct CandidateInfo {
+    int br, bc, warps, stages;
+    bool q_in_registers, lazy;
+    int min_blocks, bn;
+};
+constexpr CandidateInfo kCandidates[] = {
+    {128, 64, 4, 2, true, false, 1, 64},   {128, 128, 4, 2, true, false, 1, 64}, {128, 64, 4, 2, false, false, 1, 32},
+    {128, 128, 4, 2, false, false, 1, 32}, {128, 64, 4, 3, false, false, 1, 32}, {128, 64, 4, 2, false, true, 1, 64},
+    {128, 128, 8, 2, false, false, 1, 128}, {128, 64, 4, 2, false, true, 1, 32}};
+#endif
+
+template <class T>
+using LaunchFn = void (*)(const Args<T>&, cudaStream_t);
+
+struct Geometry {
+    int br, bc, warps, stages;
+    bool q_in_registers;
+    size_t smem;
+};
+
+template <class T, int D, class F>
+void launch(const Args<T>& a, cudaStream_t stream) {
+    using S = Shape<T, D, F>;
+    // Above 48 KiB of dynamic shared memory a kernel must opt in, once per process.
+    static const bool opted_in = [] {
+        FA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<T, D, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(S::kSmemBytes)));
+        return true;
+    }();
+    (void)opted_in;
+    flash_forward_kernel<T, D, F><<<unsigned(a.q_tiles) * unsigned(a.batch_heads), S::kThreads, S::kSmemBytes, stream>>>(a);
+    FA_CUDA_CHECK_LAUNCH("stage07 flash_forward_kernel<d=" + std::to_string(D) + ", Br=" + std::to_string(F::kBr) +
+                         ", Bc=" + std::to_string(F::kBc) + ">");
+}
+
+template <class T, int D, class F>
+Geometry geometry() {
+    return {F::kBr, F::kBc, F::kWarps, F::kStages, F::kQInRegisters, Shape<T, D, F>::kSmemBytes};
+}
+
+/// The launcher and geometry of (T, D, step), or nullptr when that instance is not built.
+template <class T, int D>
+LaunchFn<T> find_for_d(int step, Geometry& geo) {
+    switch (step) {
+#define FA_STEP(N)                                                   \
+    case N:                                                          \
+        geo = geometry<T, D, typename RoadStep<D, N>::F>();          \
+        return launch<T, D, typename RoadStep<D, N>::F>;
+        FA_STEP(8)
+    }
+    if constexpr (D == 64 || D == 128) {
+        switch (step) {
+            FA_STEP(0)
+            FA_STEP(1)
+            FA_STEP(2)
+            FA_STEP(3)
+            FA_STEP(4)
+            FA_STEP(5)
+            FA_STEP(6)
+            FA_STEP(7)
+        }
+#undef FA_STEP
+#ifdef FA_STAGE07_TUNING
+        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+            switch (step - kRoadSteps) {
+#define FA_CANDIDATE(I)                                                                                          \
+    case I: {                                                                                                    \
+        using F = Candidate<kCandidates[I].br, kCandidates[I].bc, kCandidates[I].warps, kCandidates[I].stages, \
+                            kCandidates[I].q_in_registers, kCandidates[I].lazy, kCandidates[I].min_blocks,      \
+                            kCandidates[I].bn>;                                                                 \
+        geo = geometry<T, D, F>();                                                                               \
+        return launch<T, D, F>;                                                                                  \
+    }
+                FA_CANDIDATE(0) FA_CANDIDATE(1) FA_CANDIDATE(2) FA_CANDIDATE(3)
+                FA_CANDIDATE(4) FA_CANDIDATE(5) FA_CANDIDATE(6) FA_CANDIDATE(7)
+#undef FA_CANDIDATE
+            }
+        }
+#endif
+    }
+    return nullptr;
+}
+
+template <class T>
+LaunchFn<T> find_launcher(int d, int step, Geometry& geo) {
+    switch (d) {
+        case 32: return find_for_d<T, 32>(step, geo);
+        case 64: return find_for_d<T, 64>(step, geo);
+        case 128: return find_for_d<T, 128>(step, geo);
+        case 256: return find_for_d<T, 256>(step, geo);
+        default: return nullptr;
+    }
+}
+
+int resolve(int step) { return step < 0 ? kFinalStep : step; }
+
+template <class T>
+void require_device_view(const char* name, const View4<T>& view) {
+    const auto& s = view.stride;
+    if (s[3] != 1 || s[0] % 8 || s[1] % 8 || s[2] % 8 || reinterpret_cast<uintptr_t>(view.data) % 16) {
+        throw InputError(std::string("stage 07: ") + name +
+                         " must have contiguous features (stride 1), other strides that are multiples of 8 elements "
+                         "and a 16-byte aligned start, for the kernel's 16-byte copies");
+    }
+}
+
+template <class T>
+void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse,
+                cudaStream_t stream, int step) {
+    step = resolve(step);
+    check_supported(p, step);
+    Geometry geo{};
+    const LaunchFn<T> launcher = find_launcher<T>(int(p.head_dim), step, geo);
+    if (launcher == nullptr) throw InputError("stage 07: no kernel is built for this head dimension and step");
+    require_device_view("q", q);
+    require_device_view("k", k);
+    require_device_view("v", v);
+    require_device_view("o", o);
+    Args<T> a{};
+    a.q = q.data, a.k = k.data, a.v = v.data, a.o = o.data, a.lse = lse.data;
+    a.q_sb = q.stride[0], a.q_sh = q.stride[1], a.q_sn = q.stride[2];
+    a.k_sb = k.stride[0], a.k_sh = k.stride[1], a.k_sn = k.stride[2];
+    a.v_sb = v.stride[0], a.v_sh = v.stride[1], a.v_sn = v.stride[2];
+    a.o_sb = o.stride[0], a.o_sh = o.stride[1], a.o_sn = o.stride[2];
+    a.lse_sb = lse.stride[0], a.lse_sh = lse.stride[1], a.lse_sn = lse.stride[2];
+    a.heads = int(p.heads);
+    a.batch_heads = int(p.batch * p.heads);
+    a.q_tiles = int((p.seq_q + geo.br - 1) / geo.br);
+    a.seq_q = int(p.seq_q);
+    a.seq_k = int(p.seq_k);
+    a.causal = p.causal;
+    const double scale = p.softmax_scale();
+    a.negate_q = scale < 0;
+    // A zero scale would turn the -inf of a masked score into NaN (-inf * 0); the smallest normal
+    // float gives the same uniform weights, since |s| * FLT_MIN rounds to 0 for every finite score.
+    a.scale = std::max(float(std::fabs(scale)), FLT_MIN);
+    a.scale_log2 = std::max(float(std::fabs(scale) * 1.4426950408889634), FLT_MIN);  // log2(e)
+    launcher(a, stream);
+}
+
+template <class T>
+AttentionFn host_entry_for(int step) {
+    return [step](const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v, View4<float> o,
+                  View3<float> lse) {
+        check_supported(p, resolve(step));
+        // The 16-bit copies keep the layout of the float32 views (an axis with the larger stride
+        // comes first), so the kernel reads either layout through its strides.
+        const Layout layout = q.stride[1] >= q.stride[2] ? Layout::BHND : Layout::BNHD;
+        cuda::DeviceTensors dev(p, q, k, v, o, lse);
+        cuda::HalfTensors<T> half(p, layout);
+        half.load(dev.q, dev.k, dev.v);
+        run_device<T>(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step);
+        cuda::convert(View4<const T>(half.o), dev.o);
+        FA_CUDA_CHECK(cudaDeviceSynchronize());
+        dev.copy_outputs_to(o, lse);
+    };
+}
+
+}  // namespace
+
+const std::vector<Step>& road() {
+    static const std::vector<Step> steps = [] {
+        std::vector<Step> s = {
+            {"tensor cores", "mma.sync m16n8k16; fragments by 32-bit shared loads; load, wait, compute; P via shared memory; expf"},
+            {"ldmatrix", "fragments by ldmatrix (.trans for V): one instruction per four 8x8 matrices"},
+            {"swizzle", "XOR-swizzled shared tiles: ldmatrix and cp.async free of bank conflicts"},
+            {"pipeline", "cp.async ring two tiles deep: tile j+1 loads while tile j is computed"},
+            {"P in registers", "P rounded in registers and used as the A operand of P V (no shared memory)"},
+            {"exp2", "log2(e) folded into the scale: one FFMA and one ex2 per score"},
+            {"tile shape", "the block shape measured best for this d: Br, Bc, warps, pipeline depth, Q kept in registers or re-read"},
+            {"causal skip", "tiles above the diagonal skipped, only the diagonal masked"},
+            {"lazy rescale", "O rescaled only in tiles where some row's maximum grew, at d = 128 where it measured faster "
+                             "(elsewhere the same kernel as the step before); the final kernel"},
+        };
+#ifdef FA_STAGE07_TUNING
+        for (const CandidateInfo& c : kCandidates) {
+            s.push_back({"Br" + std::to_string(c.br) + " Bc" + std::to_string(c.bc) + " w" + std::to_string(c.warps) + " s" +
+                             std::to_string(c.stages) + (c.q_in_registers ? "" : " Qsmem") + (c.lazy ? " lazy" : "") +
+                             " minb" + std::to_string(c.min_blocks) + " Bn" + std::to_string(c.bn),
+                         "tuning candidate (bf16 only)"});
+        }
+#endif
+        return s;
+    }();
+    return steps;
+}
+
+int final_step() { return kFinalStep; }
+
+const std::vector<int>& supported_head_dims() {
+    static const std::vector<int> dims{32, 64, 128, 256};
+    return dims;
+}
+
+const std::vector<int>& road_head_dims() {
+    static const std::vector<int> dims{64, 128};
+    return dims;
+}
+
+void check_supported(const Problem& p, int step) {
+    step = resolve(step);
+    const int steps = int(road().size());
+    if (step >= steps) {
+        throw InputError("--step " + std::to_string(step) + " does not exist: stage 07 has steps 0 to " + std::to_string(steps - 1));
+    }
+    const auto& dims = step == kFinalStep ? supported_head_dims() : road_head_dims();
+    bool ok = false;
+    std::string list;
+    for (int d : dims) {
+        ok = ok || d == p.head_dim;
+        list += (list.empty() ? "" : ", ") + std::to_string(d);
+    }
+    if (!ok) {
+        throw InputError("--head-dim " + std::to_string(p.head_dim) + " is not supported by stage 07" +
+                         (step == kFinalStep ? "" : " step " + std::to_string(step)) + ": use " + list);
+    }
+    if (p.seq_q > (int64_t(1) << 30) || p.seq_k > (int64_t(1) << 30) || p.batch * p.heads > (int64_t(1) << 24)) {
+        throw InputError("stage 07 takes at most 2^30 query or key rows and 2^24 batch x heads (32-bit tile indices)");
+    }
+    if ((p.seq_q + 63) / 64 * p.batch * p.heads >= (int64_t(1) << 31)) {
+        throw InputError("stage 07: the problem needs more than 2^31 thread blocks");
+    }
+}
+
+void attention_device(const Problem& p, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
+                      View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o, View3<float> lse, cudaStream_t stream, int step) {
+    run_device<__nv_bfloat16>(p, q, k, v, o, lse, stream, step);
+}
+
+void attention_device(const Problem& p, View4<const __half> q, View4<const __half> k, View4<const __half> v,
+                      View4<__half> o, View3<float> lse, cudaStream_t stream, int step) {
+    run_device<__half>(p, q, k, v, o, lse, stream, step);
+}
+
+AttentionFn host_entry(DType dtype, int step) {
+    return dtype == DType::BF16 ? host_entry_for<__nv_bfloat16>(step) : host_entry_for<__half>(step);
+}
+
+void attention(const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v, View4<float> o,
+               View3<float> lse) {
+    host_entry(DType::BF16)(p, q, k, v, o, lse);
+}
+
+std::string describe_config(const Problem& p, int step) {
+    step = resolve(step);
+    check_supported(p, step);
+    Geometry geo{};
+    find_launcher<__nv_bfloat16>(int(p.head_dim), step, geo);
+    // Tile classes per (batch, head), as the kernel sees them.
+    const int q_tiles = int((p.seq_q + geo.br - 1) / geo.br), k_tiles = int((p.seq_k + geo.bc - 1) / geo.bc);
+    long long unmasked = 0, masked = 0;
+    for (int t = 0; t < q_tiles; ++t) {
+        int full = 0, end = 0;
+        key_tiles(t * geo.br, geo.br, geo.bc, int(p.seq_q), int(p.seq_k), p.causal, step >= kFinalStep, full, end);
+        unmasked += full;
+        masked += end - full;
+    }
+    const long long total = (long long)q_tiles * k_tiles;
+    char buf[400];
+    std::snprintf(buf, sizeof buf,
+                  "step %d (%s): Br=%d Bc=%d, %d warps (%d query rows each), %d-stage cp.async ring, Q %s, %zu B shared memory; "
+                  "per head %lld of %lld key tiles unmasked, %lld masked, %lld skipped",
+                  step, road()[size_t(step)].name.c_str(), geo.br, geo.bc, geo.warps, geo.br / geo.warps, geo.stages,
+                  geo.q_in_registers ? "in registers" : "re-read from shared memory", geo.smem,
+                  unmasked, total, masked, total - unmasked - masked);
+    return buf;
+}
+
+}  // namespace fa::stage07

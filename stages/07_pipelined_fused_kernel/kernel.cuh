@@ -1,0 +1,608 @@
+/// \file stages/07_pipelined_fused_kernel/kernel.cuh
+/// \brief Stage 07's kernel: one template whose compile-time Features switch each idea on.
+///
+/// One thread block owns `Br` query rows of one (batch, head) and `kWarps` warps. Each warp owns
+/// its own `Br / kWarps` rows from start to end (FlashAttention-2's split): the scores of its
+/// rows, their running max `m_i` and sum `l_i`, and their output `O_i` live in that warp's
+/// registers, so no warp ever waits for another's partial results. The warps share only the
+/// K and V tiles, which stream through a ring of `kStages` shared-memory buffers, `Bc` keys at
+/// a time.
+///
+/// Per K/V tile, per warp (`m16n8k16` = one tensor-core instruction on a 16 x 8 x 16 tile):
+///
+///     S   = Q_w K_j^T       [rows, Bc]  d/16 x Bc/8 mma per 16 rows, K fragments by ldmatrix
+///     m_i, l_i, P = exp2(S*scale*log2e - m_i*scale*log2e)       float32, in registers
+///     O_w = O_w * alpha + P V_j   [rows, d]  Bc/16 x d/8 mma per 16 rows, V by ldmatrix.trans
+///
+/// The road from the first tensor-core version to this one is a list of switches (Features);
+/// the benchmark turns them on one at a time (see the lesson's table).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "fa/cuda/ptx.cuh"
+#include "fa/problem.hpp"
+#include "layout.hpp"
+
+namespace fa::stage07 {
+
+//! [features]
+/// The switches of the road, each one idea of the lesson. `Features<...>` is a type so that a
+/// kernel template can take it (CUDA sources are C++17: no class-type template parameters).
+template <int Br, int Bc, int Warps, int Stages, bool Ldmatrix, bool Swizzle, bool PInRegisters, bool Exp2,
+          bool CausalSkip, bool QInRegisters = true, bool LazyRescale = false, int MinBlocksPerSm = 1, int Bn = 0>
+struct Features {
+    static constexpr int kBr = Br;        ///< query rows per block
+    static constexpr int kBc = Bc;        ///< keys per K/V tile
+    static constexpr int kWarps = Warps;  ///< warps per block; each owns kBr / kWarps query rows
+    /// K/V tiles in flight: 1 loads, waits, computes; 2 or more load tile j+1 while j is computed
+    static constexpr int kStages = Stages;
+    static constexpr bool kLdmatrix = Ldmatrix;  ///< fragments by ldmatrix, not by 32-bit shared loads
+    static constexpr bool kSwizzle = Swizzle;    ///< XOR-swizzled shared tiles (no bank conflicts)
+    static constexpr bool kPInRegisters = PInRegisters;  ///< P fed to P*V from registers, not shared memory
+    static constexpr bool kExp2 = Exp2;  ///< exp2 with log2(e) folded into the scale (one FFMA + ex2)
+    static constexpr bool kCausalSkip = CausalSkip;  ///< skip tiles above the diagonal, mask only the diagonal
+    /// Q's fragments loaded into registers once (true), or re-read from shared memory for every
+    /// K tile (false): fewer registers, so a warp can own 32 rows and reuse each K/V fragment twice
+    static constexpr bool kQInRegisters = QInRegisters;
+    /// rescale O only in tiles where some row's maximum grew (otherwise every factor is exactly 1)
+    static constexpr bool kLazyRescale = LazyRescale;
+    /// blocks that must fit on one SM at once: caps the registers per thread at 65536 / (threads x this)
+    static constexpr int kMinBlocksPerSm = MinBlocksPerSm;
+    /// keys per softmax step: a K/V tile of Bc keys is loaded (one barrier) and consumed Bn keys
+    /// at a time, so the registers of S and P follow Bn while the barriers follow Bc
+    static constexpr int kBn = Bn == 0 ? Bc : Bn;
+    static_assert(kBc % kBn == 0, "a tile holds whole softmax steps");
+};
+//! [features]
+
+/// Pointers, strides (in elements) and sizes the kernel reads; built by the host entry point.
+template <class T>
+struct Args {
+    const T* q;  ///< (B, H, Nq, d): row n of head (b, h) starts at q + b*q_sb + h*q_sh + n*q_sn
+    const T* k;  ///< (B, H, Nk, d)
+    const T* v;  ///< (B, H, Nk, d)
+    T* o;        ///< (B, H, Nq, d)
+    float* lse;  ///< (B, H, Nq)
+    int64_t q_sb, q_sh, q_sn;        ///< strides of q (the feature stride is 1)
+    int64_t k_sb, k_sh, k_sn;        ///< strides of k
+    int64_t v_sb, v_sh, v_sn;        ///< strides of v
+    int64_t o_sb, o_sh, o_sn;        ///< strides of o
+    int64_t lse_sb, lse_sh, lse_sn;  ///< strides of lse
+    int heads;       ///< H
+    int batch_heads; ///< B * H
+    int q_tiles;     ///< query tiles per (batch, head): ceil(Nq / Br)
+    int seq_q;       ///< Nq
+    int seq_k;       ///< Nk
+    bool causal;     ///< bottom-right aligned causal mask
+    bool negate_q;   ///< the scale is negative: Q's sign is flipped and |scale| used (exact)
+    float scale;     ///< |softmax scale| (at least FLT_MIN, so that -inf * scale stays -inf)
+    float scale_log2;  ///< |softmax scale| * log2(e)
+};
+
+/// Shape constants of one kernel instance, derived from the head dimension and the features.
+template <class T, int D, class F>
+struct Shape {
+    static_assert(sizeof(T) == 2, "tensor-core operands are 16-bit");
+    static_assert(D % 16 == 0 && D >= 32, "d is a multiple of 16 (the mma's k)");
+    static constexpr int kThreads = F::kWarps * 32;
+    static constexpr int kRowsPerWarp = F::kBr / F::kWarps;  ///< query rows a warp owns
+    static constexpr int kMTiles = kRowsPerWarp / 16;        ///< 16-row mma tiles per warp
+    static_assert(kRowsPerWarp % 16 == 0 && kMTiles >= 1, "each warp owns a multiple of 16 rows");
+    static constexpr int kNTiles = F::kBn / 8;   ///< 8-key column tiles of S per softmax step
+    static constexpr int kDTiles = D / 8;        ///< 8-feature column tiles of O
+    static constexpr int kQKSteps = D / 16;      ///< k-steps of S = Q K^T
+    static constexpr int kPVSteps = F::kBn / 16; ///< k-steps of O += P V
+    static_assert(F::kBn % 16 == 0, "Bn is a multiple of 16 (the mma's k for P V)");
+    static constexpr int kChunksPerRow = D / 8;  ///< 16-byte chunks in one row of a Q, K or V tile
+    static constexpr int kTileElems = F::kBc * D;
+    static constexpr int kQElems = F::kBr * D;
+    static constexpr int kPElems = F::kPInRegisters ? 0 : F::kBr * F::kBn;
+    /// Shared memory: Q [Br, d], then kStages x (K [Bc, d], V [Bc, d]), then P [Br, Bc] if used.
+    static constexpr size_t kSmemBytes = sizeof(T) * (size_t(kQElems) + 2 * size_t(F::kStages) * kTileElems + kPElems);
+};
+
+
+namespace detail {
+
+using namespace fa::cuda::ptx;
+
+/// Copies rows `[row0, row0 + kRows)` of a [n_rows, D] global matrix into a shared tile with
+/// 16-byte cp.async copies spread over the block; rows past `n_rows` are zero-filled.
+///
+/// Thread i copies chunk i % (D/8) of rows i / (D/8), then every kRowsPerPass rows further: one
+/// source pointer stepped by a fixed stride and one shared address plus immediate offsets, so
+/// the copies cost a few registers, not one 64-bit address per chunk.
+template <class T, int D, class F, int kRows>
+__device__ __forceinline__ void load_tile_gmem_to_smem(T* tile, const T* gmem, int64_t row_stride, int row0, int n_rows) {
+    using S = Shape<T, D, F>;
+    using L = TileLayout<D, F::kSwizzle>;
+    constexpr int kRowsPerPass = S::kThreads / S::kChunksPerRow;
+    static_assert(S::kThreads % S::kChunksPerRow == 0, "a pass copies whole rows");
+    const int row = int(threadIdx.x) / S::kChunksPerRow, col = (int(threadIdx.x) % S::kChunksPerRow) * 8;
+    const T* src = gmem + int64_t(row0 + row) * row_stride + col;
+    const int64_t src_step = int64_t(kRowsPerPass) * row_stride;
+    const uint32_t dst = smem_address(tile) + uint32_t(L::offset(row, col)) * 2;
+#pragma unroll
+    for (int pass = 0; pass < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
+        const int r = row + pass * kRowsPerPass;
+        if (kRows % kRowsPerPass != 0 && r >= kRows) break;
+        const bool valid = row0 + r < n_rows;
+        // The swizzle key of a row is its index mod 8, unchanged when a pass spans a multiple of 8 rows.
+        const uint32_t dst_r = kRowsPerPass % 8 == 0 ? dst + uint32_t(pass * kRowsPerPass * D * 2)
+                                                     : smem_address(tile) + uint32_t(L::offset(r, col)) * 2;
+        cp_async_16(dst_r, valid ? src : gmem, valid);
+        src += src_step;
+    }
+}
+
+/// Byte offset, inside a [rows, kCols] tile, of the 16-byte row chunk this lane hands to
+/// ldmatrix for the fragment at the tile's origin: row `rl`, column `cl` (0 or 8).
+template <int kCols, class F>
+__device__ __forceinline__ uint32_t lane_bytes(int rl, int cl) {
+    return uint32_t(TileLayout<kCols, F::kSwizzle>::offset(rl, cl)) * 2;
+}
+
+/// Shared address of the fragment at (r0, c0) from the lane's address at the tile's origin
+/// (tile base + lane_bytes): one XOR and an immediate offset (see TileLayout::xor_bits).
+template <int kCols, class F>
+__device__ __forceinline__ uint32_t fragment_address(uint32_t lane_address, int r0, int c0) {
+    using L = TileLayout<kCols, F::kSwizzle>;
+    return (lane_address ^ L::xor_bits(c0)) + L::add_bits(r0, c0);
+}
+
+/// Lane parts of the three ldmatrix patterns (see the loaders below).
+template <int kCols, class F>
+__device__ __forceinline__ uint32_t a_lane_bytes(int lane) {  // rows 0-15, columns 0 / 8
+    return lane_bytes<kCols, F>(lane % 16, (lane / 16) * 8);
+}
+template <int kCols, class F>
+__device__ __forceinline__ uint32_t k_lane_bytes(int lane) {  // keys 0-7 / 8-15, features 0 / 8
+    return lane_bytes<kCols, F>((lane / 16) * 8 + lane % 8, ((lane / 8) % 2) * 8);
+}
+template <int kCols, class F>
+__device__ __forceinline__ uint32_t v_lane_bytes(int lane) {  // keys 0-7 / 8-15, features 0 / 8
+    return lane_bytes<kCols, F>(((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8);
+}
+
+/// The A fragment (16 x 16, rows r0.., columns c0..) of a row-major shared tile with kCols
+/// columns. `lane_address` = tile address + a_lane_bytes (used with ldmatrix only).
+template <int kCols, class F>
+__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const uint16_t* tile, uint32_t lane_address, int r0,
+                                                int c0, int lane) {
+    if constexpr (F::kLdmatrix) {
+        // Lanes 0-15 give rows r0..r0+15 at column c0 (matrices 0, 1), lanes 16-31 the same rows at c0+8.
+        ldmatrix_x4(a, fragment_address<kCols, F>(lane_address, r0, c0));
+    } else {
+        // The fragment map of mma_m16n8k16 read element pair by element pair: four 32-bit loads.
+        using L = TileLayout<kCols, F::kSwizzle>;
+        const int g = lane / 4, t = lane % 4;
+        const auto at = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(tile + L::offset(row, col)); };
+        a[0] = at(r0 + g, c0 + 2 * t);
+        a[1] = at(r0 + g + 8, c0 + 2 * t);
+        a[2] = at(r0 + g, c0 + 2 * t + 8);
+        a[3] = at(r0 + g + 8, c0 + 2 * t + 8);
+    }
+}
+
+/// B fragments of two neighbouring 8-key column tiles of S = Q K^T, for features [c0, c0+16):
+/// b[0..1] for keys n0..n0+7, b[2..3] for keys n0+8..n0+15. K is stored [keys, d] row by row,
+/// which is B stored column by column: ldmatrix without .trans.
+template <int D, class F>
+__device__ __forceinline__ void load_k_fragments(uint32_t (&b)[4], const uint16_t* k_tile, uint32_t lane_address, int n0,
+                                                 int c0, int lane) {
+    if constexpr (F::kLdmatrix) {
+        // matrix 0: keys n0..+7, features c0..+7;  1: same keys, c0+8..;  2, 3: keys n0+8..+15
+        ldmatrix_x4(b, fragment_address<D, F>(lane_address, n0, c0));
+    } else {
+        using L = TileLayout<D, F::kSwizzle>;
+        const int g = lane / 4, t = lane % 4;
+        const auto at = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(k_tile + L::offset(row, col)); };
+        b[0] = at(n0 + g, c0 + 2 * t);
+        b[1] = at(n0 + g, c0 + 2 * t + 8);
+        b[2] = at(n0 + 8 + g, c0 + 2 * t);
+        b[3] = at(n0 + 8 + g, c0 + 2 * t + 8);
+    }
+}
+
+/// B fragments of O += P V for keys [k0, k0+16) and two neighbouring 8-feature tiles at c0:
+/// b[0..1] for features c0..c0+7, b[2..3] for c0+8..c0+15. V is stored [keys, d]; B needs pairs
+/// of consecutive keys of one feature: ldmatrix.trans, or two 16-bit loads per register.
+template <int D, class F>
+__device__ __forceinline__ void load_v_fragments(uint32_t (&b)[4], const uint16_t* v_tile, uint32_t lane_address, int k0,
+                                                 int c0, int lane) {
+    if constexpr (F::kLdmatrix) {
+        // matrix 0: keys k0..+7, features c0..+7;  1: keys k0+8..+15, c0..;  2, 3: features c0+8..
+        ldmatrix_x4_trans(b, fragment_address<D, F>(lane_address, k0, c0));
+    } else {
+        using L = TileLayout<D, F::kSwizzle>;
+        const int g = lane / 4, t = lane % 4;
+        const auto pair = [&](int row, int col) {
+            return uint32_t(v_tile[L::offset(row, col)]) | (uint32_t(v_tile[L::offset(row + 1, col)]) << 16);
+        };
+        b[0] = pair(k0 + 2 * t, c0 + g);
+        b[1] = pair(k0 + 2 * t + 8, c0 + g);
+        b[2] = pair(k0 + 2 * t, c0 + 8 + g);
+        b[3] = pair(k0 + 2 * t + 8, c0 + 8 + g);
+    }
+}
+
+/// Max and sum across the four lanes of a quad: the lanes that share a row of every fragment.
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/// What one warp keeps in registers across the K/V tiles.
+template <class T, int D, class F>
+struct WarpState {
+    using S = Shape<T, D, F>;
+    /// Q_w as A fragments, loaded once (with kQInRegisters; otherwise re-read per tile)
+    uint32_t q[F::kQInRegisters ? S::kMTiles : 1][F::kQInRegisters ? S::kQKSteps : 1][4];
+    float o[S::kMTiles][S::kDTiles][4];         ///< O_w accumulators, unnormalized
+    float m[S::kMTiles][2];                     ///< running row max of the raw scores (rows g, g+8)
+    float l[S::kMTiles][2];                     ///< running row sum of P, this lane's columns only
+};
+
+//! [process_tile]
+/// One K/V tile for one warp: S = Q_w K_j^T, the online softmax update, O_w += P V_j.
+/// kMask: compare every key with its row's visible end (the diagonal and the last partial tile).
+template <class T, int D, class F, bool kMask>
+__device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint16_t* q_tile, const uint16_t* k_tile,
+                                             const uint16_t* v_tile, uint16_t* p_tile, int q0, int kv0, int warp_row0,
+                                             const Args<T>& a, int lane) {
+    using S = Shape<T, D, F>;
+    const int g = lane / 4, t = lane % 4;
+    // This tile's lane addresses: computed here, from the slot's base, so that the compiler
+    // keeps one register per tile rather than one per fragment for the whole loop.
+    const uint32_t k_lane = smem_address(k_tile) + k_lane_bytes<D, F>(lane);
+    const uint32_t v_lane = smem_address(v_tile) + v_lane_bytes<D, F>(lane);
+
+    // S = Q K^T on the tensor cores: each K fragment pair is loaded once and used by every m-tile.
+    float s[S::kMTiles][S::kNTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < S::kQKSteps; ++ks) {
+        uint32_t q_smem[F::kQInRegisters ? 1 : S::kMTiles][4];  // this k-step's Q fragments, when re-read
+        if constexpr (!F::kQInRegisters) {
+            const uint32_t q_lane = smem_address(q_tile) + a_lane_bytes<D, F>(lane);
+#pragma unroll
+            for (int mt = 0; mt < S::kMTiles; ++mt) {
+                load_a_fragment<D, F>(q_smem[mt], q_tile, q_lane, warp_row0 + mt * 16, ks * 16, lane);
+                if (a.negate_q)  // see load_q_fragments in the kernel
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) q_smem[mt][e] ^= 0x80008000u;
+            }
+        }
+#pragma unroll
+        for (int np = 0; np < S::kNTiles / 2; ++np) {
+            uint32_t b[4];
+            load_k_fragments<D, F>(b, k_tile, k_lane, np * 16, ks * 16, lane);
+            const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+            for (int mt = 0; mt < S::kMTiles; ++mt) {
+                const uint32_t(&qa)[4] = F::kQInRegisters ? st.q[F::kQInRegisters ? mt : 0][F::kQInRegisters ? ks : 0]
+                                                           : q_smem[F::kQInRegisters ? 0 : mt];
+                mma_m16n8k16<T>(s[mt][2 * np], qa, b_lo, s[mt][2 * np]);
+                mma_m16n8k16<T>(s[mt][2 * np + 1], qa, b_hi, s[mt][2 * np + 1]);
+            }
+        }
+    }
+
+    // Keys this row may not see (above the diagonal, past Nk) score -inf: exp gives 0. The end of
+    // each row's visible keys is worked out here, in masked tiles only, rather than kept in
+    // registers through the whole loop.
+    if constexpr (kMask) {
+        int key_end[S::kMTiles][2];
+#pragma unroll
+        for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = q0 + warp_row0 + mt * 16 + g + 8 * h;
+                key_end[mt][h] = row < a.seq_q ? int(visible_key_end(row, a.seq_q, a.seq_k, a.causal)) : 0;
+            }
+#pragma unroll
+        for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kv0 + nt * 8 + 2 * t + (e % 2);
+                    if (key >= key_end[mt][e / 2]) s[mt][nt][e] = -INFINITY;
+                }
+    }
+
+    // Online softmax, row by row (each lane holds rows g and g+8 of every m-tile).
+    float alphas[S::kMTiles][2];  // each row's rescale factor exp(m_old - m_new) for this tile
+    bool any_grew = false;        // some row of this lane has a new maximum
+#pragma unroll
+    for (int mt = 0; mt < S::kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float row_max = st.m[mt][h];
+#pragma unroll
+            for (int nt = 0; nt < S::kNTiles; ++nt) row_max = fmaxf(row_max, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+            row_max = quad_max(row_max);  // the four lanes of a quad hold the whole row
+            // A row that has seen no key yet keeps m = -inf; subtracting 0 instead keeps exp(-inf) = 0
+            // rather than exp(-inf - -inf) = NaN.
+            const float m_use = row_max == -INFINITY ? 0.0f : row_max;
+            float alpha, row_sum = 0.0f;
+            if constexpr (F::kExp2) {
+                // exp(scale*(s - m)) = 2^(s*scale*log2e - m*scale*log2e): one FFMA and one ex2 per score.
+                const float m_scaled = m_use * a.scale_log2;
+                alpha = ex2(st.m[mt][h] * a.scale_log2 - m_scaled);
+#pragma unroll
+                for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                        s[mt][nt][e] = ex2(fmaf(s[mt][nt][e], a.scale_log2, -m_scaled));
+                        row_sum += s[mt][nt][e];
+                    }
+            } else {
+                alpha = expf((st.m[mt][h] - m_use) * a.scale);
+#pragma unroll
+                for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                        s[mt][nt][e] = expf((s[mt][nt][e] - m_use) * a.scale);
+                        row_sum += s[mt][nt][e];
+                    }
+            }
+            st.m[mt][h] = row_max;
+            st.l[mt][h] = st.l[mt][h] * alpha + row_sum;  // this lane's columns; the quad sums at the end
+            alphas[mt][h] = alpha;
+            any_grew = any_grew || alpha != 1.0f;
+        }
+    }
+    // O_w *= alpha, row by row: d/4 multiplies per row and lane, more than the softmax itself
+    // costs when Bc is small. Once the maxima settle (after the first tiles) every alpha is
+    // exactly 1 (2^0); with kLazyRescale the warp skips the multiplies unless some row's max grew.
+    if (!F::kLazyRescale || __any_sync(0xffffffffu, any_grew)) {
+#pragma unroll
+        for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+            for (int dt = 0; dt < S::kDTiles; ++dt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) st.o[mt][dt][e] *= alphas[mt][e / 2];
+    }
+
+    // P as A fragments. The accumulator layout of two neighbouring 8-key tiles of S is, element
+    // for element, the A layout of one 16-key slice: round, pack, and P is ready where it is.
+    uint32_t p[S::kMTiles][S::kPVSteps][4];
+#pragma unroll
+    for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < S::kPVSteps; ++kk) {
+            p[mt][kk][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+            p[mt][kk][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+            p[mt][kk][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+            p[mt][kk][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
+    if constexpr (!F::kPInRegisters) {
+        // The detour the first versions take: P to shared memory (this warp's rows only), then
+        // back as A fragments, the way Q was loaded.
+#pragma unroll
+        for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < S::kPVSteps; ++kk) {
+                const int r = warp_row0 + mt * 16 + g, c = kk * 16 + 2 * t;
+                using PL = TileLayout<F::kBn, F::kSwizzle>;
+                *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r, c)) = p[mt][kk][0];
+                *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r + 8, c)) = p[mt][kk][1];
+                *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r, c + 8)) = p[mt][kk][2];
+                *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r + 8, c + 8)) = p[mt][kk][3];
+            }
+        __syncwarp();  // orders this warp's P stores before its own loads of P (no other warp reads these rows)
+        const uint32_t p_lane = smem_address(p_tile) + a_lane_bytes<F::kBn, F>(lane);
+#pragma unroll
+        for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+            for (int kk = 0; kk < S::kPVSteps; ++kk)
+                load_a_fragment<F::kBn, F>(p[mt][kk], p_tile, p_lane, warp_row0 + mt * 16, kk * 16, lane);
+        __syncwarp();  // orders the loads of P before the next tile's stores into the same rows
+    }
+
+    // O += P V: each V fragment pair (two 8-feature tiles) is loaded once and used by every m-tile.
+#pragma unroll
+    for (int kk = 0; kk < S::kPVSteps; ++kk) {
+#pragma unroll
+        for (int dp = 0; dp < S::kDTiles / 2; ++dp) {
+            uint32_t b[4];
+            load_v_fragments<D, F>(b, v_tile, v_lane, kk * 16, dp * 16, lane);
+            const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+            for (int mt = 0; mt < S::kMTiles; ++mt) {
+                mma_m16n8k16<T>(st.o[mt][2 * dp], p[mt][kk], b_lo, st.o[mt][2 * dp]);
+                mma_m16n8k16<T>(st.o[mt][2 * dp + 1], p[mt][kk], b_hi, st.o[mt][2 * dp + 1]);
+            }
+        }
+    }
+}
+//! [process_tile]
+
+}  // namespace detail
+
+//! [key_tiles]
+/// The key tiles of the query tile `[q0, q0 + Br)`: `[0, full)` every row sees in full (no
+/// mask), `[full, end)` some row sees only in part (mask), `[end, Tc)` no row sees (skipped).
+/// Without causal skipping every tile is visited with the mask, as a first version would.
+__host__ __device__ inline void key_tiles(int q0, int br, int bc, int seq_q, int seq_k, bool causal, bool causal_skip,
+                                          int& full, int& end) {
+    const int q_last = (q0 + br < seq_q ? q0 + br : seq_q) - 1;
+    const int fewest = int(visible_key_end(q0, seq_q, seq_k, causal));
+    const int most = int(visible_key_end(q_last, seq_q, seq_k, causal));
+    if (causal_skip || !causal) {
+        full = fewest / bc;
+        end = (most + bc - 1) / bc;
+    } else {
+        full = 0;
+        end = (seq_k + bc - 1) / bc;
+    }
+}
+//! [key_tiles]
+
+//! [kernel]
+/// The whole forward pass for one query tile of one (batch, head); grid: query tiles x B x H blocks.
+template <class T, int D, class F>
+__global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_forward_kernel(const Args<T> a) {
+    using S = Shape<T, D, F>;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    uint16_t* q_tile = reinterpret_cast<uint16_t*>(smem_raw);  // [Br, d]                 swizzled
+    uint16_t* kv_ring = q_tile + S::kQElems;                     // kStages x ([Bc, d] K, [Bc, d] V)
+    uint16_t* p_tile = kv_ring + 2 * F::kStages * S::kTileElems; // [Br, Bc] (only without kPInRegisters)
+    const auto k_slot = [&](int i) { return kv_ring + (2 * (i % F::kStages)) * S::kTileElems; };
+    const auto v_slot = [&](int i) { return kv_ring + (2 * (i % F::kStages) + 1) * S::kTileElems; };
+
+    // Causal problems start with the last query tiles of each head: they see the most keys,
+    // and the short ones then fill the gaps at the end of the run.
+    // One flat grid (its x dimension holds 2^31 - 1 blocks; y and z only 65535): query tile
+    // fastest, so the blocks running together share one head's K and V in L2.
+    const int q_tile_index = int(blockIdx.x % unsigned(a.q_tiles));
+    const int q0 = (a.causal ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
+    const int bh = int(blockIdx.x / unsigned(a.q_tiles)), b = bh / a.heads, h = bh % a.heads;
+    const T* q_head = a.q + b * a.q_sb + h * a.q_sh;  // [Nq, d] global
+    const T* k_head = a.k + b * a.k_sb + h * a.k_sh;  // [Nk, d] global
+    const T* v_head = a.v + b * a.v_sb + h * a.v_sh;  // [Nk, d] global
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int warp_row0 = warp * S::kRowsPerWarp;  // first row of this warp inside the tile
+
+    detail::WarpState<T, D, F> st;
+#pragma unroll
+    for (int mt = 0; mt < S::kMTiles; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            st.m[mt][hh] = -INFINITY;
+            st.l[mt][hh] = 0.0f;
+        }
+#pragma unroll
+        for (int dt = 0; dt < S::kDTiles; ++dt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) st.o[mt][dt][e] = 0.0f;
+    }
+
+    int full, end;
+    key_tiles(q0, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal, F::kCausalSkip, full, end);
+
+    const auto load_kv = [&](int tile) {
+        detail::load_tile_gmem_to_smem<T, D, F, F::kBc>(reinterpret_cast<T*>(k_slot(tile)), k_head, a.k_sn, tile * F::kBc, a.seq_k);
+        detail::load_tile_gmem_to_smem<T, D, F, F::kBc>(reinterpret_cast<T*>(v_slot(tile)), v_head, a.v_sn, tile * F::kBc, a.seq_k);
+    };
+    const auto run_tile = [&](int tile) {
+#pragma unroll 1  // one softmax step at a time: unrolled, the compiler would interleave them and need both S tiles
+        for (int step = 0; step < F::kBc / F::kBn; ++step) {  // Bn keys at a time (rows step*Bn.. of the tile)
+            const uint16_t* k_rows = k_slot(tile) + step * F::kBn * D;
+            const uint16_t* v_rows = v_slot(tile) + step * F::kBn * D;
+            const int kv0 = tile * F::kBc + step * F::kBn;
+            if (tile < full) {
+                detail::process_tile<T, D, F, false>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, a, lane);
+            } else {
+                detail::process_tile<T, D, F, true>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, a, lane);
+            }
+        }
+    };
+    const auto load_q_fragments = [&] {
+        if constexpr (!F::kQInRegisters) return;  // re-read from shared memory for every tile instead
+        const uint32_t q_lane = fa::cuda::ptx::smem_address(q_tile) + detail::a_lane_bytes<D, F>(lane);
+#pragma unroll
+        for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+            for (int ks = 0; ks < S::kQKSteps; ++ks) {
+                detail::load_a_fragment<D, F>(st.q[mt][ks], q_tile, q_lane, warp_row0 + mt * 16, ks * 16, lane);
+                if (a.negate_q)  // S = Q K^T * scale = (-Q) K^T * |scale|: flipping sign bits is exact
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) st.q[mt][ks][e] ^= 0x80008000u;
+            }
+    };
+
+    if (end > 0) {  // a query tile that sees no key writes O = 0, LSE = -inf straight away
+        detail::load_tile_gmem_to_smem<T, D, F, F::kBr>(reinterpret_cast<T*>(q_tile), q_head, a.q_sn, q0, a.seq_q);
+        if constexpr (F::kStages == 1) {
+            // No pipeline: load, wait, compute, one tile after the other.
+            for (int tile = 0; tile < end; ++tile) {
+                if (tile > 0) __syncthreads();  // every warp is done reading the previous tile before it is overwritten
+                load_kv(tile);
+                fa::cuda::ptx::cp_async_commit();
+                fa::cuda::ptx::cp_async_wait<0>();  // this thread's copies (Q and) tile `tile` have landed
+                __syncthreads();                    // ... and every other thread's: the whole tile is visible
+                if (tile == 0) load_q_fragments();
+                run_tile(tile);
+            }
+        } else {
+            //! [pipeline]
+            // Prologue: tiles 0 .. kStages-2 in flight (Q travels with tile 0), one commit group each.
+#pragma unroll
+            for (int i = 0; i < F::kStages - 1; ++i) {
+                if (i < end) load_kv(i);
+                fa::cuda::ptx::cp_async_commit();  // an empty group past the end keeps the count uniform
+            }
+            for (int tile = 0; tile < end; ++tile) {
+                // Steady state: groups 0..tile must have landed; kStages-2 newer ones may still fly.
+                fa::cuda::ptx::cp_async_wait<F::kStages - 2>();
+                // Orders every thread's copies of tile `tile` before any warp's ldmatrix of it, and
+                // every warp's reads of tile `tile-1` before the copies below overwrite its slot.
+                __syncthreads();
+                if (tile == 0) load_q_fragments();
+                const int next = tile + F::kStages - 1;
+                if (next < end) load_kv(next);     // into the slot tile-1 used: free since the barrier
+                fa::cuda::ptx::cp_async_commit();  // (possibly empty) group of tile `next`
+                run_tile(tile);                    // the tensor cores work while `next` is in flight
+            }
+            fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing when the block exits
+            //! [pipeline]
+        }
+    }
+
+    // Epilogue: finish the row sums across the quad, normalize, write O (through shared memory,
+    // so that global stores are whole 16-byte rows) and the LSE.
+    // This warp's rows of the Q tile are free: only this warp read them (its Q fragments).
+    __syncwarp();
+    uint16_t* o_stage = q_tile;  // [Br, d], this warp's rows only
+#pragma unroll
+    for (int mt = 0; mt < S::kMTiles; ++mt) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const float l = detail::quad_sum(st.l[mt][hh]);
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l = 0: the row saw no key, O = 0
+            const int r = warp_row0 + mt * 16 + g + 8 * hh;
+#pragma unroll
+            for (int dt = 0; dt < S::kDTiles; ++dt) {
+                *reinterpret_cast<uint32_t*>(o_stage + TileLayout<D, F::kSwizzle>::offset(r, dt * 8 + 2 * t)) =
+                    fa::cuda::ptx::pack2<T>(st.o[mt][dt][2 * hh] * inv, st.o[mt][dt][2 * hh + 1] * inv);
+            }
+            const int row = q0 + r;
+            if (t == 0 && row < a.seq_q) {
+                // LSE = ln(sum_j exp(scale*s_j)) = m*|scale| + ln(l), in natural-log units.
+                const float lse = l > 0.0f ? st.m[mt][hh] * a.scale + logf(l) : -INFINITY;
+                a.lse[b * a.lse_sb + h * a.lse_sh + row * a.lse_sn] = lse;
+            }
+        }
+    }
+    __syncwarp();  // orders this warp's staging stores before its 16-byte reads of the same rows
+    T* o_head = a.o + b * a.o_sb + h * a.o_sh;
+    constexpr int kChunks = S::kRowsPerWarp * S::kChunksPerRow;
+#pragma unroll
+    for (int i = 0; i < (kChunks + 31) / 32; ++i) {
+        const int chunk = lane + 32 * i;
+        if (kChunks % 32 != 0 && chunk >= kChunks) break;
+        const int r = warp_row0 + chunk / S::kChunksPerRow, col = (chunk % S::kChunksPerRow) * 8;
+        if (q0 + r < a.seq_q) {
+            *reinterpret_cast<uint4*>(o_head + int64_t(q0 + r) * a.o_sn + col) =
+                *reinterpret_cast<const uint4*>(o_stage + TileLayout<D, F::kSwizzle>::offset(r, col));
+        }
+    }
+}
+//! [kernel]
+
+}  // namespace fa::stage07
