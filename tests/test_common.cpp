@@ -254,6 +254,14 @@ TEST_CASE(".npy round trip, float16, and malformed files") {
         }
         return std::string("no error");
     };
+    auto error_of_bytes = [](const std::string& bytes) {
+        try {
+            read_npy_bytes(bytes, "mem.npy");
+        } catch (const InputError& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
     CHECK(error_of(dir.file("missing.npy")).find("cannot open") != std::string::npos);
     write_bytes(dir.file("magic.npy"), "hello world, this is not numpy");
     CHECK(error_of(dir.file("magic.npy")).find("magic") != std::string::npos);
@@ -269,6 +277,26 @@ TEST_CASE(".npy round trip, float16, and malformed files") {
     CHECK(error_of(dir.file("shape.npy")).find("shape") != std::string::npos);
     write_bytes(dir.file("nodescr.npy"), npy_header("{'fortran_order': False, 'shape': (1,), }") + std::string(4, '\0'));
     CHECK(error_of(dir.file("nodescr.npy")).find("descr") != std::string::npos);
+    // A shape whose size overflows int64 is refused from the file size, before any allocation.
+    write_bytes(dir.file("huge.npy"),
+                npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000000, 100000000000000), }") + "abcd");
+    CHECK(error_of(dir.file("huge.npy")).find("truncated: the shape needs 4e+28 bytes of data but the file has 4") !=
+          std::string::npos);
+    // A 0-d array (shape ()) still holds one element.
+    write_bytes(dir.file("scalar.npy"), npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (), }") + "ab");
+    CHECK(error_of(dir.file("scalar.npy")).find("truncated") != std::string::npos);
+    // A header length beyond the file.
+    std::string lying = npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }") + "abcd";
+    lying[8] = '\xff';
+    lying[9] = '\x7f';
+    CHECK(error_of_bytes(lying).find("truncated .npy header (header length 32767") != std::string::npos);
+
+    // The same bytes in memory: the same array.
+    std::ifstream in(dir.file("a.npy"), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const NpyArray m = read_npy_bytes(bytes, "a.npy");
+    CHECK(m.shape == a.shape);
+    CHECK(m.data == data);
 }
 
 TEST_CASE("command line: ranges, choices and defaults") {
