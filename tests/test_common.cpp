@@ -145,6 +145,16 @@ TEST_CASE("inputs are seeded, never zeros, and large inputs are large") {
     CHECK(max_abs > 20.0f);
 }
 
+TEST_CASE("inputs holding NaN or inf are refused with the count and the first index, in logical order") {
+    const Problem p = make_problem(1, 2, 5, 5, 4);
+    Inputs in = make_inputs(p, Layout::BNHD, InputKind::Normal, 3);
+    CHECK_NOTHROW(require_finite(in.q.cview(), "q"));
+    in.q.view(0, 1, 2, 3) = std::numeric_limits<float>::infinity();  // flat (1 * 5 + 2) * 4 + 3 = 31
+    in.q.view(0, 1, 4, 0) = std::nanf("");
+    CHECK_THROWS_WITH_AS(require_finite(in.q.cview(), "q.npy"),
+                         "q.npy: 2 of 40 values are NaN or inf (first at flat index 31, (b=0, h=1, n=2, x=3))", InputError);
+}
+
 TEST_CASE("metrics") {
     const std::vector<double> ref{1.0, -2.0, 3.0, -std::numeric_limits<double>::infinity()};
     SUBCASE("exact") {

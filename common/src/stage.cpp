@@ -53,6 +53,7 @@ HostTensor load_input(const std::string& dir, const char* name, Layout layout, s
         for (int64_t h = 0; h < shape[1]; ++h)
             for (int64_t n = 0; n < shape[2]; ++n)
                 for (int64_t x = 0; x < shape[3]; ++x) t.view(b, h, n, x) = src(b, h, n, x);
+    require_finite(t.cview(), path);
     return t;
 }
 
@@ -185,7 +186,13 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
         const bool run_reference = opt.reference == ReferenceMode::Always ||
                                    (opt.reference == ReferenceMode::Auto && reference_flops(p) <= kReferenceFlopBudget);
         check_host_memory(p, spec, 2 + spec.checked_against.size(), run_reference);
-        if (opt.load_dir.empty()) in = make_inputs(p, opt.layout, opt.inputs, opt.seed);
+        if (opt.load_dir.empty()) {
+            in = make_inputs(p, opt.layout, opt.inputs, opt.seed);
+            const std::string how = " (--inputs " + to_string(opt.inputs) + ", seed " + std::to_string(opt.seed) + ")";
+            require_finite(in.q.cview(), "generated q" + how);
+            require_finite(in.k.cview(), "generated k" + how);
+            require_finite(in.v.cview(), "generated v" + how);
+        }
 
         std::printf("problem    %s, layout %s\n", p.describe().c_str(), to_string(opt.layout).c_str());
         std::printf("inputs     %s\n", opt.load_dir.empty()
