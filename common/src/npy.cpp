@@ -11,31 +11,6 @@
 
 namespace fa {
 
-float half_to_float(uint16_t bits) {
-    const uint32_t sign = (bits >> 15) & 1u, exponent = (bits >> 10) & 0x1fu, mantissa = bits & 0x3ffu;
-    uint32_t out;
-    if (exponent == 0) {
-        if (mantissa == 0) {
-            out = sign << 31;
-        } else {  // subnormal half: normalize it
-            int e = -1;
-            uint32_t m = mantissa;
-            do {
-                ++e;
-                m <<= 1;
-            } while ((m & 0x400u) == 0);
-            out = (sign << 31) | (uint32_t(127 - 15 - e) << 23) | ((m & 0x3ffu) << 13);
-        }
-    } else if (exponent == 31) {
-        out = (sign << 31) | 0x7f800000u | (mantissa << 13);  // inf or NaN
-    } else {
-        out = (sign << 31) | ((exponent + 127 - 15) << 23) | (mantissa << 13);
-    }
-    float f;
-    std::memcpy(&f, &out, sizeof f);
-    return f;
-}
-
 namespace {
 
 [[noreturn]] void fail(const std::string& name, const std::string& what) { throw InputError(name + ": " + what); }

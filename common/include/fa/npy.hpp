@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "fa/precision.hpp"  // half_to_float(), for float16 files
+
 namespace fa {
 
 /// An array read from a .npy file, converted to float32.
@@ -34,8 +36,5 @@ NpyArray read_npy_bytes(std::string_view bytes, const std::string& name);
 
 /// Writes a float32 C-order array with `shape` to `path`; throws InputError if it cannot.
 void write_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data);
-
-/// Converts an IEEE 754 half-precision bit pattern to float.
-float half_to_float(uint16_t bits);
 
 }  // namespace fa
