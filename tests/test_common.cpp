@@ -186,7 +186,9 @@ TEST_CASE("metrics") {
         CHECK(m.max_rel == doctest::Approx(0.5).epsilon(1e-5));
         CHECK(m.rel_l2 == doctest::Approx(0.5 / std::sqrt(14.0)));
         CHECK(m.worst_index == 0);
-        CHECK_FALSE(passes(m, output_tolerance(InputKind::Normal)));
+        CHECK_FALSE(passes(m, Tolerance{0.1, 0.1}));
+        CHECK(passes(m, Tolerance{0.5, 0.2}));
+        CHECK(passes(m, Tolerance{0.5}));  // no relative limit
     }
     SUBCASE("NaN and a wrong infinity are counted") {
         const Metrics m = compare(std::vector<float>{std::nanf(""), -2.0f, 3.0f, std::numeric_limits<float>::infinity()}, ref);

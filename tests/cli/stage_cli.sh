@@ -62,6 +62,20 @@ rm "$work/bad/k.npy"
 expect 2 "cannot open" --load "$work/bad"
 expect 2 "--seq-q 5 disagrees" --load "$work/a" --seq-q 5
 
+# Inputs with large logits, as saved from a model: q and k with entries of magnitude about 30,
+# scores in the thousands. The limits follow the scores, so every stage passes against float64;
+# stage 01 overflows (its lesson, exit 0), and stage 02 says stage 01 is not comparable there
+# instead of failing.
+mkdir -p "$work/large"
+"$make_inputs" "$work/large" --shape 1,2,100,130,64 --magnitude 30 --seed 7
+case "$(basename "$exe")" in
+    stage01_*) expect 0 "verdict +OVERFLOW, as this stage teaches" --load "$work/large" ;;
+    stage02_*) expect 0 "stage 01 \(naive attention\) overflowed on these inputs .*: not comparable" --load "$work/large"
+               expect 0 "verdict +PASS" --load "$work/large" ;;
+    *) expect 0 "verdict +PASS" --load "$work/large" ;;
+esac
+expect 0 "S = [0-9.e+]+ \(bound on \|score\|\)" --load "$work/large" --layout bnhd
+
 # NaN or inf in the inputs: exit 2 before any stage runs, naming the file, the count and the
 # first index; --save writes nothing.
 mkdir -p "$work/nan" "$work/inf" "$work/out"
