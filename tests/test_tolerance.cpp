@@ -1,7 +1,9 @@
-// The tolerance rule (fa/tolerance.hpp) on real stages and on deliberately broken ones: correct
+// The tolerance rules (fa/tolerance.hpp) on real stages and on deliberately broken ones: correct
 // float32 stages pass at every magnitude of q and k from 1e-3 to 100 (scores up to about 1e5),
 // on inputs shaped like real activations and on long rows; a dropped or repeated key tile fails
-// at every magnitude, a skipped rescale wherever it changes the result.
+// at every magnitude, a skipped rescale wherever it changes the result. The low-precision rule:
+// a stage computing in bf16 or fp16 passes within twice the error of naive attention in that
+// precision, and the same faults fail, in both precisions.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <cmath>
 #include <string>
@@ -201,4 +203,80 @@ TEST_CASE("a skipped rescale fails at every magnitude where it changes the resul
             }
         }
     }
+}
+
+TEST_CASE("naive attention emulated in bf16 and fp16: the inputs, P and O rounded, everything else float32") {
+    // One query, two keys, d = 1, scale 1: scores q k_j, computed from the rounded inputs.
+    Problem p = test::make_problem(1, 1, 1, 2, 1);
+    p.scale = 1.0;
+    const float q[] = {1.0f + 0x1p-10f}, k[] = {1.0f, 2.0f}, v[] = {1.0f + 0x1p-9f, 3.0f};
+    const auto view = [](const float* data, int64_t n) { return make_view<const float>(data, 1, 1, n, 1, Layout::BHND); };
+    for (Precision precision : {Precision::BFloat16, Precision::Float16}) {
+        const EmulatedAttention e = naive_attention_emulated(precision, p, view(q, 1), view(k, 2), view(v, 2));
+        const float qr = round_to(precision, q[0]), v0 = round_to(precision, v[0]);
+        const float s0 = qr * 1.0f, s1 = qr * 2.0f, m = std::max(s0, s1);
+        const float e0 = std::exp(s0 - m), e1 = std::exp(s1 - m), l = e0 + e1;
+        const float o = round_to(precision, round_to(precision, e0 / l) * v0 + round_to(precision, e1 / l) * 3.0f);
+        CHECK(e.o[0] == o);
+        CHECK(e.lse[0] == m + std::log(l));
+        CHECK(round_to(precision, e.o[0]) == e.o[0]);  // O is representable in the precision
+    }
+    // Rows that see no key: O = 0, LSE = -inf, as in every stage.
+    const Problem c = test::make_problem(1, 1, 5, 2, 8, true);
+    const Inputs in = make_inputs(c, Layout::BHND, InputKind::Normal, 2);
+    const EmulatedAttention e = naive_attention_emulated(Precision::BFloat16, c, in.q.cview(), in.k.cview(), in.v.cview());
+    CHECK(std::isinf(e.lse[0]));
+    CHECK(e.o[0] == 0.0f);
+    CHECK(std::isfinite(e.lse[4]));
+}
+
+TEST_CASE("the low-precision rule: a bf16/fp16 stage within 2x naive passes, broken ones fail, both dtypes") {
+    uint64_t seed = 1500;
+    for (Precision precision : {Precision::BFloat16, Precision::Float16}) {
+        for (int64_t d : {16, 64, 128}) {
+            for (bool causal : {false, true}) {
+                // From scores of order 0.01 to about 1000. Past that, bf16's own rounding of q and k
+                // moves the scores by whole units, the naive error (and 2x it) approaches the size of
+                // O, and a skipped rescale comes within 2x of the limit.
+                for (double magnitude : {0.1, 1.0, 10.0}) {
+                    const Problem p = test::make_problem(1, 2, 96, 256, d, causal);
+                    const Inputs in = scaled_inputs(p, seed++, magnitude);
+                    const Reference ref = reference_attention(p, in.q.cview(), in.k.cview(), in.v.cview());
+                    const EmulatedAttention naive = naive_attention_emulated(precision, p, in.q.cview(), in.k.cview(), in.v.cview());
+                    const InputStats stats = input_stats(p, in.q.cview(), in.k.cview(), in.v.cview());
+                    const Tolerances tol =
+                        low_precision_tolerance(stats, precision, compare(naive.o, ref.o), compare(naive.lse, ref.lse));
+                    const std::string name = to_string(precision) + " " + name_of(p, magnitude);
+                    INFO(name);
+                    INFO(tol.rule);
+                    test::Variant right;
+                    right.precision = precision;
+                    const test::Result got = test::run(test::variant_fn(right), p, in, Layout::BHND);
+                    test::check_close(got, ref.o, ref.lse, tol, name + " vs float64");
+                    // Against a float32 stage, with the same limits.
+                    const test::Result s04 = test::run(stage04::attention, p, in, Layout::BHND);
+                    test::check_close(got, s04.o, s04.lse, tol, name + " vs stage 04");
+                    // The a priori bound is looser still, so the right stage passes it too.
+                    test::check_close(got, ref.o, ref.lse, rounding_tolerance(stats, precision), name + " a priori");
+                    for (test::Fault fault : {test::Fault::SkipRescale, test::Fault::DropKeyTile, test::Fault::RepeatKeyTile}) {
+                        test::Variant broken = right;
+                        broken.fault = fault;
+                        CHECK_FALSE(within(test::run(test::variant_fn(broken), p, in, Layout::BHND), ref, tol));
+                    }
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("the low-precision rule falls back to the a priori bound where naive fp16 overflows") {
+    const Problem p = test::make_problem(1, 1, 8, 8, 16);
+    Inputs in = scaled_inputs(p, 3, 1.0);
+    in.v.view(0, 0, 3, 3) = 1e6f;  // beyond fp16's 65504: the rounded v is inf
+    const Reference ref = reference_attention(p, in.q.cview(), in.k.cview(), in.v.cview());
+    const EmulatedAttention naive = naive_attention_emulated(Precision::Float16, p, in.q.cview(), in.k.cview(), in.v.cview());
+    const InputStats stats = input_stats(p, in.q.cview(), in.k.cview(), in.v.cview());
+    const Tolerances tol = low_precision_tolerance(stats, Precision::Float16, compare(naive.o, ref.o), compare(naive.lse, ref.lse));
+    CHECK(tol.rule.find("not finite") != std::string::npos);
+    CHECK(tol.o.max_abs == rounding_tolerance(stats, Precision::Float16).o.max_abs);
 }

@@ -100,11 +100,16 @@ void save_outputs(const std::string& dir, const Problem& p, const Inputs& in, co
 }
 
 // Refuses a problem whose host buffers cannot fit before anything is allocated.
-void check_host_memory(const Problem& p, const StageSpec& spec, size_t output_sets, bool reference) {
+void check_host_memory(const Problem& p, const StageSpec& spec, size_t output_sets, bool reference, bool emulation) {
     const double io = 4.0 * (2.0 * double(p.q_elems()) + 2.0 * double(p.kv_elems()) + double(p.lse_elems()));
     double need = io + 4.0 * (double(p.q_elems()) + double(p.lse_elems())) * double(output_sets - 1);
     if (spec.intermediate_bytes) need += spec.intermediate_bytes(p);
-    if (reference) need += 8.0 * (double(p.q_elems()) + double(p.lse_elems()) + 2.0 * double(p.seq_k) * double(p.head_dim) + 128.0 * double(p.seq_k));
+    // The float64 reference and the low-precision emulation: their outputs, one head's K and V,
+    // and a 128-row block of scores.
+    const double per_head = double(p.q_elems()) + double(p.lse_elems()) + 2.0 * double(p.seq_k) * double(p.head_dim) +
+                            2.0 * 128.0 * double(p.seq_k);
+    if (reference) need += 8.0 * per_head;
+    if (emulation) need += 4.0 * per_head;
     const int64_t available = available_memory_bytes();
     if (available > 0 && need > 0.9 * double(available)) {
         throw InputError("the problem " + p.describe() + " needs about " + format_bytes(need) + " of host memory but only " +
@@ -193,9 +198,10 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
         p.validate();
         if (spec.check_supported) spec.check_supported(p);
         if (spec.validate_options) spec.validate_options(opt);
+        const Precision precision = spec.precision ? spec.precision() : Precision::Float32;
         const bool run_reference = opt.reference == ReferenceMode::Always ||
                                    (opt.reference == ReferenceMode::Auto && reference_flops(p) <= kReferenceFlopBudget);
-        check_host_memory(p, spec, 2 + spec.checked_against.size(), run_reference);
+        check_host_memory(p, spec, 2 + spec.checked_against.size(), run_reference, run_reference && precision != Precision::Float32);
         if (opt.load_dir.empty()) {
             in = make_inputs(p, opt.layout, opt.inputs, opt.seed);
             const std::string how = " (--inputs " + to_string(opt.inputs) + ", seed " + std::to_string(opt.seed) + ")";
@@ -252,7 +258,19 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
         if (run_reference) ref = reference_attention(p, in.q.cview(), in.k.cview(), in.v.cview());
         // The limits follow what the arithmetic can promise on these inputs (fa/tolerance.hpp).
         const InputStats in_stats = input_stats(p, in.q.cview(), in.k.cview(), in.v.cview());
-        const Tolerances tol = rounding_tolerance(in_stats);
+        std::vector<std::string> notes;
+        Tolerances tol;
+        if (precision == Precision::Float32) {
+            tol = rounding_tolerance(in_stats);
+        } else if (ref) {
+            // bf16/fp16: twice the error of the same attention done naively in that precision.
+            const EmulatedAttention naive = naive_attention_emulated(precision, p, in.q.cview(), in.k.cview(), in.v.cview());
+            tol = low_precision_tolerance(in_stats, precision, compare(naive.o, ref->o), compare(naive.lse, ref->lse));
+        } else {
+            tol = rounding_tolerance(in_stats, precision);
+            notes.push_back("naive " + to_string(precision) + " attention is emulated only with the float64 reference: the limits are " +
+                            "the a priori " + to_string(precision) + " bound, far looser (--reference always gives the tight ones)");
+        }
 
         std::vector<Check> checks;
         auto add_checks = [&](const std::string& against, const auto& o_ref, const auto& lse_ref) {
@@ -263,7 +281,6 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
             checks.push_back(co);
             checks.push_back(cl);
         };
-        std::vector<std::string> notes;
         for (const Comparison& c : spec.checked_against) {
             if (c.applies && !c.applies(p)) continue;
             Outputs prev = make_outputs(p, opt.layout);
@@ -307,9 +324,9 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
         for (size_t at = rule.find('\n'); at != std::string::npos; at = rule.find('\n', at + 1)) rule.insert(at + 1, 11, ' ');
         std::printf("           %s\n", rule.c_str());
         if (tol.error_unit > 0.05) {
-            std::printf("           (wide: at these magnitudes float32 carries each score only to about +-%.2g, so the\n"
+            std::printf("           (wide: on these inputs the arithmetic itself may move the softmax weights by %.0f%%, so the\n"
                         "           comparison still catches gross errors but no longer small ones)\n",
-                        tol.error_unit / 2);
+                        100.0 * tol.error_unit);
         }
 
         if (!opt.save_dir.empty()) {

@@ -15,6 +15,7 @@
 
 #include "fa/cli.hpp"
 #include "fa/inputs.hpp"
+#include "fa/precision.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
 #include "fa/timing.hpp"
@@ -53,6 +54,12 @@ struct StageSpec {
     /// exp of raw scores: where the scores can pass ln(FLT_MAX) ~ 88.7, overflow is the lesson
     /// (reported, exit 0), not a mismatch.
     bool naive_softmax = false;
+    /// The precision this stage computes its products in, asked once the command line is parsed
+    /// (a stage binds it to its own `--dtype` option); empty means Float32. For bf16 and fp16,
+    /// every comparison (against earlier float32 stages too) is judged by
+    /// low_precision_tolerance(), from naive attention emulated in that precision when the
+    /// float64 reference runs, and by the looser a priori rounding_tolerance() when it does not.
+    std::function<Precision()> precision;
     bool needs_gpu = false;         ///< skip with one line when no GPU is present
     /// Returns "" when a usable GPU is present, otherwise why not (one line).
     std::function<std::string()> gpu_unavailable_reason;
