@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Installs the Debian packages flashcourse needs, only those missing.
 #   scripts/install-deps.sh            build and run the course (compiler, CMake, Eigen, CLI11, doctest, docs)
-#   scripts/install-deps.sh --tests    also what the tests need (headless Chromium for the docs check)
+#   scripts/install-deps.sh --tests    also what the tests need (headless Chromium for the docs check,
+#                                      clang with libFuzzer for the fuzz test of the .npy reader)
 # CUDA is optional and not a Debian package here: with nvcc on PATH the GPU stages build too.
 set -euo pipefail
 
 packages=(g++ cmake ninja-build libeigen3-dev libcli11-dev doctest-dev
           doxygen graphviz doxygen-awesome-css libjs-mathjax python3 python3-matplotlib python3-numpy)
 if [[ "${1:-}" == "--tests" ]]; then
-    packages+=(chromium)
+    packages+=(chromium clang libclang-rt-dev)
 fi
 
 missing=()

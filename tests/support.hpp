@@ -12,6 +12,7 @@
 #include "fa/metrics.hpp"
 #include "fa/reference.hpp"
 #include "fa/stage.hpp"
+#include "fa/tolerance.hpp"
 
 namespace fa::test {
 
@@ -63,7 +64,7 @@ inline std::vector<Case> standard_cases(const std::vector<int64_t>& head_dims) {
         bh.layout = Layout::BNHD;
         bh.seed = seed++;
         cases.push_back(bh);
-        // Large magnitudes: scores of order 400.
+        // Large magnitudes: scores of order 400 (fa::InputKind::Large).
         for (bool causal : {false, true}) {
             Case big;
             big.problem = make_problem(1, 2, 70, 90, d, causal);
@@ -89,16 +90,23 @@ inline Result run(const AttentionFn& fn, const Problem& p, const Inputs& in, Lay
     return {o.logical(), lse};
 }
 
-/// Checks `got` against a reference within the float32 tolerances for `kind`.
+/// The float32 limits for these inputs (fa::rounding_tolerance(), the rule every stage uses).
+inline Tolerances tolerances_for(const Problem& p, const Inputs& in) {
+    return rounding_tolerance(input_stats(p, in.q.cview(), in.k.cview(), in.v.cview()));
+}
+
+/// Checks `got` against a reference within `tol`.
 template <class Ref>
-void check_close(const Result& got, const Ref& ref_o, const Ref& ref_lse, InputKind kind, const std::string& what) {
+void check_close(const Result& got, const Ref& ref_o, const Ref& ref_lse, const Tolerances& tol, const std::string& what) {
     const Metrics mo = compare(got.o, ref_o);
     const Metrics ml = compare(got.lse, ref_lse);
     INFO(what);
-    INFO("O: max_abs=" << mo.max_abs << " rel_l2=" << mo.rel_l2 << " nonfinite=" << mo.nonfinite);
-    INFO("LSE: max_abs=" << ml.max_abs << " rel_l2=" << ml.rel_l2 << " nonfinite=" << ml.nonfinite);
-    CHECK(passes(mo, output_tolerance(kind)));
-    CHECK(passes(ml, lse_tolerance(kind)));
+    INFO("O: max_abs=" << mo.max_abs << " rel_l2=" << mo.rel_l2 << " nonfinite=" << mo.nonfinite << " (limits "
+                       << tol.o.max_abs << ", " << tol.o.rel_l2 << ")");
+    INFO("LSE: max_abs=" << ml.max_abs << " nonfinite=" << ml.nonfinite << " (limit " << tol.lse.max_abs << ")");
+    INFO(tol.rule);
+    CHECK(passes(mo, tol.o));
+    CHECK(passes(ml, tol.lse));
 }
 
 /// Checks `fn` against the float64 reference on `c`; also checks the no-visible-key contract.
@@ -106,7 +114,7 @@ inline Result check_against_reference(const AttentionFn& fn, const Case& c) {
     const Inputs in = make_inputs(c.problem, c.layout, c.inputs, c.seed);
     const Result got = run(fn, c.problem, in, c.layout);
     const Reference ref = reference_attention(c.problem, in.q.cview(), in.k.cview(), in.v.cview());
-    check_close(got, ref.o, ref.lse, c.inputs, c.name() + " vs float64 reference");
+    check_close(got, ref.o, ref.lse, tolerances_for(c.problem, in), c.name() + " vs float64 reference");
     return got;
 }
 
@@ -115,7 +123,7 @@ inline void check_against_stage(const AttentionFn& fn, const AttentionFn& prev, 
     const Inputs in = make_inputs(c.problem, c.layout, c.inputs, c.seed);
     const Result got = run(fn, c.problem, in, c.layout);
     const Result want = run(prev, c.problem, in, c.layout);
-    check_close(got, want.o, want.lse, c.inputs, c.name() + " vs " + prev_name);
+    check_close(got, want.o, want.lse, tolerances_for(c.problem, in), c.name() + " vs " + prev_name);
 }
 
 }  // namespace fa::test

@@ -3,6 +3,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "fa/inputs.hpp"
 #include "fa/metrics.hpp"
 #include "fa/npy.hpp"
+#include "fa/precision.hpp"
 #include "fa/problem.hpp"
 #include "fa/reference.hpp"
 #include "fa/tensor.hpp"
@@ -60,6 +62,19 @@ std::string npy_header(std::string dict) {
     out.push_back(static_cast<char>(dict.size() >> 8));
     return out + dict;
 }
+
+// `x` rounded to nearest even in a binary format with `fraction_bits` stored significand bits,
+// smallest normal exponent `emin` and largest finite value `max_finite`, done slowly and exactly
+// in double: the reference the hand-written bit conversions are held to.
+double reference_round(double x, int fraction_bits, int emin, double max_finite) {
+    if (!std::isfinite(x) || x == 0) return x;
+    const int e = std::max(std::ilogb(x), emin);  // below emin the spacing stays that of emin: subnormals
+    const double quantum = std::ldexp(1.0, e - fraction_bits);
+    const double r = std::nearbyint(x / quantum) * quantum;  // the default rounding mode: ties to even
+    return std::abs(r) > max_finite ? std::copysign(std::numeric_limits<double>::infinity(), x) : r;
+}
+
+bool same(float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
 
 int parse(std::vector<std::string> args, CommonOptions& options) {
     CLI::App app{"test"};
@@ -145,6 +160,16 @@ TEST_CASE("inputs are seeded, never zeros, and large inputs are large") {
     CHECK(max_abs > 20.0f);
 }
 
+TEST_CASE("inputs holding NaN or inf are refused with the count and the first index, in logical order") {
+    const Problem p = make_problem(1, 2, 5, 5, 4);
+    Inputs in = make_inputs(p, Layout::BNHD, InputKind::Normal, 3);
+    CHECK_NOTHROW(require_finite(in.q.cview(), "q"));
+    in.q.view(0, 1, 2, 3) = std::numeric_limits<float>::infinity();  // flat (1 * 5 + 2) * 4 + 3 = 31
+    in.q.view(0, 1, 4, 0) = std::nanf("");
+    CHECK_THROWS_WITH_AS(require_finite(in.q.cview(), "q.npy"),
+                         "q.npy: 2 of 40 values are NaN or inf (first at flat index 31, (b=0, h=1, n=2, x=3))", InputError);
+}
+
 TEST_CASE("metrics") {
     const std::vector<double> ref{1.0, -2.0, 3.0, -std::numeric_limits<double>::infinity()};
     SUBCASE("exact") {
@@ -161,7 +186,9 @@ TEST_CASE("metrics") {
         CHECK(m.max_rel == doctest::Approx(0.5).epsilon(1e-5));
         CHECK(m.rel_l2 == doctest::Approx(0.5 / std::sqrt(14.0)));
         CHECK(m.worst_index == 0);
-        CHECK_FALSE(passes(m, output_tolerance(InputKind::Normal)));
+        CHECK_FALSE(passes(m, Tolerance{0.1, 0.1}));
+        CHECK(passes(m, Tolerance{0.5, 0.2}));
+        CHECK(passes(m, Tolerance{0.5}));  // no relative limit
     }
     SUBCASE("NaN and a wrong infinity are counted") {
         const Metrics m = compare(std::vector<float>{std::nanf(""), -2.0f, 3.0f, std::numeric_limits<float>::infinity()}, ref);
@@ -254,6 +281,14 @@ TEST_CASE(".npy round trip, float16, and malformed files") {
         }
         return std::string("no error");
     };
+    auto error_of_bytes = [](const std::string& bytes) {
+        try {
+            read_npy_bytes(bytes, "mem.npy");
+        } catch (const InputError& e) {
+            return std::string(e.what());
+        }
+        return std::string("no error");
+    };
     CHECK(error_of(dir.file("missing.npy")).find("cannot open") != std::string::npos);
     write_bytes(dir.file("magic.npy"), "hello world, this is not numpy");
     CHECK(error_of(dir.file("magic.npy")).find("magic") != std::string::npos);
@@ -269,6 +304,62 @@ TEST_CASE(".npy round trip, float16, and malformed files") {
     CHECK(error_of(dir.file("shape.npy")).find("shape") != std::string::npos);
     write_bytes(dir.file("nodescr.npy"), npy_header("{'fortran_order': False, 'shape': (1,), }") + std::string(4, '\0'));
     CHECK(error_of(dir.file("nodescr.npy")).find("descr") != std::string::npos);
+    // A shape whose size overflows int64 is refused from the file size, before any allocation.
+    write_bytes(dir.file("huge.npy"),
+                npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (100000000000000, 100000000000000), }") + "abcd");
+    CHECK(error_of(dir.file("huge.npy")).find("truncated: the shape needs 4e+28 bytes of data but the file has 4") !=
+          std::string::npos);
+    // A 0-d array (shape ()) still holds one element.
+    write_bytes(dir.file("scalar.npy"), npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (), }") + "ab");
+    CHECK(error_of(dir.file("scalar.npy")).find("truncated") != std::string::npos);
+    // A header length beyond the file.
+    std::string lying = npy_header("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }") + "abcd";
+    lying[8] = '\xff';
+    lying[9] = '\x7f';
+    CHECK(error_of_bytes(lying).find("truncated .npy header (header length 32767") != std::string::npos);
+
+    // The same bytes in memory: the same array.
+    std::ifstream in(dir.file("a.npy"), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const NpyArray m = read_npy_bytes(bytes, "a.npy");
+    CHECK(m.shape == a.shape);
+    CHECK(m.data == data);
+}
+
+TEST_CASE("bf16 and fp16: round to nearest even, subnormals, overflow, NaN, against an exact reference") {
+    const double bf16_max = 0x1.fep127, fp16_max = 65504.0;
+    // Every 997th float32 bit pattern (4.3 million values, every exponent, both signs).
+    for (uint64_t b = 0; b <= 0xffffffffu; b += 997) {
+        const float x = std::bit_cast<float>(uint32_t(b));
+        const float bf = round_to(Precision::BFloat16, x), fp = round_to(Precision::Float16, x);
+        if (!same(bf, float(reference_round(x, 7, -126, bf16_max)))) FAIL_CHECK("bf16 of " << x << " bits " << b);
+        if (!same(fp, float(reference_round(x, 10, -14, fp16_max)))) FAIL_CHECK("fp16 of " << x << " bits " << b);
+    }
+    // Every 16-bit pattern survives the round trip.
+    for (uint32_t h = 0; h <= 0xffff; ++h) {
+        const float fb = bf16_bits_to_float(uint16_t(h)), fh = half_to_float(uint16_t(h));
+        if (!std::isnan(fb) && float_to_bf16_bits(fb) != h) FAIL_CHECK("bf16 pattern " << h);
+        if (!std::isnan(fh) && float_to_fp16_bits(fh) != h) FAIL_CHECK("fp16 pattern " << h);
+        if (std::isnan(fh)) CHECK(std::isnan(half_to_float(float_to_fp16_bits(fh))));
+    }
+    // The cases that go wrong by hand: ties, the edge of overflow, the subnormal boundary.
+    CHECK(round_to(Precision::Float16, 1.0f + 0x1p-11f) == 1.0f);                   // tie, to even
+    CHECK(round_to(Precision::Float16, 1.0f + 3 * 0x1p-11f) == 1.0f + 0x1p-9f);     // tie, to even (up)
+    CHECK(round_to(Precision::Float16, 65519.0f) == 65504.0f);
+    CHECK(std::isinf(round_to(Precision::Float16, 65520.0f)));
+    CHECK(round_to(Precision::Float16, 0x1p-25f) == 0.0f);                          // tie between 0 and 2^-24
+    CHECK(round_to(Precision::Float16, 0x1.000002p-25f) == 0x1p-24f);
+    CHECK(round_to(Precision::Float16, 3 * 0x1p-25f) == 2 * 0x1p-24f);              // 1.5 units: to even, 2
+    CHECK(std::signbit(round_to(Precision::Float16, -1e-30f)));                       // -0 keeps its sign
+    CHECK(round_to(Precision::BFloat16, 1.0f + 0x1p-8f) == 1.0f);
+    CHECK(round_to(Precision::BFloat16, 1.0f + 3 * 0x1p-8f) == 1.0f + 0x1p-6f);
+    CHECK(std::isinf(round_to(Precision::BFloat16, std::numeric_limits<float>::max())));
+    CHECK(round_to(Precision::BFloat16, 0x1p-133f) == 0x1p-133f);                     // smallest bf16 subnormal
+    CHECK(std::isnan(round_to(Precision::BFloat16, std::nanf(""))));
+    CHECK(round_to(Precision::Float32, 0.1f) == 0.1f);
+    CHECK(unit_roundoff(Precision::Float32) == 0x1p-24);
+    CHECK(unit_roundoff(Precision::BFloat16) == 0x1p-8);
+    CHECK(unit_roundoff(Precision::Float16) == 0x1p-11);
 }
 
 TEST_CASE("command line: ranges, choices and defaults") {

@@ -44,9 +44,10 @@ TEST_CASE("stage 04 matches stage 03 on every standard case, with blocks small e
     for (const test::Case& c : test::standard_cases(kHeadDims)) {
         const Inputs in = make_inputs(c.problem, c.layout, c.inputs, c.seed);
         const test::Result want = test::run(stage03::attention, c.problem, in, c.layout);
-        test::check_close(test::run(stage04::attention, c.problem, in, c.layout), want.o, want.lse, c.inputs,
+        const Tolerances tol = test::tolerances_for(c.problem, in);
+        test::check_close(test::run(stage04::attention, c.problem, in, c.layout), want.o, want.lse, tol,
                           c.name() + " default blocks vs stage 03");
-        test::check_close(test::run(tiled(tiling(16, 32)), c.problem, in, c.layout), want.o, want.lse, c.inputs,
+        test::check_close(test::run(tiled(tiling(16, 32)), c.problem, in, c.layout), want.o, want.lse, tol,
                           c.name() + " Br=16 Bc=32 vs stage 03");
     }
 }
@@ -66,9 +67,10 @@ TEST_CASE("stage 04 is right for any Br and Bc: unequal, 1 x 1, larger than N, d
                 c.seed = seed++;
                 const Inputs in = make_inputs(c.problem, c.layout, c.inputs, c.seed);
                 const Reference ref = reference_attention(c.problem, in.q.cview(), in.k.cview(), in.v.cview());
+                const Tolerances tol = test::tolerances_for(c.problem, in);
                 for (const stage04::Tiling& t : tilings) {
                     const test::Result got = test::run(tiled(t), c.problem, in, c.layout);
-                    test::check_close(got, ref.o, ref.lse, c.inputs,
+                    test::check_close(got, ref.o, ref.lse, tol,
                                       c.name() + " Br=" + std::to_string(t.Br) + " Bc=" + std::to_string(t.Bc));
                 }
             }
@@ -91,6 +93,7 @@ TEST_CASE("block-local softmax is WRONG: normalizing each S_ij on its own is not
     const Problem p = test::make_problem(1, 2, 256, 256, 64, false);
     const Inputs in = make_inputs(p, Layout::BHND, InputKind::Normal, 9);
     const Reference ref = reference_attention(p, in.q.cview(), in.k.cview(), in.v.cview());
+    const Tolerances tol = test::tolerances_for(p, in);
 
     SUBCASE("with 4 key blocks per row the error is of the order of the output itself") {
         const test::Result local = test::run(tiled(tiling(64, 64, true)), p, in, Layout::BHND);
@@ -98,16 +101,16 @@ TEST_CASE("block-local softmax is WRONG: normalizing each S_ij on its own is not
         const Metrics ml = compare(local.lse, ref.lse);
         INFO("O rel_l2 = " << mo.rel_l2 << ", LSE max_abs = " << ml.max_abs);
         CHECK(mo.nonfinite == 0);
-        CHECK(mo.rel_l2 > 0.5);   // not rounding: tolerance is 1e-5
+        CHECK(mo.rel_l2 > 0.5);   // not rounding: the limit is about 3e-5
         CHECK(ml.max_abs > 0.1);  // only the last block's statistics survive
-        CHECK_FALSE(passes(mo, output_tolerance(InputKind::Normal)));
+        CHECK_FALSE(passes(mo, tol.o));
         // The online softmax with the very same blocks is right.
-        test::check_close(test::run(tiled(tiling(64, 64)), p, in, Layout::BHND), ref.o, ref.lse, InputKind::Normal,
+        test::check_close(test::run(tiled(tiling(64, 64)), p, in, Layout::BHND), ref.o, ref.lse, tol,
                           "online softmax, Br=Bc=64");
     }
     SUBCASE("with a single key block (Bc >= Nk) the block's softmax is the row's softmax") {
         const test::Result local = test::run(tiled(tiling(64, 256, true)), p, in, Layout::BHND);
-        test::check_close(local, ref.o, ref.lse, InputKind::Normal, "block-local softmax, one key block");
+        test::check_close(local, ref.o, ref.lse, tol, "block-local softmax, one key block");
     }
 }
 
@@ -155,7 +158,7 @@ TEST_CASE("stage 04 gives O = 0 and LSE = -inf to rows that see no key, even ins
         }
     }
     const Reference ref = reference_attention(p, in.q.cview(), in.k.cview(), in.v.cview());
-    test::check_close(got, ref.o, ref.lse, InputKind::Normal, "300 x 100 causal, Br=64 Bc=32");
+    test::check_close(got, ref.o, ref.lse, test::tolerances_for(p, in), "300 x 100 causal, Br=64 Bc=32");
 }
 
 TEST_CASE("stage 04 gives the same logical result in both layouts, and reads any strides") {

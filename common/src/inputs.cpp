@@ -1,6 +1,10 @@
 #include "fa/inputs.hpp"
 
+#include <array>
+#include <cmath>
 #include <random>
+
+#include "fa/error.hpp"
 
 namespace fa {
 
@@ -19,6 +23,25 @@ void fill_normal(HostTensor& t, std::mt19937_64& gen, float multiplier) {
 }
 
 }  // namespace
+
+void require_finite(View4<const float> t, const std::string& name) {
+    int64_t bad = 0, first = -1, flat = 0;
+    std::array<int64_t, 4> at{};
+    for (int64_t b = 0; b < t.shape[0]; ++b)
+        for (int64_t h = 0; h < t.shape[1]; ++h)
+            for (int64_t n = 0; n < t.shape[2]; ++n)
+                for (int64_t x = 0; x < t.shape[3]; ++x, ++flat) {
+                    if (std::isfinite(t(b, h, n, x))) continue;
+                    if (bad++ == 0) {
+                        first = flat;
+                        at = {b, h, n, x};
+                    }
+                }
+    if (bad == 0) return;
+    throw InputError(name + ": " + std::to_string(bad) + " of " + std::to_string(flat) + " values are NaN or inf (first at flat index " +
+                     std::to_string(first) + ", (b=" + std::to_string(at[0]) + ", h=" + std::to_string(at[1]) +
+                     ", n=" + std::to_string(at[2]) + ", x=" + std::to_string(at[3]) + "))");
+}
 
 Inputs make_inputs(const Problem& p, Layout layout, InputKind kind, uint64_t seed) {
     Inputs in{HostTensor(p.batch, p.heads, p.seq_q, p.head_dim, layout),

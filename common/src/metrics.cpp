@@ -46,14 +46,6 @@ Metrics compare_impl(const std::vector<float>& out, const std::vector<Ref>& ref)
 Metrics compare(const std::vector<float>& out, const std::vector<double>& ref) { return compare_impl(out, ref); }
 Metrics compare(const std::vector<float>& out, const std::vector<float>& ref) { return compare_impl(out, ref); }
 
-Tolerance output_tolerance(InputKind kind) {
-    return kind == InputKind::Normal ? Tolerance{1e-4, 1e-5} : Tolerance{5e-3, 5e-4};
-}
-
-Tolerance lse_tolerance(InputKind kind) {
-    return kind == InputKind::Normal ? Tolerance{2e-5, 2e-6} : Tolerance{1e-2, 1e-5};
-}
-
 bool passes(const Metrics& m, const Tolerance& tol) {
     return m.nonfinite == 0 && m.max_abs <= tol.max_abs && m.rel_l2 <= tol.rel_l2;
 }

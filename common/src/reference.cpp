@@ -11,12 +11,21 @@ namespace fa {
 namespace {
 
 using MatrixXdR = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatrixXfR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 // Copies rows [row0, row0 + rows) of head (b, h) into a double matrix [rows, d].
 MatrixXdR load_rows(View4<const float> t, int64_t b, int64_t h, int64_t row0, int64_t rows) {
     MatrixXdR m(rows, t.shape[3]);
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t x = 0; x < t.shape[3]; ++x) m(r, x) = t(b, h, row0 + r, x);
+    return m;
+}
+
+// Copies rows [row0, row0 + rows) of head (b, h) into a float matrix [rows, d], rounded to `precision`.
+MatrixXfR load_rounded(View4<const float> t, int64_t b, int64_t h, int64_t row0, int64_t rows, Precision precision) {
+    MatrixXfR m(rows, t.shape[3]);
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t x = 0; x < t.shape[3]; ++x) m(r, x) = round_to(precision, t(b, h, row0 + r, x));
     return m;
 }
 
@@ -60,6 +69,51 @@ Reference reference_attention(const Problem& p, View4<const float> q, View4<cons
         }
     }
     return ref;
+}
+
+EmulatedAttention naive_attention_emulated(Precision precision, const Problem& p, View4<const float> q,
+                                           View4<const float> k, View4<const float> v) {
+    const int64_t d = p.head_dim;
+    const float scale = static_cast<float>(p.softmax_scale());
+    EmulatedAttention out{std::vector<float>(static_cast<size_t>(p.q_elems())),
+                          std::vector<float>(static_cast<size_t>(p.lse_elems()))};
+    constexpr int64_t kRowsPerBlock = 128;  // bounds S and P at 128 x Nk floats
+    for (int64_t b = 0; b < p.batch; ++b) {
+        for (int64_t h = 0; h < p.heads; ++h) {
+            const MatrixXfR K = load_rounded(k, b, h, 0, p.seq_k, precision);  // [Nk, d]
+            const MatrixXfR V = load_rounded(v, b, h, 0, p.seq_k, precision);  // [Nk, d]
+            for (int64_t r0 = 0; r0 < p.seq_q; r0 += kRowsPerBlock) {
+                const int64_t rows = std::min(kRowsPerBlock, p.seq_q - r0);
+                const MatrixXfR Q = load_rounded(q, b, h, r0, rows, precision);  // [rows, d]
+                MatrixXfR S = Q * K.transpose();                                 // [rows, Nk], float32 sums
+                S *= scale;
+                MatrixXfR P = MatrixXfR::Zero(rows, p.seq_k);  // masked keys keep 0
+                for (int64_t r = 0; r < rows; ++r) {
+                    const int64_t i = r0 + r;
+                    const int64_t end = visible_key_end(i, p.seq_q, p.seq_k, p.causal);
+                    const size_t row_index = static_cast<size_t>((b * p.heads + h) * p.seq_q + i);
+                    if (end == 0) {
+                        out.lse[row_index] = -std::numeric_limits<float>::infinity();
+                        continue;
+                    }
+                    const float m = S.row(r).head(end).maxCoeff();
+                    float l = 0.0f;
+                    for (int64_t j = 0; j < end; ++j) {
+                        P(r, j) = std::exp(S(r, j) - m);
+                        l += P(r, j);
+                    }
+                    for (int64_t j = 0; j < end; ++j) P(r, j) = round_to(precision, P(r, j) / l);
+                    out.lse[row_index] = m + std::log(l);
+                }
+                const MatrixXfR O = P * V;  // [rows, d], float32 sums
+                for (int64_t r = 0; r < rows; ++r) {
+                    float* o_row = &out.o[static_cast<size_t>(((b * p.heads + h) * p.seq_q + r0 + r) * d)];
+                    for (int64_t x = 0; x < d; ++x) o_row[x] = round_to(precision, O(r, x));
+                }
+            }
+        }
+    }
+    return out;
 }
 
 double reference_flops(const Problem& p) {

@@ -10,10 +10,9 @@ int main(int argc, char** argv) {
     spec.description =
         "S = scale * Q K^T in full; each row's maximum m is subtracted before exp, so exp(s - m) <= 1\n"
         "never overflows: three passes per row (max, sum of exp, normalize). Checked against stage 01\n"
-        "(skipped on --inputs large, where stage 01 overflows by design) and the float64 reference.";
+        "(reported as not comparable where it overflows, e.g. --inputs large) and the float64 reference.";
     spec.run = fa::stage02::attention;
-    spec.checked_against.push_back(
-        {"stage 01 (naive attention)", fa::stage01::attention, {}, /*overflows_on_large=*/true});
+    spec.checked_against.push_back({"stage 01 (naive attention)", fa::stage01::attention, {}});
     spec.intermediate_bytes = fa::stage02::intermediate_bytes;
     spec.intermediate_what = "S, overwritten by P, Nq x Nk, one head at a time";
     return fa::run_stage(argc, argv, spec);

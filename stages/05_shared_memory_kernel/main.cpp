@@ -21,6 +21,6 @@ int main(int argc, char** argv) {
     spec.gpu_unavailable_reason = fa::cuda::gpu_unavailable_reason;
     spec.bench = fa::cuda::device_bench(fa::stage05::attention_device);
     spec.after_bench = fa::cuda::print_gpu_report;
-    spec.checked_against.push_back({"stage 04 (CPU tiling)", fa::stage04::attention, {}, false});
+    spec.checked_against.push_back({"stage 04 (CPU tiling)", fa::stage04::attention, {}});
     return fa::run_stage(argc, argv, spec);
 }

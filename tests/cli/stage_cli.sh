@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Command-line behaviour of a stage executable: bad options and bad files exit with 2 and a
-# message naming the problem; --save followed by --load reproduces the same result.
-# Usage: stage_cli.sh path/to/stageNN_executable
+# message naming the problem; --save followed by --load reproduces the same result; inputs that
+# hold NaN or inf are refused before the stage runs.
+# Usage: stage_cli.sh path/to/stageNN_executable path/to/make_npy_inputs
 set -u
 exe=$1
+make_inputs=$2
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -59,6 +61,31 @@ expect 2 "magic" --load "$work/bad"
 rm "$work/bad/k.npy"
 expect 2 "cannot open" --load "$work/bad"
 expect 2 "--seq-q 5 disagrees" --load "$work/a" --seq-q 5
+
+# Inputs with large logits, as saved from a model: q and k with entries of magnitude about 30,
+# scores in the thousands. The limits follow the scores, so every stage passes against float64;
+# stage 01 overflows (its lesson, exit 0), and stage 02 says stage 01 is not comparable there
+# instead of failing.
+mkdir -p "$work/large"
+"$make_inputs" "$work/large" --shape 1,2,100,130,64 --magnitude 30 --seed 7
+case "$(basename "$exe")" in
+    stage01_*) expect 0 "verdict +OVERFLOW, as this stage teaches" --load "$work/large" ;;
+    stage02_*) expect 0 "stage 01 \(naive attention\) overflowed on these inputs .*: not comparable" --load "$work/large"
+               expect 0 "verdict +PASS" --load "$work/large" ;;
+    *) expect 0 "verdict +PASS" --load "$work/large" ;;
+esac
+expect 0 "S = [0-9.e+]+ \(bound on \|score\|\)" --load "$work/large" --layout bnhd
+
+# NaN or inf in the inputs: exit 2 before any stage runs, naming the file, the count and the
+# first index; --save writes nothing.
+mkdir -p "$work/nan" "$work/inf" "$work/out"
+"$make_inputs" "$work/nan" --shape 1,2,33,47,32 --seed 5 --poison q:17,100,2000 --value nan
+expect 2 "q\.npy: 3 of 2112 values are NaN or inf \(first at flat index 17, \(b=0, h=0, n=0, x=17\)\)" \
+    --load "$work/nan" --save "$work/out"
+"$make_inputs" "$work/inf" --shape 1,2,33,47,32 --seed 5 --poison v:1600 --value -inf
+expect 2 "v\.npy: 1 of 3008 values are NaN or inf \(first at flat index 1600, \(b=0, h=1, n=3, x=0\)\)" \
+    --load "$work/inf" --save "$work/out"
+[[ -z "$(ls -A "$work/out")" ]] || { echo "FAIL: --save wrote files for refused inputs"; failures=$((failures + 1)); }
 
 if [[ $failures -ne 0 ]]; then
     echo "$failures command-line check(s) failed"

@@ -31,6 +31,12 @@ struct Inputs {
     HostTensor v;  ///< (B, H, Nk, d)
 };
 
+/// Throws InputError when `t` holds a NaN or an infinity, so that such inputs are refused before
+/// any stage runs rather than ending in a mismatch: `"q.npy: 3 of 65536 values are NaN or inf
+/// (first at flat index 17, (b=0, h=0, n=0, x=17))"`. `name` names the file or the generated
+/// tensor; the flat index counts in logical (b, h, n, x) order, the order of a C-order .npy file.
+void require_finite(View4<const float> t, const std::string& name);
+
 /// Draws q, k and v for `problem` in `layout` from a generator seeded with `seed`.
 /// The values depend only on (problem shape, kind, seed), not on the layout: the same seed
 /// gives the same logical tensors in both layouts, so results can be compared across layouts.

@@ -15,6 +15,7 @@
 
 #include "fa/cli.hpp"
 #include "fa/inputs.hpp"
+#include "fa/precision.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
 #include "fa/timing.hpp"
@@ -25,12 +26,14 @@ namespace fa {
 using AttentionFn = std::function<void(const Problem&, View4<const float> q, View4<const float> k,
                                        View4<const float> v, View4<float> o, View3<float> lse)>;
 
-/// Another implementation a stage is checked against.
+/// Another implementation a stage is checked against. Where it returns NaN or inf and the
+/// float64 reference (or, when the reference does not run, this stage) is finite, it overflowed
+/// on these inputs (stage 01's naive softmax on large scores): the report says so and leaves it
+/// out of the verdict, which rests on the other comparisons.
 struct Comparison {
     std::string name;                             ///< e.g. "stage 03 (online softmax)"
     AttentionFn run;                              ///< its entry point
     std::function<bool(const Problem&)> applies;  ///< empty: always
-    bool overflows_on_large = false;              ///< naive softmax: skipped on large inputs
 };
 
 /// Everything the driver needs to know about one stage.
@@ -48,7 +51,15 @@ struct StageSpec {
     /// The stage's own settings for `problem` in one line (block sizes, tile counts, ...),
     /// printed in the report.
     std::function<std::string(const Problem&)> describe_config;
-    bool naive_softmax = false;     ///< exp of raw scores: overflow on large inputs is the lesson
+    /// exp of raw scores: where the scores can pass ln(FLT_MAX) ~ 88.7, overflow is the lesson
+    /// (reported, exit 0), not a mismatch.
+    bool naive_softmax = false;
+    /// The precision this stage computes its products in, asked once the command line is parsed
+    /// (a stage binds it to its own `--dtype` option); empty means Float32. For bf16 and fp16,
+    /// every comparison (against earlier float32 stages too) is judged by
+    /// low_precision_tolerance(), from naive attention emulated in that precision when the
+    /// float64 reference runs, and by the looser a priori rounding_tolerance() when it does not.
+    std::function<Precision()> precision;
     bool needs_gpu = false;         ///< skip with one line when no GPU is present
     /// Returns "" when a usable GPU is present, otherwise why not (one line).
     std::function<std::string()> gpu_unavailable_reason;

@@ -1,0 +1,93 @@
+#include "fa/tolerance.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+namespace fa {
+
+namespace {
+
+// A number for the report: 3 significant digits.
+std::string num(double x) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", x);
+    return buf;
+}
+
+// The largest row norm of head (b, h) of t, in double.
+double max_row_norm(View4<const float> t, int64_t b, int64_t h) {
+    double largest = 0;
+    for (int64_t n = 0; n < t.shape[2]; ++n) {
+        double sq = 0;
+        for (int64_t x = 0; x < t.shape[3]; ++x) sq += double(t(b, h, n, x)) * double(t(b, h, n, x));
+        largest = std::max(largest, sq);
+    }
+    return std::sqrt(largest);
+}
+
+}  // namespace
+
+InputStats input_stats(const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v) {
+    InputStats s;
+    s.head_dim = p.head_dim;
+    s.seq_k = p.seq_k;
+    const double scale = std::abs(p.softmax_scale());
+    // Per head: a query of one head never meets a key of another.
+    for (int64_t b = 0; b < p.batch; ++b) {
+        for (int64_t h = 0; h < p.heads; ++h) {
+            s.score_bound = std::max(s.score_bound, scale * max_row_norm(q, b, h) * max_row_norm(k, b, h));
+            for (int64_t n = 0; n < p.seq_k; ++n)
+                for (int64_t x = 0; x < p.head_dim; ++x) s.max_abs_v = std::max(s.max_abs_v, double(std::abs(v(b, h, n, x))));
+        }
+    }
+    return s;
+}
+
+Tolerances rounding_tolerance(const InputStats& s, Precision precision) {
+    const double u = unit_roundoff(Precision::Float32), u_p = unit_roundoff(precision);
+    const double delta_s = (2.0 * u_p + std::sqrt(double(s.head_dim)) * u) * s.score_bound;
+    const double E = 2.0 * delta_s + 8.0 * u * std::sqrt(double(s.seq_k)) + 2.0 * u_p;
+    Tolerances t;
+    t.o = Tolerance{E * s.max_abs_v, E};
+    t.lse = Tolerance{E};
+    t.error_unit = E;
+    // (Built with a stream: GCC 12 warns falsely about long chains of std::string +.)
+    const std::string P = to_string(precision), up = precision == Precision::Float32 ? "u" : "u_" + P;
+    std::ostringstream rule;
+    rule << P << " rounding rule: E = 2 delta_s + 8u sqrt(Nk) + 2" << up << " = " << num(E)
+         << "; O max_abs <= E max|v|, O rel_l2 and LSE max_abs <= E\n"
+         << "delta_s = (2" << up << " + sqrt(d) u) S = " << num(delta_s) << " with u = 2^-24";
+    if (precision != Precision::Float32) rule << ", " << up << " = " << num(u_p);
+    rule << ", S = " << num(s.score_bound) << " (bound on |score|), d = " << s.head_dim << ", Nk = " << s.seq_k
+         << ", max|v| = " << num(s.max_abs_v);
+    t.rule = rule.str();
+    return t;
+}
+
+Tolerances low_precision_tolerance(const InputStats& s, Precision precision, const Metrics& naive_o,
+                                   const Metrics& naive_lse) {
+    const std::string name = to_string(precision);
+    if (naive_o.nonfinite > 0 || naive_lse.nonfinite > 0) {
+        Tolerances t = rounding_tolerance(s, precision);
+        t.rule.insert(0, "naive " + name + " attention is not finite on these inputs, so it cannot set limits; ");
+        return t;
+    }
+    const Tolerances floor = rounding_tolerance(s, Precision::Float32);
+    const double u_p = unit_roundoff(precision);
+    Tolerances t;
+    t.o = Tolerance{2.0 * naive_o.max_abs + floor.o.max_abs + u_p * s.max_abs_v, 2.0 * naive_o.rel_l2 + floor.o.rel_l2 + u_p};
+    t.lse = Tolerance{2.0 * naive_lse.max_abs + floor.lse.max_abs};
+    t.error_unit = t.o.rel_l2;
+    std::ostringstream rule;
+    rule << name << " rule: 2 x the error of naive " << name << " attention vs float64 + the float32 limits + one " << name
+         << " rounding of O (u_" << name << " = " << num(u_p) << ")\n"
+         << "naive " << name << ": O max_abs " << num(naive_o.max_abs) << ", rel_l2 " << num(naive_o.rel_l2)
+         << "; LSE max_abs " << num(naive_lse.max_abs) << "; float32 limits: O " << num(floor.o.max_abs) << ", "
+         << num(floor.o.rel_l2) << "; LSE " << num(floor.lse.max_abs);
+    t.rule = rule.str();
+    return t;
+}
+
+}  // namespace fa
