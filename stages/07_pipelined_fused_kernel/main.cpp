@@ -67,14 +67,14 @@ int main(int argc, char** argv) {
             ->default_str("bf16");
         app.add_option("--step", g_step, step_list())->check(CLI::Range(0, int(fa::stage07::road().size()) - 1));
     };
-    // spec.precision = [] { return g_dtype == fa::cuda::DType::BF16 ? fa::Precision::BFloat16 : fa::Precision::Float16; };
+    spec.precision = [] { return g_dtype == fa::cuda::DType::BF16 ? fa::Precision::BFloat16 : fa::Precision::Float16; };
     spec.bench = [](const fa::Problem& p, const fa::Inputs& in, const fa::CommonOptions& opt) {
         return g_dtype == fa::cuda::DType::BF16 ? bench_half<__nv_bfloat16>(p, in, opt) : bench_half<__half>(p, in, opt);
     };
     spec.after_bench = fa::cuda::print_gpu_report;
     // Stage 06 is built for d = 32, 64, 128; at d = 256 stage 04 and the float64 reference check alone.
     spec.checked_against.push_back({"stage 06 (float32 GPU)", fa::stage06::attention,
-                                    [](const fa::Problem& p) { return p.head_dim <= 128; }, false});
-    spec.checked_against.push_back({"stage 04 (CPU tiling)", fa::stage04::attention, {}, false});
+                                    [](const fa::Problem& p) { return p.head_dim <= 128; }});
+    spec.checked_against.push_back({"stage 04 (CPU tiling)", fa::stage04::attention, {}});
     return fa::run_stage(argc, argv, spec);
 }
