@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     spec.bench = [](const fa::Problem& p, const fa::Inputs& in, const fa::CommonOptions& opt) {
         return g_dtype == fa::cuda::DType::BF16 ? bench_half<__nv_bfloat16>(p, in, opt) : bench_half<__half>(p, in, opt);
     };
-    spec.after_bench = fa::cuda::print_gpu_report;
+    spec.after_bench = fa::cuda::print_tensor_core_report;
     // Stage 06 is built for d = 32, 64, 128; at d = 256 stage 04 and the float64 reference check alone.
     spec.checked_against.push_back({"stage 06 (float32 GPU)", fa::stage06::attention,
                                     [](const fa::Problem& p) { return p.head_dim <= 128; }});

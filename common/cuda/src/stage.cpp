@@ -30,19 +30,37 @@ std::function<TimingStats(const Problem&, const Inputs&, const CommonOptions&)> 
     };
 }
 
-void print_gpu_report(const Problem& p, const TimingStats& stats) {
+namespace {
+
+// The GPU and its SM clock right after the timed runs.
+GpuInfo print_gpu_and_clock() {
     const GpuInfo gpu = gpu_info();
     const int clock = current_sm_clock_mhz();
-    const double rate = attention_flops(p) / (stats.median_ms * 1e-3);
     std::printf("gpu        %s\n", gpu.describe().c_str());
     if (clock > 0) {
         std::printf("clock      SM clock %d MHz right after the timed runs (NVML)\n", clock);
     } else {
         std::printf("clock      SM clock not readable here (no NVML); the device reports a %d MHz peak\n", gpu.max_sm_clock_mhz);
     }
+    return gpu;
+}
+
+}  // namespace
+
+void print_gpu_report(const Problem& p, const TimingStats& stats) {
+    const GpuInfo gpu = print_gpu_and_clock();
+    const double rate = attention_flops(p) / (stats.median_ms * 1e-3);
     std::printf("rate       %.2f TFLOP/s = %.0f%% of the %.1f TFLOP/s float32 FMA peak (%d SMs x 128 lanes x 2 x %d MHz)\n",
                 rate * 1e-12, 100.0 * rate / gpu.fp32_peak_flops(), gpu.fp32_peak_flops() * 1e-12, gpu.sm_count,
                 gpu.max_sm_clock_mhz);
+}
+
+void print_tensor_core_report(const Problem& p, const TimingStats& stats) {
+    print_gpu_and_clock();
+    const double rate = attention_flops(p) / (stats.median_ms * 1e-3);
+    std::printf("rate       %.2f TFLOP/s on the tensor cores; bench/mma_ceiling measures what mma.sync can do on this GPU\n"
+                "           (an H100 SXM: about 660 TFLOP/s in bf16 and fp16)\n",
+                rate * 1e-12);
 }
 
 }  // namespace fa::cuda

@@ -29,4 +29,8 @@ std::function<TimingStats(const Problem&, const Inputs&, const CommonOptions&)> 
 /// measured rate against the GPU's float32 FMA peak.
 void print_gpu_report(const Problem& problem, const TimingStats& stats);
 
+/// A StageSpec::after_bench for the tensor-core stages: the GPU, its SM clock and the measured
+/// rate, which the lesson sets against the mma.sync ceiling bench/mma_ceiling measures.
+void print_tensor_core_report(const Problem& problem, const TimingStats& stats);
+
 }  // namespace fa::cuda
