@@ -80,10 +80,10 @@ struct RoadStep<D, 8> {  // + O rescaled only when a row's maximum grew, where t
                        Tuned<D>::kQInRegisters, Tuned<D>::kLazyRescale>;
 };
 constexpr int kFinalStep = 8;
-constexpr int kRoadSteps = 9;  // the tuning build's candidates come after the road
 //! [road]
 
 #ifdef FA_STAGE07_TUNING
+constexpr int kRoadSteps = kFinalStep + 1;  // the candidates are numbered after the road
 // Candidate shapes the tuning build times beside the road (steps 8 and up): Br, Bc, warps, stages.
 template <int Br, int Bc, int Warps, int Stages, bool QInRegisters, bool Lazy, int MinBlocks, int Bn>
 using Candidate = Features<Br, Bc, Warps, Stages, true, true, true, true, true, QInRegisters, Lazy, MinBlocks, Bn>;
