@@ -90,6 +90,25 @@ inline Result run(const AttentionFn& fn, const Problem& p, const Inputs& in, Lay
     return {o.logical(), lse};
 }
 
+/// Checks the contract for rows that see no key on a run of `p`: every element was written (the
+/// outputs start as NaN), a row whose visible keys are none has O = 0 and LSE = -inf, every other
+/// row a finite LSE.
+inline void check_rows_without_keys(const Problem& p, const Result& got) {
+    for (float x : got.o) REQUIRE(std::isfinite(x));
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh) {
+        for (int64_t i = 0; i < p.seq_q; ++i) {
+            const size_t row = size_t(bh * p.seq_q + i);
+            const float lse = got.lse[row];
+            if (visible_key_end(i, p.seq_q, p.seq_k, p.causal) == 0) {
+                CHECK((std::isinf(lse) && lse < 0));
+                for (int64_t x = 0; x < p.head_dim; ++x) CHECK(got.o[row * size_t(p.head_dim) + size_t(x)] == 0.0f);
+            } else {
+                CHECK(std::isfinite(lse));
+            }
+        }
+    }
+}
+
 /// The float32 limits for these inputs (fa::rounding_tolerance(), the rule every stage uses).
 inline Tolerances tolerances_for(const Problem& p, const Inputs& in) {
     return rounding_tolerance(input_stats(p, in.q.cview(), in.k.cview(), in.v.cview()));

@@ -45,18 +45,7 @@ TEST_CASE("stage 06 writes every output element; rows and whole query tiles that
         const Problem p = test::make_problem(2, 1, 300, 100, d, true);
         const Inputs in = make_inputs(p, Layout::BNHD, InputKind::Normal, 13);
         const test::Result got = test::run(stage06::attention, p, in, Layout::BNHD);
-        for (float x : got.o) REQUIRE(std::isfinite(x));  // outputs start as NaN: every element was written
-        for (int64_t b = 0; b < 2; ++b) {
-            for (int64_t i = 0; i < 300; ++i) {
-                const float lse = got.lse[size_t(b * 300 + i)];
-                if (i < 200) {
-                    CHECK((std::isinf(lse) && lse < 0));
-                    for (int64_t x = 0; x < d; ++x) CHECK(got.o[size_t((b * 300 + i) * d + x)] == 0.0f);
-                } else {
-                    CHECK(std::isfinite(lse));
-                }
-            }
-        }
+        test::check_rows_without_keys(p, got);
     }
 }
 
