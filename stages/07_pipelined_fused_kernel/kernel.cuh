@@ -66,11 +66,21 @@ struct Args {
     const T* v;  ///< (B, H, Nk, d)
     T* o;        ///< (B, H, Nq, d)
     float* lse;  ///< (B, H, Nq)
-    int64_t q_sb, q_sh, q_sn;        ///< strides of q (the feature stride is 1)
-    int64_t k_sb, k_sh, k_sn;        ///< strides of k
-    int64_t v_sb, v_sh, v_sn;        ///< strides of v
-    int64_t o_sb, o_sh, o_sn;        ///< strides of o
-    int64_t lse_sb, lse_sh, lse_sn;  ///< strides of lse
+    int64_t q_sb;     ///< batch stride of q (the feature stride is 1)
+    int64_t q_sh;     ///< head stride of q
+    int64_t q_sn;     ///< row stride of q
+    int64_t k_sb;     ///< batch stride of k
+    int64_t k_sh;     ///< head stride of k
+    int64_t k_sn;     ///< row stride of k
+    int64_t v_sb;     ///< batch stride of v
+    int64_t v_sh;     ///< head stride of v
+    int64_t v_sn;     ///< row stride of v
+    int64_t o_sb;     ///< batch stride of o
+    int64_t o_sh;     ///< head stride of o
+    int64_t o_sn;     ///< row stride of o
+    int64_t lse_sb;   ///< batch stride of lse
+    int64_t lse_sh;   ///< head stride of lse
+    int64_t lse_sn;   ///< row stride of lse
     int heads;       ///< H
     int batch_heads; ///< B * H
     int q_tiles;     ///< query tiles per (batch, head): ceil(Nq / Br)
@@ -87,7 +97,7 @@ template <class T, int D, class F>
 struct Shape {
     static_assert(sizeof(T) == 2, "tensor-core operands are 16-bit");
     static_assert(D % 16 == 0 && D >= 32, "d is a multiple of 16 (the mma's k)");
-    static constexpr int kThreads = F::kWarps * 32;
+    static constexpr int kThreads = F::kWarps * 32;  ///< threads per block
     static constexpr int kRowsPerWarp = F::kBr / F::kWarps;  ///< query rows a warp owns
     static constexpr int kMTiles = kRowsPerWarp / 16;        ///< 16-row mma tiles per warp
     static_assert(kRowsPerWarp % 16 == 0 && kMTiles >= 1, "each warp owns a multiple of 16 rows");
@@ -97,9 +107,9 @@ struct Shape {
     static constexpr int kPVSteps = F::kBn / 16; ///< k-steps of O += P V
     static_assert(F::kBn % 16 == 0, "Bn is a multiple of 16 (the mma's k for P V)");
     static constexpr int kChunksPerRow = D / 8;  ///< 16-byte chunks in one row of a Q, K or V tile
-    static constexpr int kTileElems = F::kBc * D;
-    static constexpr int kQElems = F::kBr * D;
-    static constexpr int kPElems = F::kPInRegisters ? 0 : F::kBr * F::kBn;
+    static constexpr int kTileElems = F::kBc * D;  ///< elements of one K or V tile in shared memory
+    static constexpr int kQElems = F::kBr * D;     ///< elements of the Q tile
+    static constexpr int kPElems = F::kPInRegisters ? 0 : F::kBr * F::kBn;  ///< elements of the P tile (0: P in registers)
     /// Shared memory: Q [Br, d], then kStages x (K [Bc, d], V [Bc, d]), then P [Br, Bc] if used.
     static constexpr size_t kSmemBytes = sizeof(T) * (size_t(kQElems) + 2 * size_t(F::kStages) * kTileElems + kPElems);
 };
@@ -117,7 +127,7 @@ using namespace fa::cuda::ptx;
 /// the copies cost a few registers, not one 64-bit address per chunk.
 template <class T, int D, class F, int kRows>
 __device__ __forceinline__ void load_tile_gmem_to_smem(T* tile, const T* gmem, int64_t row_stride, int row0, int n_rows) {
-    using S = Shape<T, D, F>;
+    using S = Shape<T, D, F>;  ///< the shape constants
     using L = TileLayout<D, F::kSwizzle>;
     constexpr int kRowsPerPass = S::kThreads / S::kChunksPerRow;
     static_assert(S::kThreads % S::kChunksPerRow == 0, "a pass copies whole rows");
@@ -155,15 +165,17 @@ __device__ __forceinline__ uint32_t fragment_address(uint32_t lane_address, int 
 
 /// Lane parts of the three ldmatrix patterns (see the loaders below).
 template <int kCols, class F>
-__device__ __forceinline__ uint32_t a_lane_bytes(int lane) {  // rows 0-15, columns 0 / 8
+__device__ __forceinline__ uint32_t a_lane_bytes(int lane) {  // A operand: rows 0-15, columns 0 / 8
     return lane_bytes<kCols, F>(lane % 16, (lane / 16) * 8);
 }
+/// Lane part for K as the B operand of S = Q K^T: keys 0-7 / 8-15, features 0 / 8.
 template <int kCols, class F>
-__device__ __forceinline__ uint32_t k_lane_bytes(int lane) {  // keys 0-7 / 8-15, features 0 / 8
+__device__ __forceinline__ uint32_t k_lane_bytes(int lane) {
     return lane_bytes<kCols, F>((lane / 16) * 8 + lane % 8, ((lane / 8) % 2) * 8);
 }
+/// Lane part for V as the B operand of O += P V (transposing load): keys 0-7 / 8-15, features 0 / 8.
 template <int kCols, class F>
-__device__ __forceinline__ uint32_t v_lane_bytes(int lane) {  // keys 0-7 / 8-15, features 0 / 8
+__device__ __forceinline__ uint32_t v_lane_bytes(int lane) {
     return lane_bytes<kCols, F>(((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8);
 }
 
@@ -234,6 +246,7 @@ __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
+/// Sum across the four lanes of a quad.
 __device__ __forceinline__ float quad_sum(float x) {
     x += __shfl_xor_sync(0xffffffffu, x, 1);
     return x + __shfl_xor_sync(0xffffffffu, x, 2);
@@ -242,7 +255,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 /// What one warp keeps in registers across the K/V tiles.
 template <class T, int D, class F>
 struct WarpState {
-    using S = Shape<T, D, F>;
+    using S = Shape<T, D, F>;  ///< the shape constants
     /// Q_w as A fragments, loaded once (with kQInRegisters; otherwise re-read per tile)
     uint32_t q[F::kQInRegisters ? S::kMTiles : 1][F::kQInRegisters ? S::kQKSteps : 1][4];
     float o[S::kMTiles][S::kDTiles][4];         ///< O_w accumulators, unnormalized
@@ -257,7 +270,7 @@ template <class T, int D, class F, bool kMask>
 __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint16_t* q_tile, const uint16_t* k_tile,
                                              const uint16_t* v_tile, uint16_t* p_tile, int q0, int kv0, int warp_row0,
                                              const Args<T>& a, int lane) {
-    using S = Shape<T, D, F>;
+    using S = Shape<T, D, F>;  ///< the shape constants
     const int g = lane / 4, t = lane % 4;
     // This tile's lane addresses: computed here, from the slot's base, so that the compiler
     // keeps one register per tile rather than one per fragment for the whole loop.
@@ -456,7 +469,7 @@ __host__ __device__ inline void key_tiles(int q0, int br, int bc, int seq_q, int
 /// The whole forward pass for one query tile of one (batch, head); grid: query tiles x B x H blocks.
 template <class T, int D, class F>
 __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_forward_kernel(const Args<T> a) {
-    using S = Shape<T, D, F>;
+    using S = Shape<T, D, F>;  ///< the shape constants
     extern __shared__ __align__(128) unsigned char smem_raw[];
     uint16_t* q_tile = reinterpret_cast<uint16_t*>(smem_raw);  // [Br, d]                 swizzled
     uint16_t* kv_ring = q_tile + S::kQElems;                     // kStages x ([Bc, d] K, [Bc, d] V)

@@ -23,7 +23,7 @@ namespace fa::stage07 {
 template <int kCols, bool kSwizzle>
 struct TileLayout {
     static_assert(kCols == 32 || kCols % 64 == 0, "rows of 64 bytes or of whole 128-byte segments");
-    static constexpr int kRowBytes = 2 * kCols;
+    static constexpr int kRowBytes = 2 * kCols;  ///< bytes in one row of 16-bit elements
 
     /// Element offset of (row, col).
     FA_HD static int offset(int row, int col) {
@@ -50,12 +50,13 @@ struct TileLayout {
 //! [swizzle]
 
 //! [fragments]
-/// The element of a 16 x 16 A fragment (row-major) that register `reg` (0..3), half `half`
-/// (0 = low 16 bits, 1 = high) of lane `lane` holds, per the PTX ISA's m16n8k16 layout.
+/// A position in a fragment.
 struct Element {
     int row;  ///< row in the fragment
     int col;  ///< column in the fragment
 };
+/// The element of a 16 x 16 A fragment (row-major) that register `reg` (0..3), half `half`
+/// (0 = low 16 bits, 1 = high) of lane `lane` holds, per the PTX ISA's m16n8k16 layout.
 FA_HD inline Element a_fragment_element(int lane, int reg, int half) {
     const int g = lane / 4, t = lane % 4;
     return {g + 8 * (reg % 2), 2 * t + half + 8 * (reg / 2)};

@@ -30,7 +30,7 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 
 //! [mma]
 /// `D = A * B + C` on the tensor cores for one 16 x 8 x 16 tile, 16-bit inputs, float32
-/// accumulators: `mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32`.
+/// accumulators: `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` (or `.f16.f16` for fp16).
 ///
 /// Fragments, per lane (each `uint32_t` holds two 16-bit elements, the lower column first):
 ///
@@ -46,6 +46,7 @@ template <class T>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                              const float (&c)[4]);
 
+/// mma_m16n8k16() for bf16 operands.
 template <>
 __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                                             const float (&c)[4]) {
@@ -55,6 +56,7 @@ __device__ __forceinline__ void mma_m16n8k16<__nv_bfloat16>(float (&d)[4], const
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 }
 
+/// mma_m16n8k16() for fp16 operands.
 template <>
 __device__ __forceinline__ void mma_m16n8k16<__half>(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                                      const float (&c)[4]) {
@@ -122,12 +124,14 @@ __device__ __forceinline__ void cp_async_wait() {
 template <class T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 
+/// pack2() for bf16.
 template <>
 __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+/// pack2() for fp16.
 template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
