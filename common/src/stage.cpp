@@ -167,7 +167,9 @@ void print_worst(const Check& c, const Problem& p, const std::vector<float>& out
     const int64_t x = idx % d, n = (idx / d) % p.seq_q, h = (idx / d / p.seq_q) % p.heads, b = idx / d / p.seq_q / p.heads;
     // The LSE has no feature index: print ", x=..." for O only.
     const std::string x_part = is_o ? ", x=" + std::to_string(x) : "";
-    std::printf("    worst %s element at (b=%lld, h=%lld, n=%lld%s): got %.8g, off by %.3g\n", c.tensor,
+    // "vs stage 03 (online softmax)": which comparison, when several fail on the same element.
+    const std::string against = c.what.substr(std::min(c.what.find("vs "), c.what.size()));
+    std::printf("    worst %s element %s at (b=%lld, h=%lld, n=%lld%s): got %.8g, off by %.3g\n", c.tensor, against.c_str(),
                 (long long)b, (long long)h, (long long)n, x_part.c_str(), double(out[size_t(idx)]), c.metrics.max_abs);
 }
 
