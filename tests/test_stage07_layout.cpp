@@ -44,7 +44,7 @@ int ldmatrix_conflict_ways() {
             for (int r = r0; r < r0 + 8; ++r) ++count[bank_slot(TileLayout<kCols, kSwizzle>::offset(r, c))];
             for (int k : count) worst = std::max(worst, k);
         }
-    return worst * (kCols == 32 ? 1 : 1);
+    return worst;
 }
 
 // cp.async: each quarter warp (8 threads) writes 8 consecutive 16-byte chunks of the tile.
