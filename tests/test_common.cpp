@@ -160,6 +160,21 @@ TEST_CASE("inputs are seeded, never zeros, and large inputs are large") {
     CHECK(max_abs > 20.0f);
 }
 
+TEST_CASE("dO is seeded, shaped like o, never zeros, independent of the layout and of q, k, v") {
+    const Problem p = make_problem(2, 3, 19, 5, 7);
+    const HostTensor a = make_output_gradient(p, Layout::BHND, 9);
+    const HostTensor b = make_output_gradient(p, Layout::BNHD, 9);
+    const HostTensor c = make_output_gradient(p, Layout::BHND, 10);
+    CHECK(a.view.shape == std::array<int64_t, 4>{2, 3, 19, 7});
+    CHECK(a.logical() == b.logical());
+    CHECK(a.logical() != c.logical());
+    int zeros = 0;
+    for (float x : a.storage) zeros += x == 0.0f;
+    CHECK(zeros == 0);
+    // A stream of its own: not a copy of q (same shape) for this seed or the next ones.
+    for (uint64_t seed : {9u, 10u, 11u, 12u}) CHECK(make_inputs(p, Layout::BHND, InputKind::Normal, seed).q.logical() != a.logical());
+}
+
 TEST_CASE("inputs holding NaN or inf are refused with the count and the first index, in logical order") {
     const Problem p = make_problem(1, 2, 5, 5, 4);
     Inputs in = make_inputs(p, Layout::BNHD, InputKind::Normal, 3);
@@ -230,6 +245,8 @@ TEST_CASE("counts") {
     Problem c = p;
     c.causal = true;
     CHECK(attention_flops(c) == doctest::Approx(attention_flops(p) / 2));
+    CHECK(attention_flops_backward(p) == doctest::Approx(2.5 * attention_flops(p)));
+    CHECK(attention_flops_backward(c) == doctest::Approx(attention_flops_backward(p) / 2));
     CHECK(attention_flops_fwd_bwd(p) == doctest::Approx(3.5 * attention_flops(p)));
     CHECK(attention_min_bytes(p) == doctest::Approx(4.0 * (4.0 * 2 * 4 * 1024 * 64) + 4.0 * 2 * 4 * 1024));
     CHECK(score_matrix_bytes(p) == doctest::Approx(4.0 * 2 * 4 * 1024 * 1024));

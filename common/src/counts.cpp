@@ -9,6 +9,7 @@ double attention_flops(const Problem& p) {
     return (p.causal && p.seq_q == p.seq_k) ? full / 2.0 : full;
 }
 
+double attention_flops_backward(const Problem& p) { return 2.5 * attention_flops(p); }
 double attention_flops_fwd_bwd(const Problem& p) { return 3.5 * attention_flops(p); }
 
 double attention_min_bytes(const Problem& p, int bytes_per_element) {

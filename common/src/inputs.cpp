@@ -57,4 +57,13 @@ Inputs make_inputs(const Problem& p, Layout layout, InputKind kind, uint64_t see
     return in;
 }
 
+HostTensor make_output_gradient(const Problem& p, Layout layout, uint64_t seed) {
+    HostTensor dout(p.batch, p.heads, p.seq_q, p.head_dim, layout);
+    // A fourth stream next to q, k and v's (seed * 3 + 0, 1, 2): offset by an odd constant so it
+    // never coincides with any of theirs for another seed.
+    std::mt19937_64 gen(seed * 3 + 0x9e3779b97f4a7c15ull);
+    fill_normal(dout, gen, 1.0f);
+    return dout;
+}
+
 }  // namespace fa

@@ -15,6 +15,7 @@
 #include "fa/metrics.hpp"
 #include "fa/npy.hpp"
 #include "fa/reference.hpp"
+#include "fa/reference_backward.hpp"
 #include "fa/tolerance.hpp"
 
 namespace fa {
@@ -110,6 +111,13 @@ void check_host_memory(const Problem& p, const StageSpec& spec, size_t output_se
                             2.0 * 128.0 * double(p.seq_k);
     if (reference) need += 8.0 * per_head;
     if (emulation) need += 4.0 * per_head;
+    if (spec.run_backward) {
+        // dO, then dQ, dK, dV for this stage and each comparison; with the reference, its
+        // gradients in float64 and the naive backward's in float32 with one head's P and dS.
+        const double grads = double(p.q_elems()) + 2.0 * double(p.kv_elems());
+        need += 4.0 * double(p.q_elems()) + 4.0 * grads * double(2 + spec.backward_checked_against.size());
+        if (reference) need += 12.0 * grads + 8.0 * double(p.seq_q) * double(p.seq_k) + 8.0 * per_head;
+    }
     const int64_t available = available_memory_bytes();
     if (available > 0 && need > 0.9 * double(available)) {
         throw InputError("the problem " + p.describe() + " needs about " + format_bytes(need) + " of host memory but only " +
@@ -173,6 +181,224 @@ void print_worst(const Check& c, const Problem& p, const std::vector<float>& out
                 (long long)b, (long long)h, (long long)n, x_part.c_str(), double(out[size_t(idx)]), c.metrics.max_abs);
 }
 
+// ---------------------------------------------------------------- backward stages
+
+// The gradients a backward stage writes, in the chosen layout, filled with NaN.
+struct Gradients {
+    HostTensor dq, dk, dv;
+};
+
+Gradients make_gradients(const Problem& p, Layout layout) {
+    return {HostTensor(p.batch, p.heads, p.seq_q, p.head_dim, layout, kPoison),
+            HostTensor(p.batch, p.heads, p.seq_k, p.head_dim, layout, kPoison),
+            HostTensor(p.batch, p.heads, p.seq_k, p.head_dim, layout, kPoison)};
+}
+
+void run_backward_into(const BackwardFn& fn, const Problem& p, const Inputs& in, Outputs& fwd, const HostTensor& dout,
+                       Gradients& g) {
+    fn(p, in.q.cview(), in.k.cview(), in.v.cview(), fwd.o.cview(), fwd.lse_view(p), dout.cview(), g.dq.view, g.dk.view,
+       g.dv.view);
+}
+
+// dO: loaded from DIR/do.npy when --load gave a directory that has one, seeded random otherwise.
+HostTensor make_or_load_output_gradient(const CommonOptions& opt, const Problem& p, std::string& how) {
+    const std::string path = opt.load_dir + "/do.npy";
+    if (!opt.load_dir.empty() && std::ifstream(path).good()) {
+        std::vector<int64_t> shape;
+        HostTensor dout = load_input(opt.load_dir, "do", opt.layout, shape);
+        const std::vector<int64_t> want{p.batch, p.heads, p.seq_q, p.head_dim};
+        if (shape != want) throw InputError(path + " has shape " + shape_text(shape) + " but o is " + shape_text(want) + ": they must match");
+        how = "loaded from " + path;
+        return dout;
+    }
+    how = "standard normal random, seed " + std::to_string(opt.seed) +
+          (opt.load_dir.empty() ? "" : " (no do.npy in " + opt.load_dir + ")");
+    HostTensor dout = make_output_gradient(p, opt.layout, opt.seed);
+    require_finite(dout.cview(), "generated dO (seed " + std::to_string(opt.seed) + ")");
+    return dout;
+}
+
+double max_abs_of(const std::vector<double>& x) {
+    double m = 0;
+    for (double v : x) m = std::max(m, std::abs(v));
+    return m;
+}
+
+double max_abs_of(const std::vector<float>& x) {
+    double m = 0;
+    for (float v : x)
+        if (std::isfinite(v)) m = std::max(m, double(std::abs(v)));
+    return m;
+}
+
+// Says where the worst element of a failed gradient check sits.
+void print_worst_gradient(const Check& c, const Problem& p, const std::vector<float>& out) {
+    if (c.metrics.worst_index < 0) return;
+    const int64_t idx = c.metrics.worst_index, d = p.head_dim;
+    const int64_t rows = std::string(c.tensor) == "dQ" ? p.seq_q : p.seq_k;
+    const int64_t x = idx % d, n = (idx / d) % rows, h = (idx / d / rows) % p.heads, b = idx / d / rows / p.heads;
+    const std::string against = c.what.substr(std::min(c.what.find("vs "), c.what.size()));
+    std::printf("    worst %s element %s at (b=%lld, h=%lld, n=%lld, x=%lld): got %.8g, off by %.3g\n", c.tensor, against.c_str(),
+                (long long)b, (long long)h, (long long)n, (long long)x, double(out[size_t(idx)]), c.metrics.max_abs);
+}
+
+// The report of a backward stage: the forward gives O and LSE, the backward is run, timed and
+// its gradients checked. Called by run_stage() once the problem and the inputs are settled.
+int run_backward_stage(const StageSpec& spec, const CommonOptions& opt, const Problem& p, const Inputs& in,
+                       Precision precision, bool run_reference) {
+    std::string dout_how;
+    const HostTensor dout = make_or_load_output_gradient(opt, p, dout_how);
+    std::printf("gradient   dO %s\n", dout_how.c_str());
+    if (spec.describe_config) std::printf("config     %s\n", spec.describe_config(p).c_str());
+
+    Outputs fwd = make_outputs(p, opt.layout);
+    const auto f0 = std::chrono::steady_clock::now();
+    run_into(spec.run, p, in, fwd);
+    const double fwd_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - f0).count();
+    std::printf("forward    O and LSE from %s (%.3f ms): the backward reads them, with dO\n", spec.forward_name.c_str(), fwd_ms);
+
+    const double flops = attention_flops_backward(p);
+    std::printf("work       %s (2.5 x the forward's 4*B*H*Nq*Nk*d%s: five products to its two), at least %s moved\n"
+                "           (q, k, v, o, dO read once, lse read; dQ, dK, dV written once)\n",
+                format_flops(flops).c_str(), p.causal && p.seq_q == p.seq_k ? ", / 2 for causal" : "",
+                format_bytes(4.0 * (3.0 * double(p.q_elems()) + 4.0 * double(p.kv_elems()) + double(p.lse_elems()))).c_str());
+    const double extra = spec.intermediate_bytes ? spec.intermediate_bytes(p) : 0.0;
+    std::printf("memory     %s of intermediates%s%s; the naive backward holds P and dS, Nq x Nk per head: %s\n",
+                format_bytes(extra).c_str(), spec.intermediate_what.empty() ? "" : ": ", spec.intermediate_what.c_str(),
+                format_bytes(2.0 * score_matrix_bytes(p)).c_str());
+
+    // The backward alone, so its peak memory is its own.
+    Gradients g = make_gradients(p, opt.layout);
+    const int64_t rss_before = current_rss_bytes();
+    const bool peak_reset = reset_peak_rss();
+    const auto t0 = std::chrono::steady_clock::now();
+    run_backward_into(spec.run_backward, p, in, fwd, dout, g);
+    const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const int64_t peak = peak_rss_bytes();
+    std::printf("run        %.3f ms (backward, first run, wall clock, %.2f GFLOP/s)\n", first_ms, flops / first_ms * 1e-6);
+    std::printf("peak RSS   %s during the backward (%s above the %s held before it%s)\n", format_bytes(double(peak)).c_str(),
+                format_bytes(double(std::max<int64_t>(0, peak - rss_before))).c_str(), format_bytes(double(rss_before)).c_str(),
+                peak_reset ? "" : "; peak not resettable, covers the whole process");
+
+    std::optional<TimingStats> stats;
+    if (opt.bench) {
+        if (spec.bench_backward) {
+            stats = spec.bench_backward(p, in, fwd.o.cview(), fwd.lse_view(p), dout.cview(), opt);
+        } else {
+            Gradients scratch = make_gradients(p, opt.layout);
+            stats = time_host([&] { run_backward_into(spec.run_backward, p, in, fwd, dout, scratch); }, opt.warmup, opt.repeat);
+        }
+        const double rate = flops / (stats->median_ms * 1e-3);
+        std::printf("bench      backward median %.4f ms over %d runs after %d warm-up (min %.4f, max %.4f): %.2f %s\n",
+                    stats->median_ms, opt.repeat, opt.warmup, stats->min_ms, stats->max_ms,
+                    rate >= 1e12 ? rate * 1e-12 : rate * 1e-9, rate >= 1e12 ? "TFLOP/s" : "GFLOP/s");
+        if (spec.after_bench) spec.after_bench(p, *stats);
+    }
+
+    const char* names[3] = {"dQ", "dK", "dV"};
+    const std::vector<float> got[3] = {g.dq.logical(), g.dk.logical(), g.dv.logical()};
+    const InputStats in_stats = input_stats(p, in.q.cview(), in.k.cview(), in.v.cview());
+    std::vector<std::string> notes;
+    std::vector<Check> checks;
+    GradientTolerances tol;
+    const Tolerance* limits[3] = {&tol.dq, &tol.dk, &tol.dv};
+    std::optional<ReferenceGradients> ref;
+    if (run_reference) {
+        ref = reference_backward(p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
+        const std::vector<double>* r[3] = {&ref->dq, &ref->dk, &ref->dv};
+        // The baseline: the naive backward in this stage's precision, against the same reference.
+        const EmulatedGradients naive = naive_backward_emulated(precision, p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
+        const Metrics naive_m[3] = {compare(naive.dq, ref->dq), compare(naive.dk, ref->dk), compare(naive.dv, ref->dv)};
+        const double ref_max[3] = {max_abs_of(ref->dq), max_abs_of(ref->dk), max_abs_of(ref->dv)};
+        tol = gradient_tolerance(in_stats, precision, p, naive_m, ref_max);
+        for (const BackwardComparison& c : spec.backward_checked_against) {
+            if (c.applies && !c.applies(p)) continue;
+            Gradients other = make_gradients(p, opt.layout);
+            run_backward_into(c.run, p, in, fwd, dout, other);
+            const std::vector<float> o[3] = {other.dq.logical(), other.dk.logical(), other.dv.logical()};
+            for (int i = 0; i < 3; ++i) {
+                Check ck{std::string(names[i]) + "  vs " + c.name, compare(got[i], o[i]), *limits[i], false, names[i]};
+                ck.ok = passes(ck.metrics, ck.tol);
+                checks.push_back(ck);
+            }
+        }
+        for (int i = 0; i < 3; ++i) {
+            Check ck{std::string(names[i]) + "  vs float64 reference", compare(got[i], *r[i]), *limits[i], false, names[i]};
+            ck.ok = passes(ck.metrics, ck.tol);
+            checks.push_back(ck);
+        }
+    } else {
+        notes.push_back(opt.reference == ReferenceMode::Never
+                            ? "float64 reference skipped (--reference never)"
+                            : "float64 reference skipped: it would cost " + format_flops(reference_backward_flops(p)) +
+                                  " (budget 2e10; --reference always forces it)");
+        for (const BackwardComparison& c : spec.backward_checked_against) {
+            if (c.applies && !c.applies(p)) continue;
+            Gradients other = make_gradients(p, opt.layout);
+            run_backward_into(c.run, p, in, fwd, dout, other);
+            const std::vector<float> o[3] = {other.dq.logical(), other.dk.logical(), other.dv.logical()};
+            const double other_max[3] = {max_abs_of(o[0]), max_abs_of(o[1]), max_abs_of(o[2])};
+            tol = gradient_tolerance_a_priori(in_stats, precision, p, other_max);
+            for (int i = 0; i < 3; ++i) {
+                Check ck{std::string(names[i]) + "  vs " + c.name, compare(got[i], o[i]), *limits[i], false, names[i]};
+                ck.ok = passes(ck.metrics, ck.tol);
+                checks.push_back(ck);
+            }
+        }
+    }
+
+    std::printf("check      %-38s %9s %9s %9s %10s %9s %6s\n", "", "max_abs", "mean_abs", "max_rel", "cosine", "rel_l2", "nonfin");
+    bool all_ok = true;
+    for (const Check& c : checks) {
+        print_check(c);
+        all_ok = all_ok && c.ok;
+    }
+    for (const std::string& n : notes) std::printf("  note: %s\n", n.c_str());
+    if (!checks.empty()) {
+        std::printf("tolerance  dQ: max_abs <= %.1e, rel_l2 <= %.1e; dK: %.1e, %.1e; dV: %.1e, %.1e\n", tol.dq.max_abs,
+                    tol.dq.rel_l2, tol.dk.max_abs, tol.dk.rel_l2, tol.dv.max_abs, tol.dv.rel_l2);
+        std::string rule = tol.rule;
+        for (size_t at = rule.find('\n'); at != std::string::npos; at = rule.find('\n', at + 1)) rule.insert(at + 1, 11, ' ');
+        std::printf("           %s\n", rule.c_str());
+    }
+
+    if (!opt.save_dir.empty()) {
+        save_outputs(opt.save_dir, p, in, fwd);
+        const std::vector<int64_t> qshape{p.batch, p.heads, p.seq_q, p.head_dim};
+        const std::vector<int64_t> kshape{p.batch, p.heads, p.seq_k, p.head_dim};
+        write_npy(opt.save_dir + "/do.npy", qshape, dout.logical());
+        write_npy(opt.save_dir + "/dq.npy", qshape, got[0]);
+        write_npy(opt.save_dir + "/dk.npy", kshape, got[1]);
+        write_npy(opt.save_dir + "/dv.npy", kshape, got[2]);
+        std::printf("saved      q.npy k.npy v.npy o.npy lse.npy do.npy dq.npy dk.npy dv.npy to %s\n", opt.save_dir.c_str());
+    }
+    if (!opt.json_path.empty()) {
+        std::ofstream json(opt.json_path, std::ios::app);
+        if (!json) throw InputError("--json: cannot open " + opt.json_path + " for appending");
+        const double ms = stats ? stats->median_ms : first_ms;
+        json << "{\"stage\":\"" << spec.number << "\",\"title\":\"" << spec.title << "\",\"pass_direction\":\"backward\",\"B\":"
+             << p.batch << ",\"H\":" << p.heads << ",\"Nq\":" << p.seq_q << ",\"Nk\":" << p.seq_k << ",\"d\":" << p.head_dim
+             << ",\"causal\":" << (p.causal ? "true" : "false") << ",\"layout\":\"" << to_string(opt.layout)
+             << "\",\"first_ms\":" << first_ms << ",\"median_ms\":" << ms << ",\"gflops\":" << flops / ms * 1e-6
+             << ",\"peak_rss_bytes\":" << peak << ",\"rss_before_bytes\":" << rss_before << ",\"intermediate_bytes\":" << extra
+             << ",\"naive_bytes\":" << 2.0 * score_matrix_bytes(p) << ",\"pass\":" << (all_ok ? "true" : "false")
+             << ",\"machine\":\"" << cpu_name() << "\",\"date\":\"" << today() << "\"}\n";
+    }
+
+    if (checks.empty()) {
+        std::printf("verdict    NOT CHECKED: no comparison could be made (see the notes)\n");
+        return kExitPass;
+    }
+    if (all_ok) {
+        std::printf("verdict    PASS: %zu comparisons within tolerance\n", checks.size());
+        return kExitPass;
+    }
+    for (const Check& c : checks)
+        if (!c.ok) print_worst_gradient(c, p, got[c.tensor[1] == 'Q' ? 0 : c.tensor[1] == 'K' ? 1 : 2]);
+    std::printf("verdict    MISMATCH: see the rows marked FAIL\n");
+    return kExitMismatch;
+}
+
 }  // namespace
 
 int run_stage(int argc, char** argv, const StageSpec& spec) {
@@ -201,8 +427,9 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
         if (spec.check_supported) spec.check_supported(p);
         if (spec.validate_options) spec.validate_options(opt);
         const Precision precision = spec.precision ? spec.precision() : Precision::Float32;
+        const double reference_cost = spec.run_backward ? reference_backward_flops(p) : reference_flops(p);
         const bool run_reference = opt.reference == ReferenceMode::Always ||
-                                   (opt.reference == ReferenceMode::Auto && reference_flops(p) <= kReferenceFlopBudget);
+                                   (opt.reference == ReferenceMode::Auto && reference_cost <= kReferenceFlopBudget);
         check_host_memory(p, spec, 2 + spec.checked_against.size(), run_reference, run_reference && precision != Precision::Float32);
         if (opt.load_dir.empty()) {
             in = make_inputs(p, opt.layout, opt.inputs, opt.seed);
@@ -216,6 +443,7 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
         std::printf("inputs     %s\n", opt.load_dir.empty()
                                            ? (to_string(opt.inputs) + " random, seed " + std::to_string(opt.seed)).c_str()
                                            : ("loaded from " + opt.load_dir).c_str());
+        if (spec.run_backward) return run_backward_stage(spec, opt, p, in, precision, run_reference);
         if (spec.describe_config) std::printf("config     %s\n", spec.describe_config(p).c_str());
         const double flops = attention_flops(p);
         std::printf("work       %s (4*B*H*Nq*Nk*d%s), at least %s moved (q, k, v read once; o, lse written once)\n",

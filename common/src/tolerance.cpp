@@ -90,4 +90,46 @@ Tolerances low_precision_tolerance(const InputStats& s, Precision precision, con
     return t;
 }
 
+GradientTolerances gradient_tolerance(const InputStats& s, Precision precision, const Problem& p,
+                                      const Metrics (&naive)[3], const double (&reference_max_abs)[3]) {
+    const std::string name = to_string(precision);
+    for (const Metrics& m : naive) {
+        if (m.nonfinite > 0) {
+            GradientTolerances t = gradient_tolerance_a_priori(s, precision, p, reference_max_abs);
+            t.rule.insert(0, "the naive " + name + " backward is not finite on these inputs, so it cannot set limits; ");
+            return t;
+        }
+    }
+    const double u_p = precision == Precision::Float32 ? 0.0 : unit_roundoff(precision);
+    const double F = rounding_tolerance(s, Precision::Float32).error_unit + u_p;
+    Tolerance* limits[3];
+    GradientTolerances t;
+    limits[0] = &t.dq, limits[1] = &t.dk, limits[2] = &t.dv;
+    for (int g = 0; g < 3; ++g) *limits[g] = Tolerance{2.0 * naive[g].max_abs + F * reference_max_abs[g], 2.0 * naive[g].rel_l2 + F};
+    std::ostringstream rule;
+    rule << "gradient rule: 2 x the error of the naive " << name << " backward (stores P) vs float64 + F max|g|, F = float32 E";
+    if (precision != Precision::Float32) rule << " + u_" << name;
+    rule << " = " << num(F) << "\nnaive " << name << " backward: dQ max_abs " << num(naive[0].max_abs) << ", rel_l2 "
+         << num(naive[0].rel_l2) << "; dK " << num(naive[1].max_abs) << ", " << num(naive[1].rel_l2) << "; dV "
+         << num(naive[2].max_abs) << ", " << num(naive[2].rel_l2);
+    t.rule = rule.str();
+    return t;
+}
+
+GradientTolerances gradient_tolerance_a_priori(const InputStats& s, Precision precision, const Problem& p,
+                                               const double (&other_max_abs)[3]) {
+    const double E = rounding_tolerance(s, precision).error_unit;
+    const double grow = 4.0 * std::sqrt(double(std::max(p.seq_q, p.seq_k)));
+    GradientTolerances t;
+    t.dq = Tolerance{grow * E * other_max_abs[0], grow * E};
+    t.dk = Tolerance{grow * E * other_max_abs[1], grow * E};
+    t.dv = Tolerance{grow * E * other_max_abs[2], grow * E};
+    std::ostringstream rule;
+    rule << "a priori gradient rule (no float64 reference, so no naive baseline): 4 sqrt(N) E max|g| with E = " << num(E)
+         << " (the forward's " << to_string(precision) << " rule), N = " << std::max(p.seq_q, p.seq_k)
+         << "\nloose: it catches gross errors only (--reference always gives the tight limits)";
+    t.rule = rule.str();
+    return t;
+}
+
 }  // namespace fa

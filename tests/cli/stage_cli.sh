@@ -76,7 +76,8 @@ case "$(basename "$exe")" in
 esac
 # The limits come from the data: the float32 rule names its score bound; a 16-bit stage's rule names
 # the error of naive attention in its precision.
-expect 0 "S = [0-9.e+]+ \(bound on \|score\|\)|naive (bf16|fp16): O max_abs" --load "$work/large" --layout bnhd
+expect 0 "S = [0-9.e+]+ \(bound on \|score\|\)|naive (bf16|fp16): O max_abs|naive [a-z0-9]+ backward: dQ max_abs" \
+    --load "$work/large" --layout bnhd
 
 # NaN or inf in the inputs: exit 2 before any stage runs, naming the file, the count and the
 # first index; --save writes nothing.
@@ -88,6 +89,27 @@ expect 2 "q\.npy: 3 of 2112 values are NaN or inf \(first at flat index 17, \(b=
 expect 2 "v\.npy: 1 of 3008 values are NaN or inf \(first at flat index 1600, \(b=0, h=1, n=3, x=0\)\)" \
     --load "$work/inf" --save "$work/out"
 [[ -z "$(ls -A "$work/out")" ]] || { echo "FAIL: --save wrote files for refused inputs"; failures=$((failures + 1)); }
+
+# Backward stages: --save adds dO and the gradients; --load reads do.npy back (the same gradients),
+# and a do.npy of the wrong shape, or holding NaN, is refused.
+if "$exe" --help 2>&1 | grep -q "backward"; then
+    for f in do dq dk dv; do
+        [[ -s "$work/a/$f.npy" ]] || { echo "FAIL: --save did not write $f.npy"; failures=$((failures + 1)); }
+    done
+    for f in dq dk dv; do
+        cmp -s "$work/a/$f.npy" "$work/b/$f.npy" || { echo "FAIL: $f.npy differs after --load"; failures=$((failures + 1)); }
+    done
+    expect 0 "dO loaded from .*do\.npy" --load "$work/a" --causal
+    mkdir -p "$work/bad_do"
+    cp "$work/a/q.npy" "$work/a/k.npy" "$work/a/v.npy" "$work/bad_do/"
+    cp "$work/a/k.npy" "$work/bad_do/do.npy"  # Nk rows, not Nq
+    expect 2 "do\.npy has shape .* they must match" --load "$work/bad_do"
+    mkdir -p "$work/nan_do"
+    "$make_inputs" "$work/nan_do" --shape 1,2,33,47,32 --seed 5 --poison q:5 --value nan
+    cp "$work/nan_do/q.npy" "$work/bad_do/do.npy"
+    cp "$work/a/q.npy" "$work/a/k.npy" "$work/a/v.npy" "$work/bad_do/"
+    expect 2 "do\.npy: 1 of 2112 values are NaN or inf" --load "$work/bad_do"
+fi
 
 if [[ $failures -ne 0 ]]; then
     echo "$failures command-line check(s) failed"

@@ -14,6 +14,10 @@ namespace fa {
 /// halved for causal attention when Nq == Nk. The softmax's exponentials are not counted.
 double attention_flops(const Problem& problem);
 
+/// The backward pass alone: 2.5 times the forward count (five matrix products of
+/// `2 * Nq * Nk * d` per head to the forward's two; recomputing S is one of the five).
+double attention_flops_backward(const Problem& problem);
+
 /// Forward plus backward: 3.5 times the forward count (two products forward, five backward).
 double attention_flops_fwd_bwd(const Problem& problem);
 

@@ -42,4 +42,9 @@ void require_finite(View4<const float> t, const std::string& name);
 /// gives the same logical tensors in both layouts, so results can be compared across layouts.
 Inputs make_inputs(const Problem& problem, Layout layout, InputKind kind, uint64_t seed);
 
+/// The upstream gradient dO of a backward stage, shaped like o (B, H, Nq, d): standard normal
+/// entries from a generator derived from `seed` but distinct from those of q, k and v. Like
+/// make_inputs(), the values do not depend on the layout.
+HostTensor make_output_gradient(const Problem& problem, Layout layout, uint64_t seed);
+
 }  // namespace fa

@@ -4,7 +4,8 @@
 /// A stage's main.cpp describes itself in a StageSpec and hands it to run_stage(). The driver
 /// parses the shared command line, makes or loads the inputs, runs the stage, runs the stage(s)
 /// it is checked against and the float64 reference where affordable, prints the report and
-/// returns the exit code: 0 pass, 1 mismatch, 2 bad input, 77 no GPU.
+/// returns the exit code: 0 pass, 1 mismatch, 2 bad input, 77 no GPU. A backward stage (one that
+/// sets StageSpec::run_backward) gets the same, for its gradients dQ, dK and dV.
 #pragma once
 
 #include <functional>
@@ -26,6 +27,19 @@ namespace fa {
 using AttentionFn = std::function<void(const Problem&, View4<const float> q, View4<const float> k,
                                        View4<const float> v, View4<float> o, View3<float> lse)>;
 
+/// The entry point every backward stage offers on the host: read q, k, v, the forward's o and
+/// lse, and the upstream gradient dO; write dq, dk and dv.
+using BackwardFn = std::function<void(const Problem&, View4<const float> q, View4<const float> k, View4<const float> v,
+                                      View4<const float> o, View3<const float> lse, View4<const float> dout,
+                                      View4<float> dq, View4<float> dk, View4<float> dv)>;
+
+/// Another backward implementation a backward stage is checked against.
+struct BackwardComparison {
+    std::string name;                             ///< e.g. "stage 08 (backward on the CPU)"
+    BackwardFn run;                               ///< its entry point
+    std::function<bool(const Problem&)> applies;  ///< empty: always
+};
+
 /// Another implementation a stage is checked against. Where it returns NaN or inf and the
 /// float64 reference (or, when the reference does not run, this stage) is finite, it overflowed
 /// on these inputs (stage 01's naive softmax on large scores): the report says so and leaves it
@@ -41,11 +55,19 @@ struct StageSpec {
     std::string number;       ///< "04"
     std::string title;        ///< "CPU tiling"
     std::string description;  ///< one paragraph for --help
-    AttentionFn run;          ///< this stage's entry point
+    /// This stage's entry point; for a backward stage, the forward that produces the O and LSE
+    /// its backward reads (an earlier stage's, named in `forward_name`).
+    AttentionFn run;
+    /// Set for a backward stage: its gradients are what is run, timed and checked (against
+    /// `backward_checked_against` and the float64 reference_backward()), by gradient_tolerance().
+    BackwardFn run_backward;
+    std::string forward_name;  ///< backward stages: whose forward `run` is, e.g. "stage 04 (CPU tiling)"
+    std::vector<BackwardComparison> backward_checked_against;  ///< backward stages: earlier backward stage(s)
     std::vector<Comparison> checked_against;  ///< previous stage(s)
     /// Throws InputError if this stage cannot solve `problem` (unsupported head_dim, ...).
     std::function<void(const Problem&)> check_supported;
-    /// Extra memory this stage allocates beyond q, k, v, o and lse, in bytes.
+    /// Extra memory this stage allocates beyond its inputs and outputs (q, k, v, o, lse; and dO,
+    /// dQ, dK, dV for a backward stage), in bytes.
     std::function<double(const Problem&)> intermediate_bytes;
     std::string intermediate_what;  ///< what that memory holds, e.g. "S and P, N x N per head"
     /// The stage's own settings for `problem` in one line (block sizes, tile counts, ...),
@@ -69,6 +91,11 @@ struct StageSpec {
     std::function<void(const CommonOptions&)> validate_options;
     /// Custom timing (GPU stages time with CUDA events); empty means host wall clock.
     std::function<TimingStats(const Problem&, const Inputs&, const CommonOptions&)> bench;
+    /// Backward stages: custom timing of the backward alone, given the forward's o and lse and
+    /// dO (GPU stages time with CUDA events); empty means host wall clock.
+    std::function<TimingStats(const Problem&, const Inputs&, View4<const float> o, View3<const float> lse,
+                              View4<const float> dout, const CommonOptions&)>
+        bench_backward;
     /// Extra lines printed after the benchmark (e.g. a GEMM ceiling to compare with).
     std::function<void(const Problem&, const TimingStats&)> after_bench;
 };

@@ -85,4 +85,33 @@ Tolerances rounding_tolerance(const InputStats& stats, Precision precision = Pre
 Tolerances low_precision_tolerance(const InputStats& stats, Precision precision, const Metrics& naive_o,
                                    const Metrics& naive_lse);
 
+/// The limits the three gradients of a backward stage are judged by, and the rule in words.
+struct GradientTolerances {
+    Tolerance dq;      ///< for dQ
+    Tolerance dk;      ///< for dK
+    Tolerance dv;      ///< for dV
+    std::string rule;  ///< for the report (lines separated by '\n')
+};
+
+/// The backward's rule, the forward's low-precision rule carried over to gradients: each
+/// gradient may err against float64 by at most twice the error of the naive backward computed
+/// in the stage's precision (naive_backward_emulated(), which stores P; its metrics against the
+/// float64 reference are `naive`, in the order dQ, dK, dV), plus a floor \f$F \cdot
+/// \max|g_	ext{ref}|\f$ for max_abs and \f$F\f$ for rel_l2, where \f$F\f$ is the float32
+/// forward's \f$E\f$ (rounding_tolerance()) plus, for bf16 and fp16, one rounding \f$u_P\f$ of
+/// the gradient. A measured baseline rather than an a priori bound, because a gradient is a sum
+/// of terms of both signs (\f$dS = P \circ (dP - D)\f$ cancels by construction): its rounding
+/// error is relative to the terms, not to the result, and the naive backward suffers exactly the
+/// same cancellation. `reference_max_abs` holds \f$\max|g_	ext{ref}|\f$ of dQ, dK, dV.
+GradientTolerances gradient_tolerance(const InputStats& stats, Precision precision, const Problem& problem,
+                                      const Metrics (&naive)[3], const double (&reference_max_abs)[3]);
+
+/// The fallback when the float64 reference (and so the naive baseline) does not run: the
+/// forward's a priori \f$E\f$ for `precision`, grown by \f$4\sqrt{N}\f$ (N the larger of Nq and
+/// Nk) for the cancellation in the sums over keys and queries: max_abs \f$\le 4 E \sqrt{N}
+/// \max|g|\f$, rel_l2 \f$\le 4 E \sqrt{N}\f$, with \f$\max|g|\f$ of the implementation compared
+/// with (`other_max_abs`). Loose: it catches gross errors only, and the report says so.
+GradientTolerances gradient_tolerance_a_priori(const InputStats& stats, Precision precision, const Problem& problem,
+                                               const double (&other_max_abs)[3]);
+
 }  // namespace fa

@@ -1,0 +1,64 @@
+/// \file reference_backward.hpp
+/// \brief The gradients of attention: the float64 golden reference, and the naive backward
+/// (the one that stores P) in float32, bf16 or fp16, whose error sets the backward's tolerances.
+///
+/// With \f$S = \text{scale}\, Q K^\top\f$ (masked entries \f$-\infty\f$), \f$P = \text{softmax}(S)\f$
+/// row by row, \f$O = P V\f$ and the upstream gradient \f$dO = \partial L / \partial O\f$:
+///
+/// \f[ dV = P^\top dO,\quad dP = dO\, V^\top,\quad D_i = \textstyle\sum_x dO_{ix} O_{ix},\quad
+///     dS = P \circ (dP - D \mathbf{1}^\top),\quad dQ = \text{scale}\; dS\, K,\quad
+///     dK = \text{scale}\; dS^\top Q . \f]
+///
+/// Rows that see no key (causal with Nq > Nk) have \f$P = 0\f$: they contribute nothing and get
+/// \f$dQ = 0\f$. The LSE is an output the backward reads, not one it differentiates: only \f$dO\f$
+/// flows back.
+#pragma once
+
+#include <vector>
+
+#include "fa/precision.hpp"
+#include "fa/problem.hpp"
+#include "fa/tensor.hpp"
+
+namespace fa {
+
+/// Gradients from the float64 reference, in logical (b, h, n, x) order.
+struct ReferenceGradients {
+    std::vector<double> dq;  ///< (B, H, Nq, d)
+    std::vector<double> dk;  ///< (B, H, Nk, d)
+    std::vector<double> dv;  ///< (B, H, Nk, d)
+};
+
+/// The backward pass in float64 with Eigen, from q, k, v and dO alone: it recomputes S, P and O
+/// in float64 (it does not trust any stage's O or LSE), a block of 128 query rows at a time, so
+/// its memory stays O(rows x Nk) per head plus one head's dK and dV.
+ReferenceGradients reference_backward(const Problem& problem, View4<const float> q, View4<const float> k,
+                                      View4<const float> v, View4<const float> dout);
+
+/// Gradients of naive_backward_emulated(), in logical order; every value representable in the
+/// emulated precision.
+struct EmulatedGradients {
+    std::vector<float> dq;  ///< (B, H, Nq, d)
+    std::vector<float> dk;  ///< (B, H, Nk, d)
+    std::vector<float> dv;  ///< (B, H, Nk, d)
+};
+
+/// The backward pass as a straightforward implementation in `precision` computes it, storing the
+/// Nq x Nk matrices P and dS of one head: q, k, v and dO rounded to the precision; S, the softmax
+/// and O as in naive_attention_emulated() (O rounded to the precision); every product accumulated
+/// in float32 with its 16-bit operands rounded (P and dS are rounded before they enter
+/// \f$P^\top dO\f$, \f$dS\,K\f$ and \f$dS^\top Q\f$); D and dS in float32; dQ, dK, dV rounded to the
+/// precision. For Float32 nothing is rounded: it is the textbook float32 backward. Its error
+/// against reference_backward() is what a stage's gradients are allowed twice of
+/// (gradient_tolerance()). Costs O(B H Nq Nk d) and Nq x Nk floats per head: the driver runs it
+/// only when the float64 reference runs.
+EmulatedGradients naive_backward_emulated(Precision precision, const Problem& problem, View4<const float> q,
+                                          View4<const float> k, View4<const float> v, View4<const float> dout);
+
+/// Floating-point operations reference_backward() is charged for: the forward's two products
+/// again and the five of a FlashAttention backward, \f$14\,B H N_q N_k d\f$, with no causal
+/// halving (the reference computes every score). The executables skip it above their reference
+/// budget.
+double reference_backward_flops(const Problem& problem);
+
+}  // namespace fa
