@@ -5,28 +5,20 @@
 
 #include <Eigen/Dense>
 
+#include "rows.hpp"
+
 namespace fa {
 
 namespace {
 
-using MatrixXdR = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MatrixXfR = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using detail::load_rows;
+using detail::MatrixXdR;
+using detail::MatrixXfR;
 
-// Copies rows [row0, row0 + rows) of head (b, h) into a double matrix [rows, d].
-MatrixXdR load_rows(View4<const float> t, int64_t b, int64_t h, int64_t row0, int64_t rows) {
-    MatrixXdR m(rows, t.shape[3]);
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t x = 0; x < t.shape[3]; ++x) m(r, x) = t(b, h, row0 + r, x);
-    return m;
-}
-
-// Copies all N rows of head (b, h) into a float matrix [N, d], each value rounded to `precision`:
-// the operand a stage computing in that precision actually multiplies.
+// Copies all N rows of head (b, h), each value rounded to `precision`: the operand a stage
+// computing in that precision actually multiplies.
 MatrixXfR load_head_rounded(View4<const float> t, int64_t b, int64_t h, Precision precision) {
-    MatrixXfR m(t.shape[2], t.shape[3]);
-    for (int64_t r = 0; r < t.shape[2]; ++r)
-        for (int64_t x = 0; x < t.shape[3]; ++x) m(r, x) = round_to(precision, t(b, h, r, x));
-    return m;
+    return detail::load_rounded(t, b, h, 0, t.shape[2], precision);
 }
 
 // Writes the [rows, d] matrix `m` as rows [row0, row0 + rows) of head (b, h) of a logical-order

@@ -6,6 +6,7 @@
 
 #include <Eigen/Dense>
 
+#include "../04_cpu_tiling/attention.hpp"
 #include "fa/eigen.hpp"
 #include "fa/error.hpp"
 
@@ -83,15 +84,11 @@ void recompute_probabilities(const Problem& p, View3<const float> lse, int64_t b
 }  // namespace
 
 void check_tiling(const Tiling& t) {
-    auto check = [](const char* option, const char* name, int64_t value) {
-        if (value < 1 || value > kMaxBlock) {
-            std::ostringstream msg;
-            msg << option << " (" << name << ") is " << value << ": it must be in [1, " << kMaxBlock << "]";
-            throw InputError(msg.str());
-        }
-    };
-    check("--block-m", "Br, query rows per block", t.Br);
-    check("--block-n", "Bc, key rows per block", t.Bc);
+    // The same limits, and the same messages, as stage 04's blocks.
+    stage04::Tiling same;
+    same.Br = t.Br;
+    same.Bc = t.Bc;
+    stage04::check_tiling(same);
 }
 
 std::string describe(const Tiling& t, const Problem& p) {

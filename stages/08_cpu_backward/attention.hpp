@@ -38,7 +38,7 @@
 
 namespace fa::stage08 {
 
-/// Largest block size accepted for Br or Bc.
+/// Largest block size accepted for Br or Bc (stage 04's).
 inline constexpr int64_t kMaxBlock = 4096;
 
 /// Block sizes of the tiled backward.
