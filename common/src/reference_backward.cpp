@@ -96,6 +96,7 @@ EmulatedGradients naive_backward_emulated(Precision precision, const Problem& p,
     EmulatedGradients g{std::vector<float>(static_cast<size_t>(p.q_elems())),
                         std::vector<float>(static_cast<size_t>(p.kv_elems())),
                         std::vector<float>(static_cast<size_t>(p.kv_elems()))};
+    double terms_sq[2] = {0.0, 0.0};  // squared norms of T_Q and T_K over the heads
     for (int64_t b = 0; b < p.batch; ++b) {
         for (int64_t h = 0; h < p.heads; ++h) {
             // The operands as they sit in memory in `precision`.
@@ -133,6 +134,17 @@ EmulatedGradients naive_backward_emulated(Precision precision, const Problem& p,
             MatrixXfR dV = P_low.transpose() * dO;  // [Nk, d]
             const Eigen::VectorXf D = (dO.array() * O.array()).rowwise().sum();  // [Nq], float32
             MatrixXfR dS = dO * V.transpose();  // [Nq, Nk]: dP, then dS in place
+            {
+                // The magnitudes behind dP - D (see EmulatedGradients::terms_max_abs), in float32:
+                // sums of non-negative terms need no care.
+                const MatrixXfR A = (P.array() * (dS.array().abs().colwise() + D.array().abs())).matrix();  // [Nq, Nk]
+                const MatrixXfR TQ = scale * (A * K.cwiseAbs());                                         // [Nq, d]
+                const MatrixXfR TK = scale * (A.transpose() * Q.cwiseAbs());                             // [Nk, d]
+                g.terms_max_abs[0] = std::max(g.terms_max_abs[0], double(TQ.maxCoeff()));
+                g.terms_max_abs[1] = std::max(g.terms_max_abs[1], double(TK.maxCoeff()));
+                terms_sq[0] += TQ.cast<double>().squaredNorm();
+                terms_sq[1] += TK.cast<double>().squaredNorm();
+            }
             // dS = P (dP - D) with the float32 P: masked entries and empty rows have P = 0 and
             // come out exactly 0 (dP - D is finite), never NaN.
             dS = (P.array() * (dS.colwise() - D).array()).matrix();
@@ -149,6 +161,8 @@ EmulatedGradients naive_backward_emulated(Precision precision, const Problem& p,
             store_rows(g.dv, dV, p.heads, p.seq_k, b, h, 0);
         }
     }
+    g.terms_l2[0] = std::sqrt(terms_sq[0]);
+    g.terms_l2[1] = std::sqrt(terms_sq[1]);
     return g;
 }
 

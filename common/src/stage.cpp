@@ -160,10 +160,16 @@ struct Check {
     const char* tensor;  // "O" or "LSE"
 };
 
-void print_check(const Check& c) {
-    std::printf("  %-38s %9.2e %9.2e %9.2e %10.7f %9.2e %6lld  %s\n", c.what.c_str(), c.metrics.max_abs,
-                c.metrics.mean_abs, c.metrics.max_rel, c.metrics.cosine, c.metrics.rel_l2,
-                static_cast<long long>(c.metrics.nonfinite), c.ok ? "ok" : "FAIL");
+// The header and one row per check, the labels padded to the longest so the columns line up.
+void print_checks(const std::vector<Check>& checks) {
+    int width = 38;
+    for (const Check& c : checks) width = std::max(width, static_cast<int>(c.what.size()) - 2);
+    std::printf("check      %-*s %9s %9s %9s %10s %9s %6s\n", width - 9, "", "max_abs", "mean_abs", "max_rel", "cosine",
+                "rel_l2", "nonfin");
+    for (const Check& c : checks)
+        std::printf("  %-*s %9.2e %9.2e %9.2e %10.7f %9.2e %6lld  %s\n", width, c.what.c_str(), c.metrics.max_abs,
+                    c.metrics.mean_abs, c.metrics.max_rel, c.metrics.cosine, c.metrics.rel_l2,
+                    static_cast<long long>(c.metrics.nonfinite), c.ok ? "ok" : "FAIL");
 }
 
 // Says where the worst element of a failed check sits.
@@ -216,12 +222,6 @@ HostTensor make_or_load_output_gradient(const CommonOptions& opt, const Problem&
     HostTensor dout = make_output_gradient(p, opt.layout, opt.seed);
     require_finite(dout.cview(), "generated dO (seed " + std::to_string(opt.seed) + ")");
     return dout;
-}
-
-double max_abs_of(const std::vector<double>& x) {
-    double m = 0;
-    for (double v : x) m = std::max(m, std::abs(v));
-    return m;
 }
 
 double max_abs_of(const std::vector<float>& x) {
@@ -302,19 +302,29 @@ int run_backward_stage(const StageSpec& spec, const CommonOptions& opt, const Pr
     std::vector<Check> checks;
     GradientTolerances tol;
     const Tolerance* limits[3] = {&tol.dq, &tol.dk, &tol.dv};
+    // Another backward, after its own forward when it names one (a float32 backward reading a
+    // 16-bit forward's LSE would recompute P from scores that forward never saw).
+    const auto run_comparison = [&](const BackwardComparison& c) {
+        Gradients other = make_gradients(p, opt.layout);
+        if (c.forward) {
+            Outputs own = make_outputs(p, opt.layout);
+            run_into(c.forward, p, in, own);
+            run_backward_into(c.run, p, in, own, dout, other);
+        } else {
+            run_backward_into(c.run, p, in, fwd, dout, other);
+        }
+        return other;
+    };
     std::optional<ReferenceGradients> ref;
     if (run_reference) {
         ref = reference_backward(p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
         const std::vector<double>* r[3] = {&ref->dq, &ref->dk, &ref->dv};
         // The baseline: the naive backward in this stage's precision, against the same reference.
         const EmulatedGradients naive = naive_backward_emulated(precision, p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
-        const Metrics naive_m[3] = {compare(naive.dq, ref->dq), compare(naive.dk, ref->dk), compare(naive.dv, ref->dv)};
-        const double ref_max[3] = {max_abs_of(ref->dq), max_abs_of(ref->dk), max_abs_of(ref->dv)};
-        tol = gradient_tolerance(in_stats, precision, p, naive_m, ref_max);
+        tol = gradient_tolerance(in_stats, precision, p, naive, *ref);
         for (const BackwardComparison& c : spec.backward_checked_against) {
             if (c.applies && !c.applies(p)) continue;
-            Gradients other = make_gradients(p, opt.layout);
-            run_backward_into(c.run, p, in, fwd, dout, other);
+            const Gradients other = run_comparison(c);
             const std::vector<float> o[3] = {other.dq.logical(), other.dk.logical(), other.dv.logical()};
             for (int i = 0; i < 3; ++i) {
                 Check ck{std::string(names[i]) + "  vs " + c.name, compare(got[i], o[i]), *limits[i], false, names[i]};
@@ -334,8 +344,7 @@ int run_backward_stage(const StageSpec& spec, const CommonOptions& opt, const Pr
                                   " (budget 2e10; --reference always forces it)");
         for (const BackwardComparison& c : spec.backward_checked_against) {
             if (c.applies && !c.applies(p)) continue;
-            Gradients other = make_gradients(p, opt.layout);
-            run_backward_into(c.run, p, in, fwd, dout, other);
+            const Gradients other = run_comparison(c);
             const std::vector<float> o[3] = {other.dq.logical(), other.dk.logical(), other.dv.logical()};
             const double other_max[3] = {max_abs_of(o[0]), max_abs_of(o[1]), max_abs_of(o[2])};
             tol = gradient_tolerance_a_priori(in_stats, precision, p, other_max);
@@ -347,12 +356,9 @@ int run_backward_stage(const StageSpec& spec, const CommonOptions& opt, const Pr
         }
     }
 
-    std::printf("check      %-38s %9s %9s %9s %10s %9s %6s\n", "", "max_abs", "mean_abs", "max_rel", "cosine", "rel_l2", "nonfin");
+    print_checks(checks);
     bool all_ok = true;
-    for (const Check& c : checks) {
-        print_check(c);
-        all_ok = all_ok && c.ok;
-    }
+    for (const Check& c : checks) all_ok = all_ok && c.ok;
     for (const std::string& n : notes) std::printf("  note: %s\n", n.c_str());
     if (!checks.empty()) {
         std::printf("tolerance  dQ: max_abs <= %.1e, rel_l2 <= %.1e; dK: %.1e, %.1e; dV: %.1e, %.1e\n", tol.dq.max_abs,
@@ -537,11 +543,10 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
                                       " (budget 2e10; --reference always forces it)");
         }
 
-        std::printf("check      %-38s %9s %9s %9s %10s %9s %6s\n", "", "max_abs", "mean_abs", "max_rel", "cosine", "rel_l2", "nonfin");
+        print_checks(checks);
         bool all_ok = true, finite_part_ok = true;
         int64_t nonfinite = 0;
         for (const Check& c : checks) {
-            print_check(c);
             all_ok = all_ok && c.ok;
             nonfinite += c.metrics.nonfinite;
             // The values that are finite, judged alone (the metrics leave the others out).

@@ -41,6 +41,15 @@ struct EmulatedGradients {
     std::vector<float> dq;  ///< (B, H, Nq, d)
     std::vector<float> dk;  ///< (B, H, Nk, d)
     std::vector<float> dv;  ///< (B, H, Nk, d)
+    /// How large the terms that cancel in \f$dP - D\f$ make dQ and dK: the largest element of
+    /// \f$T_Q = \text{scale}\,(P \circ (|dP| + |D|))\,|K|\f$ and \f$T_K = \text{scale}\,(P \circ
+    /// (|dP| + |D|))^\top |Q|\f$, and 0 for dV (no difference enters it). A float32 sum of d
+    /// products errs by up to \f$d\,u\f$ of the sum of their magnitudes, so an implementation
+    /// that forms \f$dP\f$ and \f$D\f$ in another order than this one may differ from it by about
+    /// \f$d\,u\,T\f$ (gradient_tolerance() allows it).
+    double terms_max_abs[3] = {0.0, 0.0, 0.0};
+    /// The L2 norms of \f$T_Q\f$ and \f$T_K\f$ over every head (0 for dV).
+    double terms_l2[3] = {0.0, 0.0, 0.0};
 };
 
 /// The backward pass as a straightforward implementation in `precision` computes it, storing the

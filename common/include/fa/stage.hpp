@@ -38,6 +38,10 @@ struct BackwardComparison {
     std::string name;                             ///< e.g. "stage 08 (backward on the CPU)"
     BackwardFn run;                               ///< its entry point
     std::function<bool(const Problem&)> applies;  ///< empty: always
+    /// The forward whose O and LSE it reads; empty: the stage's own forward (StageSpec::run).
+    /// A float32 backward checked against a 16-bit one needs its own float32 forward: it
+    /// recomputes P from float32 scores, which must match the LSE it is given.
+    AttentionFn forward;
 };
 
 /// Another implementation a stage is checked against. Where it returns NaN or inf and the

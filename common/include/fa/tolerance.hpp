@@ -18,6 +18,7 @@
 #include "fa/metrics.hpp"
 #include "fa/precision.hpp"
 #include "fa/problem.hpp"
+#include "fa/reference_backward.hpp"
 #include "fa/tensor.hpp"
 
 namespace fa {
@@ -95,16 +96,24 @@ struct GradientTolerances {
 
 /// The backward's rule, the forward's low-precision rule carried over to gradients: each
 /// gradient may err against float64 by at most twice the error of the naive backward computed
-/// in the stage's precision (naive_backward_emulated(), which stores P; its metrics against the
-/// float64 reference are `naive`, in the order dQ, dK, dV), plus a floor \f$F \cdot
-/// \max|g_	ext{ref}|\f$ for max_abs and \f$F\f$ for rel_l2, where \f$F\f$ is the float32
-/// forward's \f$E\f$ (rounding_tolerance()) plus, for bf16 and fp16, one rounding \f$u_P\f$ of
-/// the gradient. A measured baseline rather than an a priori bound, because a gradient is a sum
-/// of terms of both signs (\f$dS = P \circ (dP - D)\f$ cancels by construction): its rounding
-/// error is relative to the terms, not to the result, and the naive backward suffers exactly the
-/// same cancellation. `reference_max_abs` holds \f$\max|g_	ext{ref}|\f$ of dQ, dK, dV.
+/// in the stage's precision (`naive`, from naive_backward_emulated(), which stores P; measured
+/// here against `reference`), plus two floors:
+/// - \f$F \cdot \max|g_\text{ref}|\f$ for max_abs and \f$F\f$ for rel_l2, where \f$F\f$ is the
+///   float32 forward's \f$E\f$ (rounding_tolerance()) plus, for bf16 and fp16, one rounding
+///   \f$u_P\f$ of the gradient;
+/// - for dQ and dK, \f$d\,u\f$ (u = 2^-24) times the magnitude of the terms that cancel in
+///   \f$dP - D\f$ (EmulatedGradients::terms_max_abs for max_abs, terms_l2 over
+///   \f$\|g_\text{ref}\|_2\f$ for rel_l2): the float32 error of the two d-term sums, which an
+///   implementation that forms them in another order than the naive one has and the naive one
+///   may lack (with one key, its dP and D are the same sum and cancel exactly, while the true
+///   gradient is 0).
+///
+/// A measured baseline rather than an a priori bound, because a gradient is a sum of terms of
+/// both signs (\f$dS = P \circ (dP - D)\f$ cancels by construction): its rounding error is
+/// relative to the terms, not to the result, and the naive backward suffers the same
+/// cancellation.
 GradientTolerances gradient_tolerance(const InputStats& stats, Precision precision, const Problem& problem,
-                                      const Metrics (&naive)[3], const double (&reference_max_abs)[3]);
+                                      const EmulatedGradients& naive, const ReferenceGradients& reference);
 
 /// The fallback when the float64 reference (and so the naive baseline) does not run: the
 /// forward's a priori \f$E\f$ for `precision`, grown by \f$4\sqrt{N}\f$ (N the larger of Nq and
