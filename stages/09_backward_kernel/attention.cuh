@@ -1,0 +1,124 @@
+/// \file stages/09_backward_kernel/attention.cuh
+/// \brief Stage 09: the FlashAttention-2 backward pass on tensor cores, in bf16 or fp16 with
+/// float32 accumulation: stage 08's loops as three CUDA kernels.
+///
+/// **Adds:** the gradients on the GPU. A preprocessing kernel computes \f$D_i = \sum_x dO_{ix}
+/// O_{ix}\f$ and zeroes a float32 dQ accumulator; the main kernel gives each thread block one key
+/// block \f$K_j, V_j\f$ (64 keys, 16 per warp) and streams the query blocks \f$Q_i, dO_i\f$ past it
+/// through a double-buffered `cp.async` pipeline; per query block each warp recomputes
+/// \f$P_{ij}^\top\f$ from its keys and the saved LSE (exp2 trick), and runs four of the five
+/// products on the tensor cores straight from registers: \f$S^\top = K_w Q_i^\top\f$,
+/// \f$dP^\top = V_w dO_i^\top\f$, \f$dV_w \mathrel{+}= P^\top dO_i\f$, \f$dK_w \mathrel{+}= dS^\top
+/// Q_i\f$ (P and dS reach the last two in the accumulator layout, which is the A-operand layout:
+/// stage 07's identity). The fifth, \f$dQ_i \mathrel{+}= dS\, K_j\f$, needs dS across all the
+/// block's keys: it goes through shared memory once, then into the float32 accumulator by
+/// atomic additions, or, with `deterministic`, in a fixed order (key block 0, 1, 2, ...)
+/// enforced by a counter per query block. A postprocessing kernel rounds \f$\text{scale} \cdot
+/// dQ\f$ to 16 bits. Causal blocks above the diagonal are skipped, only the blocks crossing it
+/// (and the last, partial key block) are masked; any Nq and Nk; both layouts through strides.
+///
+/// **Why:** stage 08 shows the algorithm on one CPU core. The backward does 2.5 times the
+/// forward's work in five products, so it belongs on the same tensor cores as stage 07's
+/// forward; what is new is the reduction across thread blocks that dQ needs.
+///
+/// **Does not handle yet:** head dimensions other than 32, 64 and 128; Hopper's own
+/// instructions (TMA, wgmma); dQ written without a float32 accumulator in global memory.
+///
+/// **Measured:** not yet on a GPU (see the lesson, once recorded).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "fa/cuda/buffer.hpp"
+#include "fa/cuda/half.hpp"
+#include "fa/problem.hpp"
+#include "fa/stage.hpp"
+#include "fa/tensor.hpp"
+
+namespace fa::stage09 {
+
+using cuda::DType;
+
+/// How the host entry point runs the backward.
+struct Options {
+    DType dtype = DType::BF16;   ///< 16-bit type of q, k, v, o, dO and the gradients (`--dtype`)
+    /// Add the dQ contributions of the key blocks in a fixed order (key block 0 first), so that
+    /// dq is bit-identical from run to run (`--deterministic`); otherwise float32 atomic additions
+    bool deterministic = false;
+};
+
+/// Device memory the backward needs besides its inputs and outputs. A caller that runs the
+/// backward often (a benchmark, a training loop) keeps one and passes it to every call, so that
+/// no call allocates; it grows when a larger problem needs more and never shrinks. The calls
+/// that share one must be ordered (queued on one stream): each call's kernels own it until they end.
+struct Workspace {
+    /// Per (batch, head), with Nq rounded up to a whole number of query blocks: L_i log2(e),
+    /// then D_i, then the float32 dQ accumulator [Nq rounded, d]
+    cuda::DeviceBuffer<float> floats;
+    /// Deterministic mode: per (batch, head, query block), how many key blocks have added their dQ_i
+    cuda::DeviceBuffer<int> turns;
+};
+
+/// Head dimensions the kernel supports (32, 64, 128).
+const std::vector<int>& supported_head_dims();
+
+/// Throws fa::InputError unless the kernel supports `problem`: the head dimension (the message
+/// names `--head-dim` and lists the supported ones) and sizes that fit its 32-bit indices.
+void check_supported(const Problem& problem);
+
+/// Bytes of the workspace (see Workspace) the backward of `problem` needs.
+double workspace_bytes(const Problem& problem, bool deterministic);
+
+/// Device entry point, bf16: queues the three kernels on `stream`. Every view points to device
+/// memory; q, k, v, o, dout, dq, dk, dv need a feature stride of 1, other strides that are
+/// multiples of 8 elements and 16-byte aligned starts (dense tensors in either layout have them).
+///
+/// \param problem shapes, scale and causality
+/// \param q (B, H, Nq, d)
+/// \param k (B, H, Nk, d)
+/// \param v (B, H, Nk, d)
+/// \param o (B, H, Nq, d) the forward's output
+/// \param lse (B, H, Nq) float32, the forward's natural-log LSE (-inf for rows that see no key)
+/// \param dout (B, H, Nq, d) the upstream gradient dO
+/// \param dq (B, H, Nq, d) written: dL/dQ (0 for rows that see no key)
+/// \param dk (B, H, Nk, d) written: dL/dK
+/// \param dv (B, H, Nk, d) written: dL/dV
+/// \param deterministic add dQ's contributions in a fixed order (bit-identical dq from run to run)
+/// \param stream where the kernels run
+/// \param workspace kept by the caller (grown if needed); nullptr: allocated for this call and
+///        freed after the stream has finished with it (this call then waits for the stream)
+void attention_backward_device(const Problem& problem, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
+                               View4<const __nv_bfloat16> v, View4<const __nv_bfloat16> o, View3<const float> lse,
+                               View4<const __nv_bfloat16> dout, View4<__nv_bfloat16> dq, View4<__nv_bfloat16> dk,
+                               View4<__nv_bfloat16> dv, bool deterministic, cudaStream_t stream,
+                               Workspace* workspace = nullptr);
+
+/// Device entry point, fp16 (see the bf16 overload).
+void attention_backward_device(const Problem& problem, View4<const __half> q, View4<const __half> k,
+                               View4<const __half> v, View4<const __half> o, View3<const float> lse,
+                               View4<const __half> dout, View4<__half> dq, View4<__half> dk, View4<__half> dv,
+                               bool deterministic, cudaStream_t stream, Workspace* workspace = nullptr);
+
+/// A host entry point with the float32 signature of every backward stage (fa::BackwardFn): the
+/// inputs are copied to the device and rounded to `options.dtype` there, the backward runs, the
+/// gradients are widened back to float32 into the host views (any strides).
+BackwardFn host_entry(const Options& options);
+
+/// host_entry() with the default Options (bf16, atomic dQ additions).
+void attention_backward(const Problem& problem, View4<const float> q, View4<const float> k, View4<const float> v,
+                        View4<const float> o, View3<const float> lse, View4<const float> dout, View4<float> dq,
+                        View4<float> dk, View4<float> dv);
+
+/// Block shape, warps, shared memory, the dQ mode and the block counts for `problem`, in one line.
+std::string describe_config(const Problem& problem, const Options& options);
+
+/// Device memory beyond the float32 inputs and outputs the host entry point allocates: the
+/// 16-bit copies of q, k, v, o, dO, dq, dk, dv and the workspace.
+double intermediate_bytes(const Problem& problem, const Options& options);
+
+}  // namespace fa::stage09

@@ -1,0 +1,755 @@
+/// \file stages/09_backward_kernel/kernel.cuh
+/// \brief Stage 09's kernels: D_i and the dQ accumulator first, then one block per key block
+/// K_j, V_j streaming the query blocks past it, then dQ rounded to 16 bits.
+///
+/// Three kernels run one after the other on the same stream:
+///
+/// 1. `backward_preprocess_kernel`: \f$D_i = \sum_x dO_{ix} O_{ix}\f$ in float32 for every query
+///    row, \f$L_i \log_2 e\f$ (the LSE in the base the exp2 trick needs; \f$+\infty\f$ for a row
+///    that sees no key, so that its P is exactly 0), the float32 dQ accumulator set to zero and,
+///    for the deterministic mode, the turn counters set to zero. The three per-row arrays are
+///    padded to a whole number of query blocks, so the main kernel copies them without bounds.
+/// 2. `flash_backward_kernel`: one thread block per (key block j, batch, head). It keeps K_j and
+///    V_j in shared memory and dK_j, dV_j in registers, and loops over the query blocks i that
+///    see any key of block j (FlashAttention-2's loop order: dK_j and dV_j are sums over query
+///    rows, so they finish in the block; only dQ is shared between blocks). Per query block:
+///
+///        S^T  = K_w Q_i^T                 [16 keys, Br]  per warp, A = K_w, B = Q_i (ldmatrix)
+///        P^T  = exp2(S^T scale log2e - L_i log2e)        float32, masked entries 0
+///        dP^T = V_w dO_i^T                [16 keys, Br]  A = V_w, B = dO_i (ldmatrix)
+///        dS^T = P^T o (dP^T - D_i)                       float32
+///        dV_w += P^T dO_i                 [16 keys, d]   A = P^T from the accumulators, B = dO_i (.trans)
+///        dK_w += dS^T Q_i                 [16 keys, d]   A = dS^T from the accumulators, B = Q_i (.trans)
+///        dS^T -> shared memory; barrier; dQ_i += dS K_j  [Br, d] split over the warps,
+///                                         A = dS (ldmatrix.trans of dS^T), B = K_j (.trans)
+///                                         then added into the float32 accumulator in global memory
+///
+///    Each warp owns 16 keys of the block from start to end, so S^T, P^T, dP^T and dS^T of those
+///    keys live in its registers and dK_w, dV_w never leave them until the end. The query blocks
+///    stream through a double-buffered cp.async pipeline: block i+1 loads while block i is
+///    computed. dQ_i needs dS across all the block's keys (all warps), hence the one trip
+///    through shared memory per query block.
+/// 3. `backward_postprocess_kernel`: dQ = scale * accumulator, rounded to 16 bits.
+///
+/// The dQ additions of different key blocks to the same rows race. By default they are float32
+/// atomic additions (`red.global.add`), whose order, and so whose rounding, changes from run to
+/// run. The deterministic mode orders them: per (batch, head, query block i) a counter holds
+/// how many key blocks have added their dQ_i; key block j waits until it reads j, adds with a
+/// plain read-add-write, publishes, and increments it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "../07_pipelined_fused_kernel/kernel.cuh"
+#include "fa/cuda/ptx.cuh"
+#include "fa/problem.hpp"
+
+namespace fa::stage09 {
+
+//! [features]
+/// The compile-time shape of the main kernel. `Features<...>` is a type so that a kernel
+/// template can take it (CUDA sources are C++17: no class-type template parameters).
+template <int Br, int Warps, int Bn, bool KVInRegisters, int MinBlocksPerSm = 1>
+struct Features {
+    static constexpr int kBr = Br;        ///< query rows per query block Q_i, dO_i, dQ_i
+    static constexpr int kWarps = Warps;  ///< warps per block; each owns 16 keys of K_j, V_j
+    static constexpr int kBc = 16 * Warps;  ///< keys per key block K_j, V_j, dK_j, dV_j
+    /// query columns of S^T per step: a query block is consumed kBn columns at a time, so the
+    /// registers of S^T, dP^T and their 16-bit copies follow Bn while the barriers follow Br
+    static constexpr int kBn = Bn;
+    /// K_w and V_w as A fragments loaded into registers once (true), or re-read from shared
+    /// memory for every step (false): d/2 registers per thread for the two, too many at d = 128
+    static constexpr bool kKVInRegisters = KVInRegisters;
+    /// blocks that must fit on one SM at once: caps the registers per thread at 65536 / (threads x this)
+    static constexpr int kMinBlocksPerSm = MinBlocksPerSm;
+    static_assert(Br % Bn == 0 && Bn % 16 == 0, "a query block holds whole steps of 16-column k-steps");
+    static_assert(Br % 16 == 0 && Warps % (Br / 16) == 0,
+                  "the dQ products split the query block's 16-row tiles evenly over the warps");
+};
+//! [features]
+
+/// Pointers, strides (in elements) and sizes the main kernel reads; built by the host entry point.
+template <class T>
+struct Args {
+    const T* q;     ///< (B, H, Nq, d): row n of head (b, h) starts at q + b*q_sb + h*q_sh + n*q_sn
+    const T* k;     ///< (B, H, Nk, d)
+    const T* v;     ///< (B, H, Nk, d)
+    const T* dout;  ///< (B, H, Nq, d): dO
+    T* dk;          ///< (B, H, Nk, d), written
+    T* dv;          ///< (B, H, Nk, d), written
+    /// [B*H, seq_q_padded] \f$L_i \log_2 e\f$, \f$+\infty\f$ for rows that see no key and padding rows
+    const float* lse_log2;
+    const float* delta;  ///< [B*H, seq_q_padded] \f$D_i\f$, 0 for padding rows
+    float* dq_accum;     ///< [B*H, seq_q_padded, d] float32 sum of dS K over the key blocks (unscaled)
+    int* turns;          ///< [B*H, q_blocks] deterministic mode: key blocks that have added their dQ_i
+    int64_t q_sb;    ///< batch stride of q (the feature stride of every tensor is 1)
+    int64_t q_sh;    ///< head stride of q
+    int64_t q_sn;    ///< row stride of q
+    int64_t k_sb;    ///< batch stride of k
+    int64_t k_sh;    ///< head stride of k
+    int64_t k_sn;    ///< row stride of k
+    int64_t v_sb;    ///< batch stride of v
+    int64_t v_sh;    ///< head stride of v
+    int64_t v_sn;    ///< row stride of v
+    int64_t do_sb;   ///< batch stride of dout
+    int64_t do_sh;   ///< head stride of dout
+    int64_t do_sn;   ///< row stride of dout
+    int64_t dk_sb;   ///< batch stride of dk
+    int64_t dk_sh;   ///< head stride of dk
+    int64_t dk_sn;   ///< row stride of dk
+    int64_t dv_sb;   ///< batch stride of dv
+    int64_t dv_sh;   ///< head stride of dv
+    int64_t dv_sn;   ///< row stride of dv
+    int heads;         ///< H
+    int seq_q;         ///< Nq
+    int seq_k;         ///< Nk
+    int seq_q_padded;  ///< Nq rounded up to a whole number of query blocks (q_blocks * Br)
+    int q_blocks;      ///< Tr = ceil(Nq / Br)
+    int k_blocks;      ///< Tc = ceil(Nk / Bc)
+    bool causal;       ///< bottom-right aligned causal mask
+    float scale;       ///< softmax scale, signed (dK and dQ are scaled by it)
+    float scale_log2;  ///< softmax scale * log2(e), signed
+};
+
+/// What the preprocessing kernel reads and writes.
+template <class T>
+struct PreprocessArgs {
+    const T* o;         ///< (B, H, Nq, d) the forward's output, 16-bit
+    const T* dout;      ///< (B, H, Nq, d) dO
+    const float* lse;   ///< (B, H, Nq) the forward's LSE (natural log, -inf for rows that see no key)
+    float* lse_log2;    ///< [B*H, seq_q_padded], written
+    float* delta;       ///< [B*H, seq_q_padded], written
+    float* dq_accum;    ///< [B*H, seq_q_padded, d], zeroed
+    int* turns;         ///< [B*H, q_blocks], zeroed (nullptr outside the deterministic mode)
+    int64_t o_sb;       ///< batch stride of o
+    int64_t o_sh;       ///< head stride of o
+    int64_t o_sn;       ///< row stride of o
+    int64_t do_sb;      ///< batch stride of dout
+    int64_t do_sh;      ///< head stride of dout
+    int64_t do_sn;      ///< row stride of dout
+    int64_t lse_sb;     ///< batch stride of lse
+    int64_t lse_sh;     ///< head stride of lse
+    int64_t lse_sn;     ///< row stride of lse
+    int64_t rows;       ///< B * H * seq_q_padded
+    int heads;          ///< H
+    int seq_q;          ///< Nq
+    int seq_q_padded;   ///< Nq rounded up to a whole number of query blocks
+    int br;             ///< Br of the main kernel (a turn counter per query block)
+};
+
+/// What the postprocessing kernel reads and writes.
+template <class T>
+struct PostprocessArgs {
+    const float* dq_accum;  ///< [B*H, seq_q_padded, d] float32 sums of dS K
+    T* dq;                  ///< (B, H, Nq, d), written
+    int64_t dq_sb;          ///< batch stride of dq
+    int64_t dq_sh;          ///< head stride of dq
+    int64_t dq_sn;          ///< row stride of dq
+    int64_t rows;           ///< B * H * Nq
+    int heads;              ///< H
+    int seq_q;              ///< Nq
+    int seq_q_padded;       ///< row count of one head in dq_accum
+    float scale;            ///< softmax scale, signed
+};
+
+/// Shape constants of one main-kernel instance, derived from the head dimension and the features.
+template <class T, int D, class F>
+struct Shape {
+    static_assert(sizeof(T) == 2, "tensor-core operands are 16-bit");
+    static_assert(D == 32 || D % 64 == 0, "d = 32 or a multiple of 64 (the swizzled tiles' rows)");
+    static constexpr int kThreads = F::kWarps * 32;  ///< threads per block
+    static constexpr int kSteps = F::kBr / F::kBn;   ///< steps of Bn query columns per query block
+    static constexpr int kNTiles = F::kBn / 8;       ///< 8-query column tiles of S^T per step
+    static constexpr int kKSteps = D / 16;           ///< k-steps of S^T = K Q^T and dP^T = V dO^T
+    static constexpr int kPSteps = F::kBn / 16;      ///< k-steps of dV += P^T dO and dK += dS^T Q per step
+    static constexpr int kDTiles = D / 8;            ///< 8-feature column tiles of dK_w and dV_w
+    static constexpr int kRowTiles = F::kBr / 16;    ///< 16-row tiles of dQ_i
+    static constexpr int kColSplit = F::kWarps / kRowTiles;  ///< warps sharing one row tile of dQ_i
+    static constexpr int kColsPerWarp = D / kColSplit;      ///< dQ_i features one warp computes
+    /// dQ_i features accumulated at a time (at most 32: 16 float32 registers beside dK_w and dV_w)
+    static constexpr int kChunkCols = kColsPerWarp < 32 ? kColsPerWarp : 32;
+    static_assert(kColsPerWarp % 16 == 0 && kColsPerWarp % kChunkCols == 0, "dQ chunks of whole 16-feature pairs");
+    static constexpr int kKVElems = F::kBc * D;   ///< elements of the K_j or V_j tile
+    static constexpr int kQElems = F::kBr * D;    ///< elements of one Q_i or dO_i slot
+    static constexpr int kDsElems = F::kBc * F::kBr;  ///< elements of the dS^T tile
+    /// Shared memory: K_j, V_j; two slots each of Q_i and dO_i; dS^T; two slots each of the
+    /// Br floats of L_i log2(e) and D_i.
+    static constexpr size_t kSmemBytes =
+        2 * (2 * size_t(kKVElems) + 4 * size_t(kQElems) + size_t(kDsElems)) + 4 * 4 * size_t(F::kBr);
+};
+
+namespace detail {
+
+using namespace fa::cuda::ptx;
+using stage07::TileLayout;
+// Stage 07's tile copy and ldmatrix addressing (see stages/07_pipelined_fused_kernel/kernel.cuh).
+using stage07::detail::a_lane_bytes;
+using stage07::detail::fragment_address;
+using stage07::detail::k_lane_bytes;
+using stage07::detail::load_tile_gmem_to_smem;
+using stage07::detail::v_lane_bytes;
+
+/// Stage 07's Features with the `Warps` of this kernel: stage 07's tile copy
+/// (load_tile_gmem_to_smem) and its ldmatrix addressing read nothing else from it than the warp
+/// count, ldmatrix and the swizzle. Reusing them keeps one copy of the swizzle arithmetic.
+template <int Warps>
+using CopyFeatures = stage07::Features<16 * Warps, 64, Warps, 2, true, true, true, true, true>;
+
+// --------------------------------------------------------------------------------- PTX
+// Three instructions this stage adds to the wrappers of fa/cuda/ptx.cuh.
+
+/// Adds (x, y) to the two float32 at `address` (8-byte aligned, global memory) without
+/// returning anything: `red.global.add.v2.f32` on sm_90 (one request for the pair), two
+/// `red.global.add.f32` before. The additions are atomic, their order is not fixed.
+__device__ __forceinline__ void red_add_f32x2(float* address, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(address, x);
+    atomicAdd(address + 1, y);
+#endif
+}
+
+/// `ld.global.acquire.gpu.b32`: reads a counter another block publishes; the memory operations
+/// of this thread that follow it see every write that was made visible before the counter's
+/// value was written (release/acquire at GPU scope).
+__device__ __forceinline__ int load_acquire(const int* address) {
+    int value;
+    asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+    return value;
+}
+
+/// Two 16-bit values of one register widened to float32 (the lower half first).
+template <class T>
+__device__ __forceinline__ float2 unpack2(uint32_t bits);
+
+/// unpack2() for bf16.
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t bits) {
+    __nv_bfloat162 v;
+    *reinterpret_cast<uint32_t*>(&v) = bits;
+    return __bfloat1622float2(v);
+}
+
+/// unpack2() for fp16.
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t bits) {
+    __half2 v;
+    *reinterpret_cast<uint32_t*>(&v) = bits;
+    return __half22float2(v);
+}
+
+// ------------------------------------------------------------------- preprocessing
+
+/// Sum over x of a[x] * b[x] for the eight 16-bit values of two 16-byte chunks, in float32.
+template <class T>
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+    const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float2 x = unpack2<T>(av[i]), y = unpack2<T>(bv[i]);
+        sum = fmaf(x.x, y.x, sum);
+        sum = fmaf(x.y, y.y, sum);
+    }
+    return sum;
+}
+
+}  // namespace detail
+
+/// Threads per block of the pre- and postprocessing kernels.
+inline constexpr int kPrePostThreads = 256;
+
+//! [preprocess]
+/// D_i, L_i log2(e), zeroed dQ accumulator and turn counters, for every row of every head,
+/// padding rows included. Grid: ceil(rows / (256 / (d/8))) blocks of 256 threads; the d/8
+/// threads of one row each read one 16-byte chunk of O and of dO.
+template <class T, int D>
+__global__ void __launch_bounds__(kPrePostThreads) backward_preprocess_kernel(const PreprocessArgs<T> a) {
+    constexpr int kChunks = D / 8;  // 16-byte chunks in a row of 16-bit values
+    constexpr int kRowsPerBlock = kPrePostThreads / kChunks;
+    static_assert(32 % kChunks == 0, "a row's threads sit in one warp, for the shuffles");
+    const int64_t row = int64_t(blockIdx.x) * kRowsPerBlock + int(threadIdx.x) / kChunks;  // in [0, B*H*Nq_padded)
+    const int chunk = int(threadIdx.x) % kChunks;
+    const bool in_range = row < a.rows;
+    const int bh = int(row / a.seq_q_padded), n = int(row % a.seq_q_padded);
+    const int b = bh / a.heads, h = bh % a.heads;
+    const bool real = in_range && n < a.seq_q;  // padding rows have D = 0 and P = 0
+    float sum = 0.0f;
+    if (real) {
+        const uint4 o4 = *reinterpret_cast<const uint4*>(a.o + b * a.o_sb + h * a.o_sh + n * a.o_sn + chunk * 8);
+        const uint4 d4 = *reinterpret_cast<const uint4*>(a.dout + b * a.do_sb + h * a.do_sh + n * a.do_sn + chunk * 8);
+        sum = detail::dot8<T>(o4, d4);
+    }
+    // Every thread takes part (no early exit), so the shuffles see all kChunks lanes of the row.
+#pragma unroll
+    for (int offset = kChunks / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (!in_range) return;
+    float4* acc = reinterpret_cast<float4*>(a.dq_accum + row * D + chunk * 8);
+    acc[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (chunk == 0) {
+        a.delta[row] = sum;
+        const float lse = real ? a.lse[b * a.lse_sb + h * a.lse_sh + n * a.lse_sn] : -INFINITY;
+        // P = exp2(s*scale*log2e - L*log2e). A row that sees no key has L = -inf; +inf here makes
+        // its P exactly 0 for every score (exp2(-inf) = 0) instead of exp2(+inf) = inf.
+        a.lse_log2[row] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+        if (a.turns != nullptr && n % a.br == 0) a.turns[int64_t(bh) * (a.seq_q_padded / a.br) + n / a.br] = 0;
+    }
+}
+//! [preprocess]
+
+//! [postprocess]
+/// dQ = scale * accumulator, rounded to T: one thread per 16-byte chunk of dq (grid-stride).
+template <class T, int D>
+__global__ void __launch_bounds__(kPrePostThreads) backward_postprocess_kernel(const PostprocessArgs<T> a) {
+    constexpr int kChunks = D / 8;
+    const int64_t units = a.rows * kChunks;
+    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t row = u / kChunks;  // in [0, B*H*Nq)
+        const int chunk = int(u % kChunks);
+        const int bh = int(row / a.seq_q), n = int(row % a.seq_q);
+        const int b = bh / a.heads, h = bh % a.heads;
+        const float4* src = reinterpret_cast<const float4*>(a.dq_accum + (int64_t(bh) * a.seq_q_padded + n) * D + chunk * 8);
+        const float4 x = src[0], y = src[1];
+        const float s = a.scale;
+        uint4 out;
+        out.x = fa::cuda::ptx::pack2<T>(x.x * s, x.y * s);
+        out.y = fa::cuda::ptx::pack2<T>(x.z * s, x.w * s);
+        out.z = fa::cuda::ptx::pack2<T>(y.x * s, y.y * s);
+        out.w = fa::cuda::ptx::pack2<T>(y.z * s, y.w * s);
+        *reinterpret_cast<uint4*>(a.dq + b * a.dq_sb + h * a.dq_sh + n * a.dq_sn + chunk * 8) = out;
+    }
+}
+//! [postprocess]
+
+namespace detail {
+
+/// What one warp keeps in registers across the query blocks.
+template <class T, int D, class F>
+struct WarpState {
+    using S = Shape<T, D, F>;  ///< the shape constants
+    static constexpr int kFragSteps = F::kKVInRegisters ? S::kKSteps : 1;  ///< k-steps kept (1: unused)
+    uint32_t k[kFragSteps][4];  ///< K_w as A fragments (with kKVInRegisters)
+    uint32_t v[kFragSteps][4];  ///< V_w as A fragments (with kKVInRegisters)
+    float dk[S::kDTiles][4];    ///< dK_w accumulators [16 keys, d], unscaled
+    float dv[S::kDTiles][4];    ///< dV_w accumulators [16 keys, d]
+};
+
+/// Copies the Br floats of L_i log2(e) and of D_i of query block `q0` into their shared slots:
+/// one 16-byte cp.async per thread for the first Br/2 threads. The arrays are padded to whole
+/// query blocks, so every copy is in bounds.
+template <class F>
+__device__ __forceinline__ void load_row_stats(float* lse_slot, float* delta_slot, const float* lse_head,
+                                               const float* delta_head, int q0) {
+    constexpr int kChunks = F::kBr / 4;  // 16-byte chunks of Br floats
+    static_assert(2 * kChunks <= 32 * F::kWarps, "enough threads for one chunk each");
+    const int tid = int(threadIdx.x);
+    if (tid < kChunks) {
+        cp_async_16(smem_address(lse_slot + 4 * tid), lse_head + q0 + 4 * tid, true);
+    } else if (tid < 2 * kChunks) {
+        const int c = tid - kChunks;
+        cp_async_16(smem_address(delta_slot + 4 * c), delta_head + q0 + 4 * c, true);
+    }
+}
+
+//! [process_step]
+/// Bn query columns [c0, c0 + Bn) of query block i for one warp: S^T, P^T, dP^T, dS^T in
+/// registers; dV_w and dK_w updated; dS^T stored into the shared tile for the dQ products.
+/// kMask: compare every (key, query) pair with the causal diagonal and Nk (blocks that cross
+/// the diagonal, and the last, partial key block). Query rows past Nq need no mask: their
+/// L log2(e) is +inf (P = 0) and their dO rows are zero-filled.
+template <class T, int D, class F, bool kMask>
+__device__ __forceinline__ void process_step(WarpState<T, D, F>& st, const uint16_t* k_tile, const uint16_t* v_tile,
+                                             const uint16_t* q_tile, const uint16_t* do_tile, const float* lse_slot,
+                                             const float* delta_slot, uint16_t* ds_tile, int q0, int c0, int kv0,
+                                             const Args<T>& a, int warp, int lane) {
+    using S = Shape<T, D, F>;
+    using CF = CopyFeatures<F::kWarps>;
+    using LDs = TileLayout<F::kBr, true>;  // the dS^T tile: Bc rows of Br queries
+    const int g = lane / 4, t = lane % 4;
+    const int key_row0 = warp * 16;  // this warp's first key inside the block
+
+    // Lane addresses, one per tile and pattern (see stage 07's loaders): "a" reads 16 x 16 A
+    // fragments row-major, "k" reads B fragments of rows stored one per n (non-transposed),
+    // "v" reads B fragments of rows stored one per k (transposed by ldmatrix.trans).
+    const uint32_t k_a = smem_address(k_tile) + a_lane_bytes<D, CF>(lane);
+    const uint32_t v_a = smem_address(v_tile) + a_lane_bytes<D, CF>(lane);
+    const uint32_t q_b = smem_address(q_tile) + k_lane_bytes<D, CF>(lane);
+    const uint32_t do_b = smem_address(do_tile) + k_lane_bytes<D, CF>(lane);
+
+    // S^T = K_w Q_i^T: keys are the rows (M), queries the columns (N), features the k-dimension.
+    // Q_i stored [queries, d] is B stored column by column: plain ldmatrix, as K in the forward.
+    float s[S::kNTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < S::kKSteps; ++ks) {
+        uint32_t ka[4];
+        if constexpr (F::kKVInRegisters) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) ka[e] = st.k[F::kKVInRegisters ? ks : 0][e];
+        } else {
+            ldmatrix_x4(ka, fragment_address<D, CF>(k_a, key_row0, ks * 16));
+        }
+#pragma unroll
+        for (int np = 0; np < S::kNTiles / 2; ++np) {
+            uint32_t b[4];
+            ldmatrix_x4(b, fragment_address<D, CF>(q_b, c0 + np * 16, ks * 16));
+            const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+            mma_m16n8k16<T>(s[2 * np], ka, b_lo, s[2 * np]);
+            mma_m16n8k16<T>(s[2 * np + 1], ka, b_hi, s[2 * np + 1]);
+        }
+    }
+
+    // P^T = exp(scale*S^T - L) = exp2(S^T * scale*log2e - L*log2e): one FFMA and one ex2 per
+    // score. The accumulator element e of tile nt sits at key g + 8*(e/2), query nt*8 + 2t + e%2;
+    // a lane's two queries of a tile are neighbours, so their L (and D below) is one 8-byte load.
+    const int key_offset = a.seq_k - a.seq_q;  // causal: query q sees key k iff k <= q + Nk - Nq
+#pragma unroll
+    for (int nt = 0; nt < S::kNTiles; ++nt) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse_slot + c0 + nt * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float p = ex2(fmaf(s[nt][e], a.scale_log2, -(e % 2 ? l2.y : l2.x)));
+            if constexpr (kMask) {
+                const int key = kv0 + key_row0 + g + 8 * (e / 2);
+                const int query = q0 + c0 + nt * 8 + 2 * t + e % 2;
+                const bool visible = key < a.seq_k && (!a.causal || key <= query + key_offset);
+                // Set after the exponential, not as -inf before it: with a negative scale,
+                // -inf * scale would be +inf.
+                if (!visible) p = 0.0f;
+            }
+            s[nt][e] = p;
+        }
+    }
+
+    // dP^T = V_w dO_i^T: the same product with V_w and dO_i in place of K_w and Q_i.
+    float dp[S::kNTiles][4];
+#pragma unroll
+    for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < S::kKSteps; ++ks) {
+        uint32_t va[4];
+        if constexpr (F::kKVInRegisters) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) va[e] = st.v[F::kKVInRegisters ? ks : 0][e];
+        } else {
+            ldmatrix_x4(va, fragment_address<D, CF>(v_a, key_row0, ks * 16));
+        }
+#pragma unroll
+        for (int np = 0; np < S::kNTiles / 2; ++np) {
+            uint32_t b[4];
+            ldmatrix_x4(b, fragment_address<D, CF>(do_b, c0 + np * 16, ks * 16));
+            const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+            mma_m16n8k16<T>(dp[2 * np], va, b_lo, dp[2 * np]);
+            mma_m16n8k16<T>(dp[2 * np + 1], va, b_hi, dp[2 * np + 1]);
+        }
+    }
+
+    // dS^T = P^T o (dP^T - D), in float32 from the float32 P (rounding P first would add a
+    // second rounding to every dS).
+#pragma unroll
+    for (int nt = 0; nt < S::kNTiles; ++nt) {
+        const float2 d2 = *reinterpret_cast<const float2*>(delta_slot + c0 + nt * 8 + 2 * t);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - (e % 2 ? d2.y : d2.x));
+    }
+
+    // P^T and dS^T as A fragments: two neighbouring 8-query accumulator tiles are, element for
+    // element, the A layout of one 16-query k-step (the identity stage 07 uses for P V).
+    uint32_t pa[S::kPSteps][4], dsa[S::kPSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < S::kPSteps; ++kk) {
+        pa[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+        pa[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+        pa[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        dsa[kk][0] = pack2<T>(dp[2 * kk][0], dp[2 * kk][1]);
+        dsa[kk][1] = pack2<T>(dp[2 * kk][2], dp[2 * kk][3]);
+        dsa[kk][2] = pack2<T>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+        dsa[kk][3] = pack2<T>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+    }
+
+    // dS^T into the shared [Bc, Br] tile, for the dQ products of every warp: each register is two
+    // neighbouring queries of one key, one 32-bit store. Eight rows g with the same logical chunk
+    // land in eight different swizzle slots: the 32 lanes hit 32 different banks.
+#pragma unroll
+    for (int kk = 0; kk < S::kPSteps; ++kk) {
+        const int r = key_row0 + g, c = c0 + kk * 16 + 2 * t;
+        *reinterpret_cast<uint32_t*>(ds_tile + LDs::offset(r, c)) = dsa[kk][0];
+        *reinterpret_cast<uint32_t*>(ds_tile + LDs::offset(r + 8, c)) = dsa[kk][1];
+        *reinterpret_cast<uint32_t*>(ds_tile + LDs::offset(r, c + 8)) = dsa[kk][2];
+        *reinterpret_cast<uint32_t*>(ds_tile + LDs::offset(r + 8, c + 8)) = dsa[kk][3];
+    }
+
+    // dV_w += P^T dO_i and dK_w += dS^T Q_i: queries are now the k-dimension. dO_i and Q_i are
+    // stored [queries, d]; B needs pairs of consecutive queries of one feature: ldmatrix.trans,
+    // as V in the forward. Each B fragment pair is loaded once for its two mma.
+    const uint32_t do_t = smem_address(do_tile) + v_lane_bytes<D, CF>(lane);
+    const uint32_t q_t = smem_address(q_tile) + v_lane_bytes<D, CF>(lane);
+#pragma unroll
+    for (int kk = 0; kk < S::kPSteps; ++kk) {
+#pragma unroll
+        for (int dpair = 0; dpair < S::kDTiles / 2; ++dpair) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, fragment_address<D, CF>(do_t, c0 + kk * 16, dpair * 16));
+            const uint32_t bv_lo[2] = {b[0], b[1]}, bv_hi[2] = {b[2], b[3]};
+            mma_m16n8k16<T>(st.dv[2 * dpair], pa[kk], bv_lo, st.dv[2 * dpair]);
+            mma_m16n8k16<T>(st.dv[2 * dpair + 1], pa[kk], bv_hi, st.dv[2 * dpair + 1]);
+            ldmatrix_x4_trans(b, fragment_address<D, CF>(q_t, c0 + kk * 16, dpair * 16));
+            const uint32_t bk_lo[2] = {b[0], b[1]}, bk_hi[2] = {b[2], b[3]};
+            mma_m16n8k16<T>(st.dk[2 * dpair], dsa[kk], bk_lo, st.dk[2 * dpair]);
+            mma_m16n8k16<T>(st.dk[2 * dpair + 1], dsa[kk], bk_hi, st.dk[2 * dpair + 1]);
+        }
+    }
+}
+//! [process_step]
+
+//! [accumulate_dq]
+/// dQ_i += dS K_j for this warp's part of the query block (16 rows, kColsPerWarp features),
+/// added into the float32 accumulator in global memory. A = dS [queries, keys] is dS^T read
+/// with ldmatrix.trans (lanes give key rows, each matrix arrives transposed: query rows);
+/// B = K_j [keys, d] needs pairs of consecutive keys of one feature: ldmatrix.trans again.
+/// kDeterministic: plain read-add-write (the caller holds the turn), otherwise atomic adds.
+template <class T, int D, class F, bool kDeterministic>
+__device__ __forceinline__ void accumulate_dq(const uint16_t* ds_tile, const uint16_t* k_tile, float* dq_block, int warp,
+                                              int lane) {
+    using S = Shape<T, D, F>;
+    using CF = CopyFeatures<F::kWarps>;
+    const int g = lane / 4, t = lane % 4;
+    // With one warp per row tile (kColSplit = 1) every warp computes all d features.
+    const int row_tile = warp % S::kRowTiles, col_part = S::kColSplit == 1 ? 0 : warp / S::kRowTiles;
+    // ds lane pattern: lanes 0-7 keys 0-7 / queries 0-7, 8-15 keys 0-7 / queries 8-15, 16-23
+    // keys 8-15 / queries 0-7, 24-31 keys 8-15 / queries 8-15: after the transposing load,
+    // matrix i is exactly register a[i] of the A fragment of dS (the k_lane pattern of stage 07).
+    const uint32_t ds_a = smem_address(ds_tile) + k_lane_bytes<F::kBr, CF>(lane);
+    const uint32_t k_t = smem_address(k_tile) + v_lane_bytes<D, CF>(lane);
+    float* rows = dq_block + int64_t(row_tile * 16) * D;  // [16, d] of the accumulator
+#pragma unroll
+    for (int chunk = 0; chunk < S::kColsPerWarp / S::kChunkCols; ++chunk) {
+        const int col0 = col_part * S::kColsPerWarp + chunk * S::kChunkCols;
+        float acc[S::kChunkCols / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < S::kChunkCols / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < F::kBc / 16; ++kk) {
+            uint32_t ds[4];
+            ldmatrix_x4_trans(ds, fragment_address<F::kBr, CF>(ds_a, kk * 16, row_tile * 16));
+#pragma unroll
+            for (int dpair = 0; dpair < S::kChunkCols / 16; ++dpair) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, fragment_address<D, CF>(k_t, kk * 16, col0 + dpair * 16));
+                const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+                mma_m16n8k16<T>(acc[2 * dpair], ds, b_lo, acc[2 * dpair]);
+                mma_m16n8k16<T>(acc[2 * dpair + 1], ds, b_hi, acc[2 * dpair + 1]);
+            }
+        }
+        // Each lane holds rows g and g+8, features 2t and 2t+1 of every 8-feature tile: pairs of
+        // neighbouring floats, one 8-byte access each.
+#pragma unroll
+        for (int nt = 0; nt < S::kChunkCols / 8; ++nt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                float* p = rows + (g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
+                if constexpr (kDeterministic) {
+                    // .cg: through L2, where the previous key block's writes are; this SM's L1
+                    // may hold a stale copy of the line.
+                    float2 old = __ldcg(reinterpret_cast<const float2*>(p));
+                    old.x += acc[nt][2 * hh];
+                    old.y += acc[nt][2 * hh + 1];
+                    __stcg(reinterpret_cast<float2*>(p), old);
+                } else {
+                    red_add_f32x2(p, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+                }
+            }
+    }
+}
+//! [accumulate_dq]
+
+}  // namespace detail
+
+//! [query_blocks]
+/// The query blocks key block `j` visits: `[begin, Tr)`. Without the causal mask, all of them;
+/// with it, the first block holding a row that sees key `j*Bc` (query `r` sees key `k` iff
+/// `k <= r + Nk - Nq`). `begin` never decreases with j, so the key blocks visiting query block
+/// i are always a prefix `0, 1, ...` of the key blocks: the deterministic mode's turn of key
+/// block j at any query block is simply j.
+__host__ __device__ inline int first_query_block(int j, int br, int bc, int seq_q, int seq_k, bool causal) {
+    if (!causal) return 0;
+    const int64_t first_row = int64_t(j) * bc + seq_q - seq_k;  // first query row that sees key j*Bc
+    return first_row > 0 ? int(first_row / br) : 0;
+}
+
+/// True when block (query block starting at `q0`, key block starting at `kv0`) holds a (query,
+/// key) pair the mask hides: the key block runs past Nk, or (causal) the block's first query row
+/// does not see its last key. Later rows see more keys, so the first row decides.
+__host__ __device__ inline bool block_needs_mask(int q0, int kv0, int bc, int seq_q, int seq_k, bool causal) {
+    const int64_t end = visible_key_end(q0, seq_q, seq_k, causal);  // keys [0, end) visible to row q0
+    return end < int64_t(kv0) + bc;
+}
+//! [query_blocks]
+
+//! [kernel]
+/// The main backward kernel: one block per (key block j, batch, head) in a flat grid, j fastest
+/// (Tc blocks of one head are neighbours, so the deterministic mode's predecessors of a block
+/// were launched before it, and the blocks running together share one head's Q and dO in L2).
+template <class T, int D, class F, bool kDeterministic>
+__global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_backward_kernel(const Args<T> a) {
+    using S = Shape<T, D, F>;
+    using CF = detail::CopyFeatures<F::kWarps>;
+    using L = stage07::TileLayout<D, true>;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem_raw);  // [Bc, d]   K_j, swizzled
+    uint16_t* v_tile = k_tile + S::kKVElems;                    // [Bc, d]   V_j
+    uint16_t* q_ring = v_tile + S::kKVElems;                    // 2 x [Br, d] Q_i
+    uint16_t* do_ring = q_ring + 2 * S::kQElems;                // 2 x [Br, d] dO_i
+    uint16_t* ds_tile = do_ring + 2 * S::kQElems;               // [Bc, Br]  dS^T
+    float* lse_ring = reinterpret_cast<float*>(ds_tile + S::kDsElems);  // 2 x [Br] L_i log2(e)
+    float* delta_ring = lse_ring + 2 * F::kBr;                         // 2 x [Br] D_i
+
+    const int j = int(blockIdx.x % unsigned(a.k_blocks));
+    const int bh = int(blockIdx.x / unsigned(a.k_blocks)), b = bh / a.heads, h = bh % a.heads;
+    const int kv0 = j * F::kBc;
+    const T* q_head = a.q + b * a.q_sb + h * a.q_sh;       // [Nq, d] global
+    const T* k_head = a.k + b * a.k_sb + h * a.k_sh;       // [Nk, d] global
+    const T* v_head = a.v + b * a.v_sb + h * a.v_sh;       // [Nk, d] global
+    const T* do_head = a.dout + b * a.do_sb + h * a.do_sh;  // [Nq, d] global
+    const float* lse_head = a.lse_log2 + int64_t(bh) * a.seq_q_padded;    // [Nq_padded]
+    const float* delta_head = a.delta + int64_t(bh) * a.seq_q_padded;     // [Nq_padded]
+    float* dq_head = a.dq_accum + int64_t(bh) * a.seq_q_padded * D;       // [Nq_padded, d]
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int g = lane / 4, t = lane % 4;
+
+    detail::WarpState<T, D, F> st;
+#pragma unroll
+    for (int dt = 0; dt < S::kDTiles; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st.dk[dt][e] = st.dv[dt][e] = 0.0f;
+
+    const int i_begin = first_query_block(j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal);
+    const int i_end = a.q_blocks;
+
+    const auto load_query_block = [&](int i, int slot) {
+        detail::load_tile_gmem_to_smem<T, D, CF, F::kBr>(reinterpret_cast<T*>(q_ring + slot * S::kQElems), q_head, a.q_sn,
+                                                         i * F::kBr, a.seq_q);
+        detail::load_tile_gmem_to_smem<T, D, CF, F::kBr>(reinterpret_cast<T*>(do_ring + slot * S::kQElems), do_head,
+                                                         a.do_sn, i * F::kBr, a.seq_q);
+        detail::load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, lse_head, delta_head, i * F::kBr);
+    };
+
+    //! [pipeline]
+    // Prologue: K_j, V_j (rows past Nk zero-filled) and the first query block, one commit group.
+    detail::load_tile_gmem_to_smem<T, D, CF, F::kBc>(reinterpret_cast<T*>(k_tile), k_head, a.k_sn, kv0, a.seq_k);
+    detail::load_tile_gmem_to_smem<T, D, CF, F::kBc>(reinterpret_cast<T*>(v_tile), v_head, a.v_sn, kv0, a.seq_k);
+    if (i_begin < i_end) load_query_block(i_begin, 0);
+    fa::cuda::ptx::cp_async_commit();
+
+    for (int i = i_begin; i < i_end; ++i) {
+        const int slot = (i - i_begin) % 2;
+        fa::cuda::ptx::cp_async_wait<0>();  // this thread's copies of block i (and of K_j, V_j) have landed
+        // Orders every thread's copies of block i before any warp reads them, and every warp's
+        // reads of iteration i-1 (its Q/dO slot, dS^T, K_j in the dQ products) before the
+        // prefetch below overwrites that slot and this iteration's dS^T stores.
+        __syncthreads();
+        if (F::kKVInRegisters && i == i_begin) {
+            // K_w and V_w as A fragments, once: the same 16 keys for every query block.
+            const uint32_t k_a = fa::cuda::ptx::smem_address(k_tile) + detail::a_lane_bytes<D, CF>(lane);
+            const uint32_t v_a = fa::cuda::ptx::smem_address(v_tile) + detail::a_lane_bytes<D, CF>(lane);
+#pragma unroll
+            for (int ks = 0; ks < detail::WarpState<T, D, F>::kFragSteps; ++ks) {
+                fa::cuda::ptx::ldmatrix_x4(st.k[ks], detail::fragment_address<D, CF>(k_a, warp * 16, ks * 16));
+                fa::cuda::ptx::ldmatrix_x4(st.v[ks], detail::fragment_address<D, CF>(v_a, warp * 16, ks * 16));
+            }
+        }
+        if (i + 1 < i_end) load_query_block(i + 1, slot ^ 1);  // the slot iteration i-1 read: free since the barrier
+        fa::cuda::ptx::cp_async_commit();  // (possibly empty) group of block i+1, in flight during the math below
+
+        const int q0 = i * F::kBr;
+        const uint16_t* q_tile = q_ring + slot * S::kQElems;
+        const uint16_t* do_tile = do_ring + slot * S::kQElems;
+        const float* lse_slot = lse_ring + slot * F::kBr;
+        const float* delta_slot = delta_ring + slot * F::kBr;
+        const bool mask = block_needs_mask(q0, kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
+#pragma unroll 1  // one step at a time: unrolled, the compiler would keep two steps' S^T and dP^T alive
+        for (int step = 0; step < S::kSteps; ++step) {
+            if (mask) {
+                detail::process_step<T, D, F, true>(st, k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot, ds_tile, q0,
+                                                    step * F::kBn, kv0, a, warp, lane);
+            } else {
+                detail::process_step<T, D, F, false>(st, k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot, ds_tile,
+                                                     q0, step * F::kBn, kv0, a, warp, lane);
+            }
+        }
+
+        if constexpr (kDeterministic) {
+            // Key blocks 0 .. j-1 visit query block i before this one (first_query_block never
+            // decreases with j); thread 0 waits until all of them have added their dQ_i.
+            if (threadIdx.x == 0) {
+                const int* turn = a.turns + int64_t(bh) * a.q_blocks + i;
+                while (detail::load_acquire(turn) != j) __nanosleep(32);
+            }
+        }
+        // Orders every warp's dS^T stores before the dQ products read them (and, deterministic,
+        // the turn thread 0 just acquired before every thread's dQ_i accesses).
+        __syncthreads();
+        detail::accumulate_dq<T, D, F, kDeterministic>(ds_tile, k_tile, dq_head + int64_t(q0) * D, warp, lane);
+        if constexpr (kDeterministic) {
+            // Publishing the turn: every thread's dQ_i writes are made visible GPU-wide, the barrier
+            // orders all of them before thread 0's increment, and thread 0's own fence makes the
+            // increment a release of everything it has observed (the other threads' writes included).
+            __threadfence();
+            __syncthreads();  // every thread's dQ_i writes are done before the turn is passed on
+            if (threadIdx.x == 0) {
+                __threadfence();
+                atomicAdd(a.turns + int64_t(bh) * a.q_blocks + i, 1);
+            }
+        }
+    }
+    fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing (the loop may not have run)
+    //! [pipeline]
+
+    // Epilogue: dK_j = scale * sum dS^T Q and dV_j, rounded to T and written through shared memory
+    // (whole 16-byte rows in global memory). Every warp has finished reading K_j (all of it, in
+    // the dQ products) and V_j once all warps pass this barrier; each warp then stages its own 16
+    // rows of dK in K_j's tile and of dV in V_j's.
+    __syncthreads();
+#pragma unroll
+    for (int dt = 0; dt < S::kDTiles; ++dt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int r = warp * 16 + g + 8 * hh, c = dt * 8 + 2 * t;
+            *reinterpret_cast<uint32_t*>(k_tile + L::offset(r, c)) =
+                fa::cuda::ptx::pack2<T>(st.dk[dt][2 * hh] * a.scale, st.dk[dt][2 * hh + 1] * a.scale);
+            *reinterpret_cast<uint32_t*>(v_tile + L::offset(r, c)) =
+                fa::cuda::ptx::pack2<T>(st.dv[dt][2 * hh], st.dv[dt][2 * hh + 1]);
+        }
+    __syncwarp();  // orders this warp's staging stores before its 16-byte reads of the same rows
+    T* dk_head = a.dk + b * a.dk_sb + h * a.dk_sh;
+    T* dv_head = a.dv + b * a.dv_sb + h * a.dv_sh;
+    constexpr int kChunksPerRow = D / 8;
+    constexpr int kChunks = 16 * kChunksPerRow;  // this warp's 16 rows
+#pragma unroll
+    for (int c = lane; c < kChunks; c += 32) {
+        const int r = warp * 16 + c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+        const int key = kv0 + r;
+        if (key < a.seq_k) {  // rows past Nk are not ours to write
+            *reinterpret_cast<uint4*>(dk_head + int64_t(key) * a.dk_sn + col) =
+                *reinterpret_cast<const uint4*>(k_tile + L::offset(r, col));
+            *reinterpret_cast<uint4*>(dv_head + int64_t(key) * a.dv_sn + col) =
+                *reinterpret_cast<const uint4*>(v_tile + L::offset(r, col));
+        }
+    }
+}
+//! [kernel]
+
+}  // namespace fa::stage09

@@ -1,0 +1,120 @@
+// Stage 09 executable: the backward pass on tensor cores in bf16 or fp16, after stage 07's forward
+// in the same type, checked against stage 08 (the backward on the CPU) and the float64 reference
+// by the gradient rule.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "../07_pipelined_fused_kernel/attention.cuh"
+#include "../04_cpu_tiling/attention.hpp"
+#include "../08_cpu_backward/attention.hpp"
+#include "attention.cuh"
+#include "fa/cuda/buffer.hpp"
+#include "fa/cuda/check.hpp"
+#include "fa/cuda/device.hpp"
+#include "fa/cuda/half.hpp"
+#include "fa/cuda/tensors.hpp"
+#include "fa/cuda/timing.hpp"
+#include "fa/stage.hpp"
+
+namespace {
+
+fa::stage09::Options g_options;
+
+// --bench: the inputs are copied and rounded to 16 bits once, the workspace is allocated once,
+// then the three backward kernels alone are timed.
+template <class T>
+fa::TimingStats bench_half(const fa::Problem& p, const fa::Inputs& in, fa::View4<const float> o, fa::View3<const float> lse,
+                           fa::View4<const float> dout, const fa::CommonOptions& opt) {
+    fa::cuda::DeviceTensors dev(p, in.q.cview(), in.k.cview(), in.v.cview(), o, lse);
+    fa::cuda::HalfTensors<T> half(p, opt.layout);
+    half.load(dev.q, dev.k, dev.v);
+    fa::cuda::convert(fa::View4<const float>(dev.o), half.o);
+    fa::cuda::DeviceBuffer<float> dout_f32(size_t(fa::cuda::span_elements(dout)));
+    dout_f32.copy_from_host(dout.data, dout_f32.size());
+    fa::cuda::DeviceBuffer<T> dout_buf(size_t(p.q_elems())), dq_buf(size_t(p.q_elems()));
+    fa::cuda::DeviceBuffer<T> dk_buf(size_t(p.kv_elems())), dv_buf(size_t(p.kv_elems()));
+    const auto view = [&](T* data, int64_t n) { return fa::make_view<T>(data, p.batch, p.heads, n, p.head_dim, opt.layout); };
+    fa::cuda::convert(fa::View4<const float>{dout_f32.data(), dout.shape, dout.stride}, view(dout_buf.data(), p.seq_q));
+    fa::stage09::Workspace workspace;
+    return fa::cuda::time_on_gpu(
+        [&](cudaStream_t s) {
+            fa::stage09::attention_backward_device(p, half.q, half.k, half.v, fa::View4<const T>(half.o),
+                                                   fa::View3<const float>(dev.lse),
+                                                   fa::View4<const T>(view(dout_buf.data(), p.seq_q)),
+                                                   view(dq_buf.data(), p.seq_q), view(dk_buf.data(), p.seq_k),
+                                                   view(dv_buf.data(), p.seq_k), g_options.deterministic, s, &workspace);
+        },
+        std::max(opt.warmup, 1), opt.repeat);
+}
+
+// After --bench: the GPU and its clock (the driver already printed the backward's TFLOP/s).
+void print_gpu(const fa::Problem&, const fa::TimingStats&) {
+    const fa::cuda::GpuInfo gpu = fa::cuda::gpu_info();
+    const int clock = fa::cuda::current_sm_clock_mhz();
+    std::printf("gpu        %s\n", gpu.describe().c_str());
+    if (clock > 0) {
+        std::printf("clock      SM clock %d MHz right after the timed runs (NVML)\n", clock);
+    } else {
+        std::printf("clock      SM clock not readable here (no NVML); the device reports a %d MHz peak\n", gpu.max_sm_clock_mhz);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    fa::StageSpec spec;
+    spec.number = "09";
+    spec.title = "backward kernel";
+    spec.description =
+        "The FlashAttention-2 backward pass on tensor cores (mma.sync m16n8k16) in bf16 or fp16 with float32\n"
+        "accumulation: D = rowsum(dO * O) first; then one thread block per key block K_j, V_j (16 keys per warp)\n"
+        "streams the query blocks past it through a cp.async pipeline, recomputes P from the saved LSE, and\n"
+        "accumulates dK_j, dV_j in registers; dQ is added across key blocks in a float32 buffer (atomically, or in\n"
+        "a fixed order with --deterministic). O and LSE come from stage 07's forward in the same --dtype.\n"
+        "Checked against stage 08 (the backward on the CPU) and the float64 reference by the gradient rule.";
+    spec.run = [](const fa::Problem& p, fa::View4<const float> q, fa::View4<const float> k, fa::View4<const float> v,
+                  fa::View4<float> o, fa::View3<float> lse) { fa::stage07::host_entry(g_options.dtype)(p, q, k, v, o, lse); };
+    spec.forward_name = "stage 07 (tensor cores, same --dtype)";
+    spec.run_backward = [](const fa::Problem& p, fa::View4<const float> q, fa::View4<const float> k, fa::View4<const float> v,
+                           fa::View4<const float> o, fa::View3<const float> lse, fa::View4<const float> dout,
+                           fa::View4<float> dq, fa::View4<float> dk, fa::View4<float> dv) {
+        fa::stage09::host_entry(g_options)(p, q, k, v, o, lse, dout, dq, dk, dv);
+    };
+    // Stage 08 after its own float32 forward (stage 04's): the whole float32 pipeline.
+    spec.backward_checked_against.push_back(
+        {"stage 08 (CPU, after stage 04's forward)", fa::stage08::attention_backward, {}, fa::stage04::attention});
+    spec.check_supported = [](const fa::Problem& p) {
+        fa::stage09::check_supported(p);
+        fa::stage07::check_supported(p, -1);  // the forward that makes O and LSE
+    };
+    spec.describe_config = [](const fa::Problem& p) { return fa::stage09::describe_config(p, g_options); };
+    spec.intermediate_what =
+        "16-bit copies of q, k, v, o, dO, dQ, dK, dV on the device; L_i, D_i and the float32 dQ accumulator; "
+        "P_ij, dP_ij and dS_ij stay on chip";
+    spec.intermediate_bytes = [](const fa::Problem& p) { return fa::stage09::intermediate_bytes(p, g_options); };
+    spec.needs_gpu = true;
+    spec.gpu_unavailable_reason = fa::cuda::gpu_unavailable_reason;
+    spec.add_options = [](CLI::App& app) {
+        app.add_option_function<std::string>(
+               "--dtype",
+               [](const std::string& s) { g_options.dtype = s == "fp16" ? fa::cuda::DType::FP16 : fa::cuda::DType::BF16; },
+               "16-bit type of the inputs, O, dO and the gradients: bf16 (range of float32, 8 significant bits) or fp16 "
+               "(11 bits, max 65504)")
+            ->check(CLI::IsMember({"bf16", "fp16"}))
+            ->default_str("bf16");
+        app.add_flag("--deterministic", g_options.deterministic,
+                     "add the key blocks' dQ contributions in a fixed order (bit-identical dq from run to run) "
+                     "instead of float32 atomic additions");
+    };
+    spec.precision = [] {
+        return g_options.dtype == fa::cuda::DType::BF16 ? fa::Precision::BFloat16 : fa::Precision::Float16;
+    };
+    spec.bench_backward = [](const fa::Problem& p, const fa::Inputs& in, fa::View4<const float> o, fa::View3<const float> lse,
+                             fa::View4<const float> dout, const fa::CommonOptions& opt) {
+        return g_options.dtype == fa::cuda::DType::BF16 ? bench_half<__nv_bfloat16>(p, in, o, lse, dout, opt)
+                                                        : bench_half<__half>(p, in, o, lse, dout, opt);
+    };
+    spec.after_bench = print_gpu;
+    return fa::run_stage(argc, argv, spec);
+}

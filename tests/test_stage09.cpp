@@ -1,0 +1,319 @@
+// Stage 09 (the backward kernel, bf16 and fp16) against the float64 reference backward by the
+// gradient rule (fa::gradient_tolerance: twice the error of the naive backward in the same
+// precision, plus a floor), with O and LSE from stage 07's forward in the same precision, as the
+// executable does. Every awkward size, both layouts, d = 32, 64, 128; rows and whole query blocks
+// that see no key get exactly zero gradients; any scale; the deterministic mode is bit-identical
+// from run to run; the device entry point with a kept workspace; what the stage refuses.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../stages/07_pipelined_fused_kernel/attention.cuh"
+#include "../stages/09_backward_kernel/attention.cuh"
+#include "fa/cuda/buffer.hpp"
+#include "fa/cuda/check.hpp"
+#include "fa/cuda/half.hpp"
+#include "fa/cuda/tensors.hpp"
+#include "fa/error.hpp"
+#include "fa/precision.hpp"
+#include "fa/reference_backward.hpp"
+#include "fa/tolerance.hpp"
+#include "support.hpp"
+
+using namespace fa;
+using fa::cuda::DType;
+
+namespace {
+
+Precision precision_of(DType dtype) { return dtype == DType::BF16 ? Precision::BFloat16 : Precision::Float16; }
+
+std::string describe(DType dtype, bool deterministic) {
+    return " dtype=" + cuda::to_string(dtype) + (deterministic ? " deterministic" : " atomic");
+}
+
+// O and LSE as the backward receives them: from stage 07's forward in the same 16-bit type.
+struct Forward {
+    HostTensor o;
+    std::vector<float> lse;
+    View3<const float> lse_view(const Problem& p) const { return make_view3<const float>(lse.data(), p.batch, p.heads, p.seq_q); }
+};
+
+Forward forward(const Problem& p, const Inputs& in, Layout layout, DType dtype) {
+    Forward f{HostTensor(p.batch, p.heads, p.seq_q, p.head_dim, layout, std::nanf("")),
+              std::vector<float>(size_t(p.lse_elems()), std::nanf(""))};
+    stage07::host_entry(dtype)(p, in.q.cview(), in.k.cview(), in.v.cview(), f.o.view,
+                               make_view3(f.lse.data(), p.batch, p.heads, p.seq_q));
+    return f;
+}
+
+// The gradients of one run, in logical order.
+struct Grads {
+    std::vector<float> dq, dk, dv;
+};
+
+// Runs `fn` with outputs poisoned with NaN, so unwritten elements fail.
+Grads run_backward(const BackwardFn& fn, const Problem& p, const Inputs& in, const Forward& f, const HostTensor& dout,
+                   Layout layout) {
+    HostTensor dq(p.batch, p.heads, p.seq_q, p.head_dim, layout, std::nanf(""));
+    HostTensor dk(p.batch, p.heads, p.seq_k, p.head_dim, layout, std::nanf(""));
+    HostTensor dv(p.batch, p.heads, p.seq_k, p.head_dim, layout, std::nanf(""));
+    fn(p, in.q.cview(), in.k.cview(), in.v.cview(), f.o.cview(), f.lse_view(p), dout.cview(), dq.view, dk.view, dv.view);
+    return {dq.logical(), dk.logical(), dv.logical()};
+}
+
+// The float64 gradients and the limits of the gradient rule for `dtype`.
+struct Judge {
+    ReferenceGradients ref;
+    GradientTolerances tol;
+};
+
+Judge judge(const Problem& p, const Inputs& in, const HostTensor& dout, DType dtype) {
+    Judge j{reference_backward(p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview()), {}};
+    const EmulatedGradients naive =
+        naive_backward_emulated(precision_of(dtype), p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
+    j.tol = gradient_tolerance(input_stats(p, in.q.cview(), in.k.cview(), in.v.cview()), precision_of(dtype), p, naive, j.ref);
+    return j;
+}
+
+// Checks each gradient of `got` against `want` (the float64 reference or another run) within `tol`.
+template <class Want>
+void check_gradients(const Grads& got, const Want& want_dq, const Want& want_dk, const Want& want_dv,
+                     const GradientTolerances& tol, const std::string& what) {
+    const char* names[3] = {"dQ", "dK", "dV"};
+    const std::vector<float>* g[3] = {&got.dq, &got.dk, &got.dv};
+    const Want* w[3] = {&want_dq, &want_dk, &want_dv};
+    const Tolerance* lim[3] = {&tol.dq, &tol.dk, &tol.dv};
+    for (int i = 0; i < 3; ++i) {
+        const Metrics m = compare(*g[i], *w[i]);
+        INFO(what);
+        INFO(names[i] << ": max_abs=" << m.max_abs << " rel_l2=" << m.rel_l2 << " nonfinite=" << m.nonfinite << " (limits "
+                      << lim[i]->max_abs << ", " << lim[i]->rel_l2 << "), worst at flat index " << m.worst_index);
+        INFO(tol.rule);
+        CHECK(passes(m, *lim[i]));
+    }
+}
+
+// The contract for rows that see no key: every gradient element written and finite, and dQ of a
+// row that sees no key exactly 0 (its P is 0, so every term of its dQ is 0).
+void check_rows_without_keys(const Problem& p, const Grads& g, const std::string& what) {
+    INFO(what);
+    int64_t nonfinite = 0, nonzero = 0;
+    for (const std::vector<float>* x : {&g.dq, &g.dk, &g.dv})
+        for (float v : *x) nonfinite += std::isfinite(v) ? 0 : 1;
+    CHECK(nonfinite == 0);
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+        for (int64_t i = 0; i < p.seq_q; ++i) {
+            if (visible_key_end(i, p.seq_q, p.seq_k, p.causal) != 0) continue;
+            for (int64_t x = 0; x < p.head_dim; ++x) nonzero += g.dq[size_t((bh * p.seq_q + i) * p.head_dim + x)] == 0.0f ? 0 : 1;
+        }
+    CHECK(nonzero == 0);
+}
+
+// Runs stage 09 on `c` in `dtype` and checks it against the float64 reference; returns the gradients.
+Grads check_case(const test::Case& c, DType dtype, bool deterministic = false) {
+    const Problem& p = c.problem;
+    const Inputs in = make_inputs(p, c.layout, c.inputs, c.seed);
+    const HostTensor dout = make_output_gradient(p, c.layout, c.seed);
+    const Forward f = forward(p, in, c.layout, dtype);
+    const Grads got = run_backward(stage09::host_entry({dtype, deterministic}), p, in, f, dout, c.layout);
+    const Judge j = judge(p, in, dout, dtype);
+    const std::string what = c.name() + describe(dtype, deterministic);
+    check_gradients(got, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " vs float64 reference");
+    check_rows_without_keys(p, got, what);
+    return got;
+}
+
+bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("stage 09 matches the float64 reference backward on the standard cases, bf16 and fp16, d = 32, 64, 128") {
+    for (const test::Case& c : test::standard_cases({32, 64, 128})) {
+        check_case(c, DType::BF16);
+        check_case(c, DType::FP16);
+    }
+}
+
+TEST_CASE("stage 09 handles the diagonal wherever it falls against its 64-row query blocks and 64-key blocks") {
+    const int64_t sizes[][2] = {{64, 64},  {65, 64},  {64, 65},  {128, 192}, {192, 128}, {191, 257}, {257, 191},
+                                {300, 64}, {64, 300}, {1, 500},  {500, 1},   {129, 1},   {63, 127},  {127, 63}};
+    uint64_t seed = 900;
+    for (int64_t d : {32, 64, 128}) {
+        for (const auto& s : sizes) {
+            for (bool causal : {true, false}) {
+                if (!causal && d != 64) continue;  // the causal mask is what the sizes are about
+                test::Case c;
+                c.problem = test::make_problem(1, 2, s[0], s[1], d, causal);
+                c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
+                c.seed = seed++;
+                check_case(c, seed % 3 == 0 ? DType::FP16 : DType::BF16);
+            }
+        }
+    }
+}
+
+TEST_CASE("stage 09: rows and whole query blocks that see no key get dQ = 0 exactly, every gradient finite") {
+    uint64_t seed = 1200;
+    for (int64_t d : {32, 64, 128}) {
+        for (DType dtype : {DType::BF16, DType::FP16}) {
+            for (bool deterministic : {false, true}) {
+                // Rows 0-199 see no key: query blocks 0-2 are never visited, block 3 only in part.
+                test::Case c;
+                c.problem = test::make_problem(2, 1, 300, 100, d, true);
+                c.layout = Layout::BNHD;
+                c.seed = seed++;
+                check_case(c, dtype, deterministic);
+            }
+        }
+    }
+}
+
+TEST_CASE("stage 09 takes any finite scale: negative, zero, large") {
+    uint64_t seed = 1000;
+    for (double scale : {-0.3, 0.0, 2.0}) {
+        for (bool causal : {false, true}) {
+            test::Case c;
+            c.problem = test::make_problem(1, 2, 150, 170, 64, causal);
+            c.problem.scale = scale;
+            c.seed = seed++;
+            check_case(c, DType::BF16);
+            check_case(c, DType::FP16, true);
+        }
+    }
+}
+
+TEST_CASE("stage 09's deterministic mode gives bit-identical gradients over runs, within the rule of the atomic mode") {
+    struct Shape {
+        int64_t B, H, Nq, Nk, d;
+        bool causal;
+    };
+    // Many key blocks add into the same dQ rows: 7, 11 and 5 key blocks of 64.
+    const Shape shapes[] = {{2, 3, 517, 389, 64, true}, {1, 2, 300, 700, 128, false}, {1, 2, 700, 300, 32, true},
+                            {1, 1, 1000, 1000, 128, true}};
+    uint64_t seed = 1300;
+    for (const Shape& s : shapes) {
+        for (DType dtype : {DType::BF16, DType::FP16}) {
+            test::Case c;
+            c.problem = test::make_problem(s.B, s.H, s.Nq, s.Nk, s.d, s.causal);
+            c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
+            c.seed = seed++;
+            const Problem& p = c.problem;
+            const Inputs in = make_inputs(p, c.layout, c.inputs, c.seed);
+            const HostTensor dout = make_output_gradient(p, c.layout, c.seed);
+            const Forward f = forward(p, in, c.layout, dtype);
+            const BackwardFn det = stage09::host_entry({dtype, true});
+            const Grads first = run_backward(det, p, in, f, dout, c.layout);
+            for (int run = 1; run < 3; ++run) {
+                const Grads again = run_backward(det, p, in, f, dout, c.layout);
+                INFO(c.name() << describe(dtype, true) << ", run " << run + 1 << " against run 1");
+                CHECK(bit_identical(again.dq, first.dq));
+                CHECK(bit_identical(again.dk, first.dk));
+                CHECK(bit_identical(again.dv, first.dv));
+            }
+            const Grads atomic = run_backward(stage09::host_entry({dtype, false}), p, in, f, dout, c.layout);
+            const Judge j = judge(p, in, dout, dtype);
+            const std::string what = c.name() + " dtype=" + cuda::to_string(dtype);
+            check_gradients(first, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " deterministic vs float64 reference");
+            check_gradients(atomic, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " atomic vs float64 reference");
+            check_gradients(first, atomic.dq, atomic.dk, atomic.dv, j.tol, what + " deterministic vs atomic");
+            // dK and dV never leave their block: the two modes compute them identically.
+            CHECK(bit_identical(first.dk, atomic.dk));
+            CHECK(bit_identical(first.dv, atomic.dv));
+        }
+    }
+}
+
+namespace {
+
+// The device entry point, as a benchmark or a PyTorch extension calls it: 16-bit device tensors
+// (made here the way the host entry point makes them), a stream, a workspace kept across calls.
+template <class T>
+Grads run_device(const Problem& p, const Inputs& in, const Forward& f, const HostTensor& dout, Layout layout,
+                 bool deterministic, cudaStream_t stream, stage09::Workspace& workspace) {
+    cuda::DeviceTensors dev(p, in.q.cview(), in.k.cview(), in.v.cview(), f.o.cview(), f.lse_view(p));
+    cuda::HalfTensors<T> half(p, layout);
+    half.load(dev.q, dev.k, dev.v);
+    cuda::convert(View4<const float>(dev.o), half.o);
+    cuda::DeviceBuffer<float> dout_f32(size_t(p.q_elems()));
+    dout_f32.copy_from_host(dout.storage.data(), dout_f32.size());
+    const auto view16 = [&](cuda::DeviceBuffer<T>& b, int64_t n) { return make_view<T>(b.data(), p.batch, p.heads, n, p.head_dim, layout); };
+    cuda::DeviceBuffer<T> dout16(size_t(p.q_elems())), dq16(size_t(p.q_elems())), dk16(size_t(p.kv_elems())),
+        dv16(size_t(p.kv_elems()));
+    cuda::convert(View4<const float>{dout_f32.data(), dout.view.shape, dout.view.stride}, view16(dout16, p.seq_q));
+    stage09::attention_backward_device(p, half.q, half.k, half.v, View4<const T>(half.o), View3<const float>(dev.lse),
+                                       View4<const T>(view16(dout16, p.seq_q)), view16(dq16, p.seq_q), view16(dk16, p.seq_k),
+                                       view16(dv16, p.seq_k), deterministic, stream, &workspace);
+    FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+    HostTensor dq(p.batch, p.heads, p.seq_q, p.head_dim, layout), dk(p.batch, p.heads, p.seq_k, p.head_dim, layout),
+        dv(p.batch, p.heads, p.seq_k, p.head_dim, layout);
+    const std::pair<cuda::DeviceBuffer<T>*, HostTensor*> outs[3] = {{&dq16, &dq}, {&dk16, &dk}, {&dv16, &dv}};
+    for (const auto& [src, dst] : outs) {
+        cuda::DeviceBuffer<float> wide(dst->storage.size());
+        cuda::convert(View4<const T>(view16(*src, dst->view.shape[2])), View4<float>{wide.data(), dst->view.shape, dst->view.stride});
+        FA_CUDA_CHECK(cudaDeviceSynchronize());
+        wide.copy_to_host(dst->storage.data(), wide.size());
+    }
+    return {dq.logical(), dk.logical(), dv.logical()};
+}
+
+}  // namespace
+
+TEST_CASE("stage 09's device entry point runs on a stream with a workspace kept across problems of several sizes") {
+    cudaStream_t stream = nullptr;
+    FA_CUDA_CHECK(cudaStreamCreate(&stream));
+    stage09::Workspace workspace;
+    // Small, then larger (the workspace grows), then small again (it is reused as it is).
+    const Problem problems[] = {test::make_problem(1, 2, 70, 90, 64, true), test::make_problem(2, 2, 333, 257, 128, false),
+                                test::make_problem(1, 3, 129, 65, 32, true), test::make_problem(1, 2, 70, 90, 64, true)};
+    uint64_t seed = 1400;
+    for (const Problem& p : problems) {
+        for (DType dtype : {DType::BF16, DType::FP16}) {
+            const Layout layout = seed % 2 ? Layout::BNHD : Layout::BHND;
+            const Inputs in = make_inputs(p, layout, InputKind::Normal, seed);
+            const HostTensor dout = make_output_gradient(p, layout, seed);
+            ++seed;
+            const Forward f = forward(p, in, layout, dtype);
+            const Grads got = dtype == DType::BF16 ? run_device<__nv_bfloat16>(p, in, f, dout, layout, true, stream, workspace)
+                                                   : run_device<__half>(p, in, f, dout, layout, true, stream, workspace);
+            const std::string what = p.describe() + " layout=" + to_string(layout) + describe(dtype, true) + " (device entry)";
+            // The same kernels on the same 16-bit values as the host entry point: the same bits.
+            const Grads host = run_backward(stage09::host_entry({dtype, true}), p, in, f, dout, layout);
+            INFO(what);
+            CHECK(bit_identical(got.dq, host.dq));
+            CHECK(bit_identical(got.dk, host.dk));
+            CHECK(bit_identical(got.dv, host.dv));
+            const Judge j = judge(p, in, dout, dtype);
+            check_gradients(got, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " vs float64 reference");
+        }
+    }
+    CHECK(workspace.floats.size() > 0);
+    CHECK(workspace.turns.size() > 0);
+    FA_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+TEST_CASE("stage 09 refuses what it cannot do, naming the option and what is allowed") {
+    for (int64_t d : {16, 96, 256}) {
+        const Problem p = test::make_problem(1, 1, 16, 16, d);
+        const std::string option = "--head-dim " + std::to_string(d);
+        CHECK_THROWS_WITH_AS(stage09::check_supported(p), doctest::Contains(option.c_str()), InputError);
+        CHECK_THROWS_WITH_AS(stage09::check_supported(p), doctest::Contains("use 32, 64, 128"), InputError);
+        const Inputs in = make_inputs(p, Layout::BHND, InputKind::Normal, 1);
+        const HostTensor dout = make_output_gradient(p, Layout::BHND, 1);
+        const Forward f{HostTensor(p.batch, p.heads, p.seq_q, p.head_dim, Layout::BHND, 0.5f), std::vector<float>(16, 1.0f)};
+        CHECK_THROWS_WITH_AS(run_backward(stage09::attention_backward, p, in, f, dout, Layout::BHND),
+                             doctest::Contains(option.c_str()), InputError);
+    }
+    // Device views the kernels cannot read with 16-byte copies are refused before any launch.
+    const Problem p = test::make_problem(1, 1, 16, 16, 64);
+    View4<__nv_bfloat16> strided{nullptr, {1, 1, 16, 64}, {16 * 128, 16 * 128, 128, 2}};
+    View4<__nv_bfloat16> dense{nullptr, {1, 1, 16, 64}, {16 * 64, 16 * 64, 64, 1}};
+    const View3<const float> lse{nullptr, {1, 1, 16}, {16, 16, 1}};
+    CHECK_THROWS_WITH_AS(stage09::attention_backward_device(p, strided, dense, dense, dense, lse, dense, dense, dense, dense,
+                                                            false, nullptr),
+                         doctest::Contains("contiguous features"), InputError);
+    const std::string config = stage09::describe_config(test::make_problem(1, 1, 300, 200, 64, true), {});
+    CHECK(config.find("Br=64 Bc=64") != std::string::npos);
+}
