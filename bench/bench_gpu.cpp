@@ -8,11 +8,23 @@
 //
 // Stages 05 and 06 run in float32 on one set of inputs per shape; stage 07 runs in bf16 and/or
 // fp16 on copies of the same inputs rounded once per shape, at the final kernel or at any steps
-// of its road (--steps). After timing, every point is checked: stage 05 against stage 06 (both
-// float32: they must agree to 1e-4), stage 07 against stage 06's float32 output (a gross-error
-// guard only: BAD above a relative L2 error of 2e-2 or on any NaN; the tolerances that decide
-// correctness live in the tests). A failed check is marked, the sweep goes on, and the exit code
-// is 1.
+// of its road (--steps). Stage 09 (--stages 09) times both halves of a training step in the same
+// types, each row with its `pass`:
+//   forward   stage 07's final kernel, which writes the O and LSE the backward reads
+//   backward  stage 09 alone: the three kernels its entry point queues, dQ added with float32
+//             atomics ("stage09") and again in a fixed order ("stage09_deterministic")
+//   fwd+bwd   the forward and the atomic backward timed as one pair (the L2 flushed before the
+//             pair, not between its halves), not the sum of the two medians (printed beside it)
+// with the FLOPs of fa::attention_flops_backward (2.5 times the forward's) and
+// fa::attention_flops_fwd_bwd (3.5 times). One stage 09 workspace per shape, grown by an untimed
+// call of each mode, so no timed call allocates.
+//
+// After timing, every point is checked: stage 05 against stage 06 (both float32: they must agree
+// to 1e-4), stage 07 against stage 06's float32 output (BAD above a relative L2 error of 2e-2 or
+// on any NaN), stage 09's gradients by the guard of check_stage09 (both dQ modes against each
+// other, and two sums the exact gradients obey). These guard against gross errors only; the
+// tolerances that decide correctness live in the tests. A failed check is marked, the sweep goes
+// on, and the exit code is 1.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +34,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -29,9 +42,11 @@
 #include "../stages/05_shared_memory_kernel/attention.cuh"
 #include "../stages/06_causal_masking/attention.cuh"
 #include "../stages/07_pipelined_fused_kernel/attention.cuh"
+#include "../stages/09_backward_kernel/attention.cuh"
 #include "fa/counts.hpp"
 #include "fa/cuda/check.hpp"
 #include "fa/cuda/device.hpp"
+#include "fa/cuda/buffer.hpp"
 #include "fa/cuda/half.hpp"
 #include "fa/cuda/stage.hpp"
 #include "fa/cuda/tensors.hpp"
@@ -47,9 +62,25 @@ namespace {
 constexpr double kStage07GrossRelL2 = 2e-2;
 // Stage 05 against stage 06: the same float32 arithmetic in a different order.
 constexpr double kFp32MaxAbs = 1e-4;
+// Stage 09's guard (check_stage09). Deterministic against atomic dQ: the same float32 products
+// added in another order, then rounded to 16 bits; dK and dV do not depend on the mode.
+constexpr double kStage09ModesRelL2 = 1e-2;
+// sum_j dV_j against sum_i dO_i: the rounding of P and dV leaves about 3e-4 in bf16 and 5e-5 in
+// fp16 on these inputs (a model of the kernels' roundings; every point prints what it measured);
+// a wrong mask or LSE, or a lost tile, moves the sum by the size of what it drops.
+constexpr double kStage09DvSumRel = 1e-2;
+// |sum_j dK_j| against the sum of Nk unrelated rows of dK's size: the rounding of O (in D_i), dS
+// and dK leaves about 3e-3 in bf16 and 4e-4 in fp16 by the same model; a backward that drops D_i
+// gives about 1.
+constexpr double kStage09DkSumRatio = 5e-2;
+// dO of the stage 09 points: normal, standard deviation 1, from its own seed (q, k, v use 1234).
+constexpr uint64_t kDoutSeed = 4321;
 
 struct Record {
-    std::string impl;       // "stage05", "stage06", "stage07" (the final kernel), "stage07_step<i>"
+    std::string impl;       // "stage05", "stage06", "stage07" (the final kernel), "stage07_step<i>",
+                            // "stage09", "stage09_deterministic"
+    std::string pass = "forward";  // "forward"; stage 09 also "backward" and "fwd+bwd"
+    std::string label;      // how the progress line names it; the impl when empty
     std::string dtype;      // "fp32", "bf16", "fp16"
     int step = -1;          // stage 07: index into fa::stage07::road(); -1 for the float32 stages
     std::string step_name;  // stage 07: road()[step].name
@@ -59,7 +90,10 @@ struct Record {
     double heavy_first_ms = -1;  // stage 06, causal: the same run with the query tiles heaviest first
     double in_order_ms = -1;     // stage 06, causal: and in order
     std::string check;           // "ok", "BAD", or "" when not checked
+    // Stage 07: against stage 06. Stage 09's backward rows: deterministic against atomic, the
+    // worst of dq, dk, dv.
     double check_max_abs = -1, check_rel_l2 = -1;
+    double dv_sum_rel = -1, dk_sum_ratio = -1;  // stage 09's backward rows: the two sums of the guard
 };
 
 std::string today() {
@@ -150,11 +184,155 @@ struct HalfInputs {
     std::optional<fa::cuda::HalfTensors<__half>> fp16;
 };
 
+// What stage 09 needs at one shape in the 16-bit type T besides stage 07's q, k, v and o
+// (HalfTensors): the forward's LSE, the upstream gradient dO and the three gradients, dense (B, H, N, d).
+template <class T>
+struct HalfBackward {
+    using value_type = T;
+    fa::cuda::DeviceBuffer<float> lse_buf;
+    fa::cuda::DeviceBuffer<T> dout_buf, dq_buf, dk_buf, dv_buf;
+    fa::View3<float> lse;     // (B, H, Nq): written by the forward, read by the backward
+    fa::View4<const T> dout;  // (B, H, Nq, d)
+    fa::View4<T> dq;          // (B, H, Nq, d)
+    fa::View4<T> dk, dv;      // (B, H, Nk, d)
+
+    // Allocates the tensors and rounds `dout_f32` (device, any strides) into dO.
+    HalfBackward(const fa::Problem& p, fa::View4<const float> dout_f32)
+        : lse_buf(size_t(p.lse_elems())), dout_buf(size_t(p.q_elems())), dq_buf(size_t(p.q_elems())),
+          dk_buf(size_t(p.kv_elems())), dv_buf(size_t(p.kv_elems())) {
+        const auto dense = [&](T* data, int64_t rows) {
+            return fa::make_view(data, p.batch, p.heads, rows, p.head_dim, fa::Layout::BHND);
+        };
+        lse = fa::make_view3(lse_buf.data(), p.batch, p.heads, p.seq_q);
+        fa::cuda::convert(dout_f32, dense(dout_buf.data(), p.seq_q));
+        dout = dense(dout_buf.data(), p.seq_q);
+        dq = dense(dq_buf.data(), p.seq_q);
+        dk = dense(dk_buf.data(), p.seq_k);
+        dv = dense(dv_buf.data(), p.seq_k);
+    }
+    // Fills dq, dk and dv with NaN (all bits set), so an element the backward forgets stays NaN.
+    void poison_gradients() const {
+        for (const fa::cuda::DeviceBuffer<T>* b : {&dq_buf, &dk_buf, &dv_buf}) FA_CUDA_CHECK(cudaMemset(b->data(), 0xff, b->bytes()));
+    }
+};
+
+// Stage 09's tensors in both 16-bit types.
+struct HalfGradients {
+    std::optional<HalfBackward<__nv_bfloat16>> bf16;
+    std::optional<HalfBackward<__half>> fp16;
+};
+
+// A 16-bit device tensor, dense (B, H, N, d), widened to float32 in `scratch` (at least as many
+// floats) and copied to the host.
+template <class T>
+std::vector<float> widen_to_host(fa::View4<const T> src, float* scratch) {
+    const auto& s = src.shape;
+    fa::cuda::convert(src, fa::make_view(scratch, s[0], s[1], s[2], s[3], fa::Layout::BHND));
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    return to_host(scratch, src.numel());
+}
+
+// A host array dense in (B, H, N, d) summed over its N rows: one double per (b, h, feature).
+std::vector<double> sum_over_rows(const std::vector<float>& x, int64_t rows, int64_t d) {
+    std::vector<double> sum(x.size() / size_t(rows), 0.0);
+    const size_t heads = sum.size() / size_t(d);
+    for (size_t bh = 0; bh < heads; ++bh) {
+        double* out = sum.data() + bh * size_t(d);
+        for (int64_t n = 0; n < rows; ++n) {
+            const float* row = x.data() + (bh * size_t(rows) + size_t(n)) * size_t(d);
+            for (int64_t f = 0; f < d; ++f) out[f] += row[f];
+        }
+    }
+    return sum;
+}
+
+// Root mean square of an array.
+template <class F>
+double rms(const std::vector<F>& x) {
+    double sq = 0;
+    for (F v : x) sq += double(v) * double(v);
+    return x.empty() ? 0.0 : std::sqrt(sq / double(x.size()));
+}
+
+// ||a - ref||_2 / ||ref||_2.
+double rel_l2(const std::vector<double>& a, const std::vector<double>& ref) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        diff += (a[i] - ref[i]) * (a[i] - ref[i]);
+        norm += ref[i] * ref[i];
+    }
+    return std::sqrt(diff / norm);
+}
+
+// What the guard found on one stage 09 point.
+struct Stage09Check {
+    int64_t nonfinite = 0;     // NaN or inf among dq, dk, dv of both modes
+    int zero = 0;              // gradients (of the six) that hold no nonzero finite value
+    double modes_rel_l2 = 0;   // deterministic against atomic: the worst relative L2 of dq, dk, dv
+    double modes_max_abs = 0;  // and the largest |difference|
+    double dv_sum_rel = 0;     // sum_j dV_j against sum_i dO_i: relative L2 over (b, h, feature)
+    double dk_sum_ratio = 0;   // RMS of sum_j dK_j over sqrt(Nk) times the RMS of dK
+
+    bool ok() const {
+        return nonfinite == 0 && zero == 0 && modes_rel_l2 <= kStage09ModesRelL2 && dv_sum_rel <= kStage09DvSumRel &&
+               dk_sum_ratio <= kStage09DkSumRatio;
+    }
+};
+
+// Stage 09's gross-error guard on one point, independent of any other implementation: a fresh
+// forward, then the backward in both dQ modes into gradients poisoned with NaN. Every gradient
+// must be finite and not all zero, the modes must agree, and the atomic mode's dK and dV must
+// obey two sums that hold for the exact gradients of any inputs, because every row of P sums to 1
+// and so every row of dS = P o (dP - D) sums to 0 (for rows that see a key: all of them when
+// Nq = Nk, as in the sweep):
+//   sum_j dV_j = sum_j sum_i P_ij dO_i          = sum_i dO_i
+//   sum_j dK_j = scale sum_i (sum_j dS_ij) Q_i  = 0
+// The dK sum is held against sqrt(Nk) times the RMS of dK: what a sum of Nk unrelated rows of that
+// size would give.
+template <class T>
+Stage09Check check_stage09(const fa::Problem& p, const HalfBackward<T>& g, float* scratch,
+                           const std::function<void(cudaStream_t)>& forward,
+                           const std::function<void(bool, cudaStream_t)>& backward) {
+    forward(nullptr);
+    std::vector<float> grads[2][3];  // [atomic, deterministic][dq, dk, dv], widened to float32
+    for (int mode = 0; mode < 2; ++mode) {
+        g.poison_gradients();
+        backward(mode == 1, nullptr);
+        grads[mode][0] = widen_to_host(fa::View4<const T>(g.dq), scratch);
+        grads[mode][1] = widen_to_host(fa::View4<const T>(g.dk), scratch);
+        grads[mode][2] = widen_to_host(fa::View4<const T>(g.dv), scratch);
+    }
+    Stage09Check c;
+    for (const auto& mode : grads) {
+        for (const std::vector<float>& x : mode) {
+            bool nonzero = false;
+            for (float v : x) {
+                if (!std::isfinite(v)) {
+                    ++c.nonfinite;
+                } else if (v != 0.0f) {
+                    nonzero = true;
+                }
+            }
+            c.zero += nonzero ? 0 : 1;
+        }
+    }
+    for (int i = 0; i < 3; ++i) {
+        const fa::Metrics m = fa::compare(grads[1][i], grads[0][i]);
+        c.modes_rel_l2 = std::max(c.modes_rel_l2, m.rel_l2);
+        c.modes_max_abs = std::max(c.modes_max_abs, m.max_abs);
+    }
+    const int64_t d = p.head_dim;
+    const std::vector<double> dout_sum = sum_over_rows(widen_to_host(g.dout, scratch), p.seq_q, d);
+    c.dv_sum_rel = rel_l2(sum_over_rows(grads[0][2], p.seq_k, d), dout_sum);
+    c.dk_sum_ratio = rms(sum_over_rows(grads[0][1], p.seq_k, d)) / (std::sqrt(double(p.seq_k)) * rms(grads[0][1]));
+    return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"flashcourse bench_gpu: GPU stages 05, 06 (float32) and 07 (bf16, fp16) over a sweep of shapes, "
-                 "timed with CUDA events"};
+    CLI::App app{"flashcourse bench_gpu: GPU stages 05, 06 (float32), 07 (bf16, fp16) and 09 (the backward after stage "
+                 "07's forward, bf16, fp16) over a sweep of shapes, timed with CUDA events"};
     std::vector<int64_t> sizes{512, 1024, 2048, 4096, 8192, 16384};
     std::vector<int64_t> head_dims{64, 128};
     std::vector<std::string> stages{"05", "06", "07"};
@@ -169,10 +347,12 @@ int main(int argc, char** argv) {
     std::string json_path = "bench_gpu.json", csv_path = "bench_gpu.csv";
     app.add_option("--sizes", sizes, "sequence lengths N (Nq = Nk)")->capture_default_str();
     app.add_option("--head-dims", head_dims, "head dimensions d")->capture_default_str();
-    app.add_option("--stages", stages, "stages to time: 05, 06 (float32), 07 (bf16/fp16)")
-        ->check(CLI::IsMember({"05", "06", "07"}))
+    app.add_option("--stages", stages,
+                   "stages to time: 05, 06 (float32), 07 (bf16/fp16), 09 (bf16/fp16: stage 07's forward, stage 09's "
+                   "backward with atomic and deterministic dQ, and the two as one pair)")
+        ->check(CLI::IsMember({"05", "06", "07", "09"}))
         ->capture_default_str();
-    app.add_option("--dtypes", dtypes, "16-bit types stage 07 runs in")->check(CLI::IsMember({"bf16", "fp16"}))->capture_default_str();
+    app.add_option("--dtypes", dtypes, "16-bit types stages 07 and 09 run in")->check(CLI::IsMember({"bf16", "fp16"}))->capture_default_str();
     app.add_option("--steps", step_args,
                    "stage 07 steps to time: indices into its road (see stage07 --help), or all / road for every step, "
                    "with the tuning candidates of a -DFA_STAGE07_TUNING=ON build (default: the final kernel)");
@@ -182,7 +362,8 @@ int main(int argc, char** argv) {
     app.add_option("--repeat", repeat, "timed runs per point (the median is reported)")->check(CLI::Range(1, 10000))->capture_default_str();
     app.add_option("--warmup", warmup, "untimed runs before timing")->check(CLI::Range(0, 1000))->capture_default_str();
     app.add_option("--check", check,
-                   "check every point: stage 05 against stage 06, stage 07 against stage 06's float32 output (d <= 128)")
+                   "check every point: stage 05 against stage 06, stage 07 against stage 06's float32 output (d <= 128), "
+                   "stage 09's gradients by its guard (both dQ modes agree; sum_j dV_j = sum_i dO_i; sum_j dK_j = 0)")
         ->capture_default_str();
     app.add_option("--schedule-ablation", schedule_ablation,
                    "for causal stage 06 points, also time both orders of the query tiles (heaviest first, in order)")
@@ -212,6 +393,7 @@ int main(int argc, char** argv) {
     const bool has05 = std::count(stages.begin(), stages.end(), "05") > 0;
     const bool has06 = std::count(stages.begin(), stages.end(), "06") > 0;
     const bool has07 = std::count(stages.begin(), stages.end(), "07") > 0;
+    const bool has09 = std::count(stages.begin(), stages.end(), "09") > 0;
     std::vector<bool> causal_values;
     if (causal_mode != "yes") causal_values.push_back(false);
     if (causal_mode != "no") causal_values.push_back(true);
@@ -230,6 +412,11 @@ int main(int argc, char** argv) {
         for (int s : steps07) std::printf(" %d (%s)", s, road[size_t(s)].name.c_str());
         std::printf("%s\n", int(road.size()) > fa::stage07::final_step() + 1 ? "; tuning build" : "");
     }
+    if (has09) {
+        std::printf("stage 09   forward: stage 07 step %d (%s); backward: dQ by atomics and deterministic; "
+                    "fwd+bwd: the two timed as one pair\n",
+                    fa::stage07::final_step(), road[size_t(fa::stage07::final_step())].name.c_str());
+    }
 
     const auto stage06_with = [](fa::stage06::Schedule schedule) -> fa::cuda::DeviceAttentionFn {
         return [schedule](const fa::Problem& p, fa::View4<const float> q, fa::View4<const float> k, fa::View4<const float> v,
@@ -239,40 +426,101 @@ int main(int argc, char** argv) {
     };
     std::vector<Record> records;
     size_t points = sizes.size() * head_dims.size() * causal_values.size() *
-                    ((has05 ? 1 : 0) + (has06 ? 1 : 0) + (has07 ? dtypes.size() * steps07.size() : 0));
+                    ((has05 ? 1 : 0) + (has06 ? 1 : 0) + (has07 ? dtypes.size() * steps07.size() : 0) +
+                     (has09 ? dtypes.size() * 4 : 0));
     size_t done = 0;
     bool any_bad = false;
     std::set<std::string> skipped;  // (stage, dtype, step, d) already reported as unsupported
 
     // Runs `launch` once untimed; false (with one line, once per `key`) when the entry point refuses
-    // the problem (a head dimension or step that has no kernel), so the sweep goes on without it.
-    const auto supported = [&](const std::string& key, const std::function<void(cudaStream_t)>& launch) {
+    // the problem (a head dimension or step that has no kernel), so the sweep goes on without the
+    // `planned` points that launch stands for.
+    const auto supported = [&](const std::string& key, const std::function<void(cudaStream_t)>& launch, size_t planned = 1) {
         try {
             launch(nullptr);
             return true;
         } catch (const fa::InputError& e) {
             if (skipped.insert(key).second) std::printf("          skipped %s: %s\n", key.c_str(), e.what());
-            --points;  // planned, not run
+            points -= planned;
             return false;
         }
     };
     const auto print_point = [&](const Record& r) {
         const fa::Problem& p = r.problem;
         std::printf("[%3zu/%3zu] %-15s %-4s d=%-3lld N=%-5lld B=%-2lld H=%-2lld %-10s %9.3f ms  %6.2f TFLOP/s", done, points,
-                    r.impl.c_str(), r.dtype.c_str(), (long long)p.head_dim, (long long)p.seq_q, (long long)p.batch,
+                    (r.label.empty() ? r.impl : r.label).c_str(), r.dtype.c_str(), (long long)p.head_dim, (long long)p.seq_q, (long long)p.batch,
                     (long long)p.heads, p.causal ? "causal" : "non-causal", r.median_ms, r.tflops);
         if (r.step >= 0 && mma_ceiling_tflops > 0) std::printf("  %4.1f%% of mma", 100.0 * r.tflops / mma_ceiling_tflops);
         std::printf("  (min %.3f, max %.3f; SM %d MHz)%s\n", r.min_ms, r.max_ms, r.sm_clock_mhz,
                     r.step >= 0 ? ("  step " + std::to_string(r.step) + " " + r.step_name).c_str() : "");
         std::fflush(stdout);
     };
-    const auto make_record = [&](std::string impl, std::string dtype, const fa::Problem& p, const fa::TimingStats& t) {
+    const auto make_record = [&](std::string impl, std::string dtype, const fa::Problem& p, const fa::TimingStats& t,
+                                 std::string pass = "forward") {
         Record r;
-        r.impl = std::move(impl), r.dtype = std::move(dtype), r.problem = p;
+        r.impl = std::move(impl), r.dtype = std::move(dtype), r.problem = p, r.pass = std::move(pass);
         r.median_ms = t.median_ms, r.min_ms = t.min_ms, r.max_ms = t.max_ms;
-        r.tflops = fa::attention_flops(p) / (t.median_ms * 1e-3) * 1e-12;
+        const double flops = r.pass == "backward" ? fa::attention_flops_backward(p)
+                             : r.pass == "fwd+bwd" ? fa::attention_flops_fwd_bwd(p)
+                                                   : fa::attention_flops(p);
+        r.tflops = flops / (t.median_ms * 1e-3) * 1e-12;
         r.sm_clock_mhz = fa::cuda::current_sm_clock_mhz();
         return r;
+    };
+
+    // Stage 09 at one point in one 16-bit type (`in`: stage 07's HalfTensors, `g`: HalfBackward of
+    // the same type): four rows (the forward, the backward with atomic and with deterministic dQ
+    // additions, the pair), then the guard, whose verdict both backward rows carry.
+    const auto stage09_points = [&](const fa::Problem& p, const std::string& t, const auto& in, const auto& g,
+                                    fa::stage09::Workspace& workspace, float* scratch) {
+        using T = typename std::decay_t<decltype(g)>::value_type;
+        const auto forward = [&](cudaStream_t stream) { fa::stage07::attention_device(p, in.q, in.k, in.v, in.o, g.lse, stream); };
+        const auto backward = [&](bool deterministic, cudaStream_t stream) {
+            fa::stage09::attention_backward_device(p, in.q, in.k, in.v, fa::View4<const T>(in.o), fa::View3<const float>(g.lse),
+                                                   g.dout, g.dq, g.dk, g.dv, deterministic, stream, &workspace);
+        };
+        // One untimed run of each: the workspace grows here to what both modes need.
+        const std::string key = "stage09 " + t + " d=" + std::to_string(p.head_dim);
+        if (!supported(key, [&](cudaStream_t stream) { forward(stream); backward(false, stream); backward(true, stream); }, 4)) {
+            return;
+        }
+        const auto point = [&](const std::string& impl, const std::string& pass, const std::string& label,
+                               const std::function<void(cudaStream_t)>& launch) {
+            Record r = make_record(impl, t, p, fa::cuda::time_on_gpu(launch, warmup, repeat), pass);
+            r.label = label;
+            ++done;
+            print_point(r);
+            records.push_back(std::move(r));
+            return records.size() - 1;
+        };
+        const size_t fwd = point("stage09", "forward", "stage09 fwd", forward);
+        const size_t atomic = point("stage09", "backward", "stage09 bwd", [&](cudaStream_t stream) { backward(false, stream); });
+        const size_t fixed = point("stage09_deterministic", "backward", "stage09 bwd det",
+                                   [&](cudaStream_t stream) { backward(true, stream); });
+        const size_t pair = point("stage09", "fwd+bwd", "stage09 fwd+bwd", [&](cudaStream_t stream) {
+            forward(stream);
+            backward(false, stream);
+        });
+        std::printf("          forward + backward medians %.3f ms (the pair: %.3f ms); deterministic dQ costs the backward %+.1f%%\n",
+                    records[fwd].median_ms + records[atomic].median_ms, records[pair].median_ms,
+                    100.0 * (records[fixed].median_ms / records[atomic].median_ms - 1.0));
+        if (!check) return;
+        const Stage09Check c = check_stage09<T>(p, g, scratch, forward, backward);
+        for (size_t i : {atomic, fixed}) {
+            Record& r = records[i];
+            r.check = c.ok() ? "ok" : "BAD";
+            r.check_max_abs = c.modes_max_abs;
+            r.check_rel_l2 = c.modes_rel_l2;
+            r.dv_sum_rel = c.dv_sum_rel;
+            r.dk_sum_ratio = c.dk_sum_ratio;
+        }
+        any_bad = any_bad || !c.ok();
+        std::printf("          guard: deterministic vs atomic rel_l2 %.2e (max_abs %.2e); sum dV vs sum dO rel_l2 %.2e; "
+                    "|sum dK| / (sqrt(Nk) rms dK) %.2e%s%s%s\n",
+                    c.modes_rel_l2, c.modes_max_abs, c.dv_sum_rel, c.dk_sum_ratio,
+                    c.nonfinite ? (", " + std::to_string(c.nonfinite) + " NaN/inf").c_str() : "",
+                    c.zero ? (", " + std::to_string(c.zero) + " gradient(s) all zero").c_str() : "", c.ok() ? "" : "  BAD");
+        std::fflush(stdout);
     };
 
     try {
@@ -288,7 +536,7 @@ int main(int argc, char** argv) {
                 fa::cuda::DeviceBuffer<float> o_other(size_t(p.q_elems()));
                 const fa::View4<float> o_other_view = fa::make_view(o_other.data(), p.batch, p.heads, p.seq_q, p.head_dim, fa::Layout::BHND);
                 HalfInputs half;
-                for (const std::string& t : has07 ? dtypes : std::vector<std::string>{}) {
+                for (const std::string& t : has07 || has09 ? dtypes : std::vector<std::string>{}) {
                     if (t == "bf16") {
                         half.bf16.emplace(p, fa::Layout::BHND);
                         half.bf16->load(dev.q, dev.k, dev.v);
@@ -297,13 +545,32 @@ int main(int argc, char** argv) {
                         half.fp16->load(dev.q, dev.k, dev.v);
                     }
                 }
+                // Stage 09: dO rounded into each type beside the LSE and gradients, one workspace for
+                // every call at this shape, and a float32 scratch where the guard widens the gradients.
+                HalfGradients grads;
+                fa::stage09::Workspace workspace09;
+                fa::cuda::DeviceBuffer<float> scratch09(has09 && check ? size_t(std::max(p.q_elems(), p.kv_elems())) : 0);
+                if (has09) {
+                    fa::cuda::DeviceBuffer<float> dout_f32(size_t(p.q_elems()));
+                    fa::cuda::fill_normal(dout_f32.data(), p.q_elems(), kDoutSeed, 1.0f);
+                    const fa::View4<const float> dout_view =
+                        fa::make_view(dout_f32.data(), p.batch, p.heads, p.seq_q, p.head_dim, fa::Layout::BHND);
+                    for (const std::string& t : dtypes) {
+                        if (t == "bf16") {
+                            grads.bf16.emplace(p, dout_view);
+                        } else {
+                            grads.fp16.emplace(p, dout_view);
+                        }
+                    }
+                    FA_CUDA_CHECK(cudaDeviceSynchronize());  // the roundings have read dout_f32 before it is freed
+                }
                 for (bool causal : causal_values) {
                     p.causal = causal;
                     // ---- float32 stages: 05 then 06; 06's output stays in dev.o as stage 07's reference.
                     bool have05_output = false;  // stage 05's output of this point waits in o_other
                     bool have_reference = false;  // stage 06's output of this point is in dev.o
                     for (const std::string& s : stages) {
-                        if (s == "07") continue;
+                        if (s != "05" && s != "06") continue;
                         const fa::cuda::DeviceAttentionFn entry =
                             s == "05" ? fa::cuda::DeviceAttentionFn(fa::stage05::attention_device) : stage06_with(fa::stage06::Schedule::Auto);
                         const auto launch = [&](cudaStream_t stream) { entry(p, dev.q, dev.k, dev.v, dev.o, dev.lse, stream); };
@@ -343,10 +610,8 @@ int main(int argc, char** argv) {
                         }
                         have_reference = have_reference || s == "06";
                     }
-                    if (!has07) continue;
-
                     // ---- stage 07: every dtype and step asked for, checked against stage 06 in float32.
-                    if (check && !have_reference) {
+                    if (has07 && check && !have_reference) {
                         try {
                             fa::stage06::attention_device(p, dev.q, dev.k, dev.v, dev.o, dev.lse, nullptr);
                             FA_CUDA_CHECK(cudaDeviceSynchronize());
@@ -356,8 +621,8 @@ int main(int argc, char** argv) {
                         }
                     }
                     const std::vector<float> reference =
-                        check && have_reference ? to_host(dev.o.data, p.q_elems()) : std::vector<float>{};
-                    for (const std::string& t : dtypes) {
+                        has07 && check && have_reference ? to_host(dev.o.data, p.q_elems()) : std::vector<float>{};
+                    for (const std::string& t : has07 ? dtypes : std::vector<std::string>{}) {
                         for (int step : steps07) {
                             const bool bf = t == "bf16";
                             const auto launch = [&](cudaStream_t stream) {
@@ -404,6 +669,15 @@ int main(int argc, char** argv) {
                             records.push_back(std::move(r));
                         }
                     }
+
+                    // ---- stage 09: stage 07's forward, the backward in both dQ modes, the pair; the guard.
+                    for (const std::string& t : has09 ? dtypes : std::vector<std::string>{}) {
+                        if (t == "bf16") {
+                            stage09_points(p, t, *half.bf16, *grads.bf16, workspace09, scratch09.data());
+                        } else {
+                            stage09_points(p, t, *half.fp16, *grads.fp16, workspace09, scratch09.data());
+                        }
+                    }
                 }
             }
         }
@@ -432,25 +706,27 @@ int main(int argc, char** argv) {
     }
     json << "  ],\n  \"results\": [\n";
     // The first twelve columns are those of the first sweeps; the page generator reads them by name.
+    // Later columns are added at the end: `pass` (forward, backward, fwd+bwd) came with stage 09.
     csv << "impl,dtype,B,H,N,d,causal,median_ms,tflops,gpu,sm_clock_mhz,date,step,step_name,min_ms,max_ms,check,check_max_abs,"
-           "check_rel_l2\n";
+           "check_rel_l2,pass\n";
     for (size_t i = 0; i < records.size(); ++i) {
         const Record& r = records[i];
         const fa::Problem& p = r.problem;
         json << "    {\"impl\": \"" << r.impl << "\", \"dtype\": \"" << r.dtype << "\", \"B\": " << p.batch << ", \"H\": " << p.heads
              << ", \"N\": " << p.seq_q << ", \"d\": " << p.head_dim << ", \"causal\": " << (p.causal ? "true" : "false")
-             << ", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms << ", \"max_ms\": " << r.max_ms
+             << ", \"pass\": \"" << r.pass << "\", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms << ", \"max_ms\": " << r.max_ms
              << ", \"tflops\": " << r.tflops << ", \"sm_clock_mhz\": " << r.sm_clock_mhz;
         if (r.step >= 0) json << ", \"step\": " << r.step << ", \"step_name\": " << json_string(r.step_name);
         if (r.heavy_first_ms > 0) json << ", \"heavy_first_ms\": " << r.heavy_first_ms << ", \"in_order_ms\": " << r.in_order_ms;
         if (!r.check.empty()) json << ", \"check\": \"" << r.check << "\", \"check_max_abs\": " << r.check_max_abs;
         if (r.check_rel_l2 >= 0) json << ", \"check_rel_l2\": " << r.check_rel_l2;
+        if (r.dv_sum_rel >= 0) json << ", \"check_dv_sum_rel\": " << r.dv_sum_rel << ", \"check_dk_sum_ratio\": " << r.dk_sum_ratio;
         json << "}" << (i + 1 < records.size() ? ",\n" : "\n");
         csv << r.impl << "," << r.dtype << "," << p.batch << "," << p.heads << "," << p.seq_q << "," << p.head_dim << ","
             << (p.causal ? 1 : 0) << "," << r.median_ms << "," << r.tflops << "," << csv_field(gpu.name) << "," << r.sm_clock_mhz
             << "," << date << "," << (r.step >= 0 ? std::to_string(r.step) : "") << "," << csv_field(r.step_name) << ","
             << r.min_ms << "," << r.max_ms << "," << r.check << "," << optional_number(r.check_max_abs) << ","
-            << optional_number(r.check_rel_l2) << "\n";
+            << optional_number(r.check_rel_l2) << "," << r.pass << "\n";
     }
     json << "  ]\n}\n";
     std::printf("wrote      %s and %s (%zu points)\n", json_path.c_str(), csv_path.c_str(), records.size());

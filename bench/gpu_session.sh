@@ -6,19 +6,26 @@
 #
 #   build      configure (stage 07's tuning candidates on) and build what the other steps need
 #   test       the whole CTest suite (builds everything)
-#   sanitize   compute-sanitizer memcheck, racecheck, synccheck, initcheck on stages 05, 06, 07
-#              (SANITIZE_STAGES="05 06 07" picks which)
+#   sanitize   compute-sanitizer memcheck, racecheck, synccheck, initcheck on stages 05, 06, 07, 09
+#              (SANITIZE_STAGES="05 06 07 09" picks which)
 #   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates
 #   road       stage 07, every step of its road and every tuning candidate, bf16, d 64/128,
 #              N 1024/4096/16384, causal and not, beside SDPA flash and cuDNN: road.csv
 #   sweep07    stage 07's final kernel in bf16 and fp16 beside SDPA flash and cuDNN, the full grid;
 #              its gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
+#   sweep09    stage 07's forward and stage 09's backward (atomic and deterministic dQ) in bf16 and
+#              fp16 beside SDPA flash and cuDNN forward, backward and both, the full grid; stage 07's
+#              forward sweep runs again in the same call (SWEEP09_STAGES="07 09"), because the SDPA
+#              forward rows are measured again too and stage 07 is compared with them; its
+#              gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
 #   sweep      every stage beside every SDPA backend, the full grid (as the committed data)
 #   quick      the same at two sizes (QUICK_SIZES), 10 runs each
 #   ncu        Nsight Compute on the stage 05 kernel
 #   ncu07      Nsight Compute on the stage 07 final kernel, d 64 and 128, N 4096
 #   ncu07road  shared-memory bank conflicts of road steps 1 (ldmatrix) and 2 (swizzle), d 64, N 4096
-#   lessons    the runs the lessons of stages 05, 06 and 07 show
+#   ncu09      Nsight Compute on stage 09's main backward kernel (atomic dQ), bf16, d 64 and 128,
+#              N 4096, and the time of each of the backward's three kernels
+#   lessons    the runs the lessons of stages 05, 06, 07 and 09 show
 #
 # Run from the repository root. Logs and results are written under /tmp/fa-session, then packed
 # into $OUT/session.tgz (default OUT=/tmp/fa-out) beside a copy of the summary, after every step
@@ -33,9 +40,11 @@ BUILD=${BUILD:-build-gpu}
 LOGS=$WORK/logs
 RESULTS=$WORK/results
 KERNEL07=${KERNEL07:-flash_forward_kernel}  # stage 07's kernel, as Nsight Compute filters it
+KERNEL09=${KERNEL09:-flash_backward_kernel}  # stage 09's main kernel (between its pre- and postprocessing)
 STAGE05=$BUILD/stages/05_shared_memory_kernel/stage05_shared_memory_kernel
 STAGE06=$BUILD/stages/06_causal_masking/stage06_causal_masking
 STAGE07=$BUILD/stages/07_pipelined_fused_kernel/stage07_pipelined_fused_kernel
+STAGE09=$BUILD/stages/09_backward_kernel/stage09_backward_kernel
 rm -rf "$WORK" && mkdir -p "$LOGS" "$RESULTS" "$OUT"
 STEPS=("$@")
 status=0
@@ -49,9 +58,10 @@ build_targets() {
     for s in "${STEPS[@]}"; do
         case $s in
             test) return 0 ;;  # no list: build all
-            sanitize | lessons) targets+=(stage05_shared_memory_kernel stage06_causal_masking stage07_pipelined_fused_kernel) ;;
+            sanitize | lessons)
+                targets+=(stage05_shared_memory_kernel stage06_causal_masking stage07_pipelined_fused_kernel stage09_backward_kernel) ;;
             ceiling) targets+=(mma_ceiling) ;;
-            road | sweep07 | sweep | quick | ncu | ncu07 | ncu07road) targets+=(bench_gpu mma_ceiling) ;;
+            road | sweep07 | sweep09 | sweep | quick | ncu | ncu07 | ncu07road | ncu09) targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
     [ ${#targets[@]} -eq 0 ] || printf '%s\n' "${targets[@]}" | sort -u
@@ -77,14 +87,21 @@ step_build() {
         cuobjdump -res-usage "$BUILD/bench/bench_gpu" 2>&1 | awk '/Function/ {f = $2; sub(/:$/, "", f)} /REG:/ {print f, $1, $2, $3, $4}' \
             | (c++filt 2>/dev/null || cat) >"$LOGS/resource_usage.txt"
         grep "attention_kernel" "$LOGS/resource_usage.txt" | head -8 | tee -a "$LOGS/summary.txt"
-        # Spilled registers live in the stack frame (STACK), not in LOCAL, which counts local arrays.
-        grep "$KERNEL07" "$LOGS/resource_usage.txt" | awk '{for (i = 1; i <= NF; ++i) if ($i ~ /^(REG|STACK|LOCAL):/) {split($i, a, ":"); v[a[1]] = a[2]}
-            n++; r = v["REG"] + 0; if (r > maxr) maxr = r; if (minr == "" || r < minr) minr = r; if (v["STACK"] + v["LOCAL"] > 0) spill++}
-            END {if (n) printf "stage 07: %d kernel instances, %d to %d registers per thread, %d with a stack frame (spills)\n", n, minr, maxr, spill}' \
-            | tee -a "$LOGS/summary.txt"
-        grep "$KERNEL07" "$LOGS/resource_usage.txt" | grep -v "STACK:0 " | sed 's/^/  spills: /' | head -8 | tee -a "$LOGS/summary.txt" || true
+        kernel_resources "stage 07" "$KERNEL07"
+        kernel_resources "stage 09" "$KERNEL09"
     fi
     return 0
+}
+
+# Registers and spills of every instance of one kernel in resource_usage.txt. $1: the stage's
+# name in the summary; $2: the kernel's name. Spilled registers live in the stack frame (STACK),
+# not in LOCAL, which counts local arrays.
+kernel_resources() {
+    grep "$2" "$LOGS/resource_usage.txt" | awk -v stage="$1" '{for (i = 1; i <= NF; ++i) if ($i ~ /^(REG|STACK|LOCAL):/) {split($i, a, ":"); v[a[1]] = a[2]}
+        n++; r = v["REG"] + 0; if (r > maxr) maxr = r; if (minr == "" || r < minr) minr = r; if (v["STACK"] + v["LOCAL"] > 0) spill++}
+        END {if (n) printf "%s: %d kernel instances, %d to %d registers per thread, %d with a stack frame (spills)\n", stage, n, minr, maxr, spill}' \
+        | tee -a "$LOGS/summary.txt"
+    grep "$2" "$LOGS/resource_usage.txt" | grep -v "STACK:0 " | sed 's/^/  spills: /' | head -8 | tee -a "$LOGS/summary.txt" || true
 }
 
 step_test() {
@@ -108,14 +125,26 @@ sanitize_cases07=(
     "--seq-q 77 --seq-k 93 --heads 2 --head-dim 64 --causal --dtype fp16"
     "--seq-q 130 --seq-k 70 --head-dim 128 --causal --layout bnhd --step 0"
 )
+# Stage 09 (the backward, after stage 07's forward): tails (200 and 333 are not multiples of the
+# 64-row blocks), Nq < Nk and Nq > Nk, both layouts, d 64 and 128, causal with Nq > Nk (the first
+# 133 query rows see no key, and the key blocks past the last query see no query), dQ by atomics
+# and in the deterministic order, fp16 once.
+sanitize_cases09=(
+    "--seq-q 200 --seq-k 333 --heads 2 --head-dim 64"
+    "--seq-q 333 --seq-k 200 --head-dim 128 --causal --deterministic"
+    "--seq-q 200 --seq-k 333 --batch 2 --head-dim 128 --layout bnhd"
+    "--seq-q 333 --seq-k 200 --heads 2 --head-dim 64 --causal --layout bnhd"
+    "--seq-q 200 --seq-k 333 --head-dim 64 --causal --deterministic --dtype fp16"
+)
 step_sanitize() {
     note "compute-sanitizer"
     local exe tool args cases
-    for stage in ${SANITIZE_STAGES:-05 06 07}; do
+    for stage in ${SANITIZE_STAGES:-05 06 07 09}; do
         case $stage in
             05) exe=$STAGE05 cases=("${sanitize_cases[@]}") ;;
             06) exe=$STAGE06 cases=("${sanitize_cases[@]}") ;;
             07) exe=$STAGE07 cases=("${sanitize_cases07[@]}") ;;
+            09) exe=$STAGE09 cases=("${sanitize_cases09[@]}") ;;
             *) record "FAIL  sanitize: no stage $stage"; status=1; continue ;;
         esac
         for tool in memcheck racecheck synccheck initcheck; do
@@ -174,6 +203,14 @@ step_sweep07() {
     compare sweep07 "$RESULTS/sweep07" --stages 07 --dtypes bf16 fp16 "${merge[@]}"
 }
 
+step_sweep09() {
+    note "sweep09: stage 07 forward + stage 09 backward (bf16, fp16) beside SDPA flash and cuDNN, the full grid"
+    local merge=()
+    [ -f docs/results/gpu_sweep.csv ] && merge=(--merge-with docs/results/gpu_sweep.csv)
+    # shellcheck disable=SC2086  # SWEEP09_STAGES is a list
+    compare sweep09 "$RESULTS/sweep09" --stages ${SWEEP09_STAGES:-07 09} --dtypes bf16 fp16 "${merge[@]}"
+}
+
 step_quick() {
     note "quick benchmark"
     # shellcheck disable=SC2086  # QUICK_SIZES is a list
@@ -220,7 +257,7 @@ ncu_text() {
 }
 
 # Drops bench_gpu's own lines from a profiled run's output (its timings under replays mean nothing).
-strip_bench() { grep -v -E '^\[ *[0-9]+/ *[0-9]+\]|^(gpu|method|wrote|stage 07) |^ +(vs|skipped|stage 0)'; }
+strip_bench() { grep -v -E '^\[ *[0-9]+/ *[0-9]+\]|^(gpu|method|wrote|stage 0[79]) |^ +(vs|skipped|stage 0|forward \+ backward|guard:)'; }
 
 step_ncu() {
     note "ncu: stage 05 kernel, B=4 N=4096, d=64 (H=32) and d=128 (H=16), one launch each"
@@ -306,24 +343,32 @@ NCUROAD_METRICS=(
     smsp__sass_inst_executed_op_ldgsts.sum
 )
 
-# One stage 07 launch under Nsight Compute: the sections (report $1.txt) and the counters ($1_metrics.txt).
-# $1: the report's name; the rest: bench_gpu's options (one shape, one step, one dtype).
-ncu07_one() {
-    local name=$1
-    shift
-    local bench=("$BUILD/bench/bench_gpu" --stages 07 --repeat 1 --warmup 0 --check false --json /tmp/ncu.json --csv /tmp/ncu.csv "$@")
+# One launch of a kernel under Nsight Compute: the sections (report $2.txt) and the counters
+# ($2_metrics.txt). $1: the kernel's name; $2: the report's name; the rest: bench_gpu's options
+# (one stage, one shape, one step, one dtype).
+ncu_one() {
+    local kernel=$1 name=$2
+    shift 2
+    local bench=("$BUILD/bench/bench_gpu" --repeat 1 --warmup 0 --check false --json /tmp/ncu.json --csv /tmp/ncu.csv "$@")
     mkdir -p "$WORK/ncu-rep"
     # The first launch of the kernel is profiled (Nsight Compute flushes the caches before it, as the
     # timing does); bench_gpu's own timed launch after it runs unprofiled.
     local sections
     mapfile -t sections < <(known_sections SpeedOfLight Occupancy LaunchStats MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables \
                             ComputeWorkloadAnalysis WarpStateStats 2>>"$LOGS/$name.log" | tr ' ' '\n')
-    timeout 300 ncu --clock-control none -k "regex:$KERNEL07" --launch-count 1 --force-overwrite -o "$WORK/ncu-rep/$name" \
+    timeout 300 ncu --clock-control none -k "regex:$kernel" --launch-count 1 --force-overwrite -o "$WORK/ncu-rep/$name" \
         "${sections[@]}" "${bench[@]}" >>"$LOGS/$name.log" 2>&1 || { status=1; tail -5 "$LOGS/$name.log"; }
     ncu_text "$WORK/ncu-rep/$name.ncu-rep" >"$RESULTS/$name.txt" 2>&1
-    timeout 300 ncu --clock-control none -k "regex:$KERNEL07" --launch-count 1 \
+    timeout 300 ncu --clock-control none -k "regex:$kernel" --launch-count 1 \
         --metrics "$(known_metrics "${NCU07_METRICS[@]}" 2>>"$LOGS/$name.log")" \
         "${bench[@]}" 2>&1 | strip_bench >"$RESULTS/${name}_metrics.txt" || status=1
+}
+
+# One stage 07 launch under Nsight Compute. $1: the report's name; the rest: bench_gpu's options.
+ncu07_one() {
+    local name=$1
+    shift
+    ncu_one "$KERNEL07" "$name" --stages 07 "$@"
 }
 
 step_ncu07() {
@@ -336,6 +381,27 @@ step_ncu07() {
             "$RESULTS/ncu_stage07_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
         grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|ldgsts|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
             "$RESULTS/ncu_stage07_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
+    done
+}
+
+step_ncu09() {
+    note "ncu09: stage 09 $KERNEL09 (atomic dQ), bf16, N=4096 non-causal, d=64 (B=4 H=32) and d=128 (B=4 H=16), one launch each"
+    local d
+    for d in 64 128; do
+        # bench_gpu's first stage 09 launch is its untimed run: stage 07's forward, then the backward
+        # with atomic dQ (profiled here), then the deterministic one.
+        ncu_one "$KERNEL09" "ncu_stage09_d$d" --stages 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no
+        record "-- d=$d"
+        grep -E "$KERNEL09|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Dynamic Shared|Block Limit|Bank Conflicts" \
+            "$RESULTS/ncu_stage09_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
+        grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|ldgsts|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
+            "$RESULTS/ncu_stage09_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
+        # How the backward's time splits between its three kernels: the first launch of each.
+        timeout 300 ncu --clock-control none -k "regex:backward_preprocess_kernel|$KERNEL09|backward_postprocess_kernel" \
+            --launch-count 3 --metrics gpu__time_duration.sum \
+            "$BUILD/bench/bench_gpu" --stages 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no --repeat 1 --warmup 0 \
+            --check false --json /tmp/ncu.json --csv /tmp/ncu.csv 2>&1 | strip_bench >"$RESULTS/ncu_stage09_split_d$d.txt" || status=1
+        grep -E "^ +void .*_kernel<|gpu__time_duration" "$RESULTS/ncu_stage09_split_d$d.txt" | tee -a "$LOGS/summary.txt"
     done
 }
 
@@ -358,7 +424,11 @@ step_lessons() {
     "$STAGE05" --heads 16 --seq-q 2048 --seq-k 2048 --head-dim 64 --bench >"$RESULTS/stage05_run.txt" 2>&1 || status=1
     "$STAGE06" --heads 16 --seq-q 2048 --seq-k 2048 --head-dim 64 --causal --bench >"$RESULTS/stage06_run.txt" 2>&1 || status=1
     "$STAGE07" --heads 16 --seq-q 2048 --seq-k 2048 --head-dim 64 --causal --bench >"$RESULTS/stage07_run.txt" 2>&1 || status=1
-    tail -n 4 "$RESULTS/stage05_run.txt" "$RESULTS/stage06_run.txt" "$RESULTS/stage07_run.txt" | tee -a "$LOGS/summary.txt"
+    "$STAGE09" --heads 4 --seq-q 1000 --seq-k 1000 --head-dim 64 --causal --bench >"$RESULTS/stage09_run.txt" 2>&1 || status=1
+    "$STAGE09" --bench --batch 4 --heads 32 --seq-q 4096 --seq-k 4096 --reference never >"$RESULTS/stage09_bench_run.txt" 2>&1 \
+        || status=1
+    tail -n 4 "$RESULTS/stage05_run.txt" "$RESULTS/stage06_run.txt" "$RESULTS/stage07_run.txt" "$RESULTS/stage09_run.txt" \
+        "$RESULTS/stage09_bench_run.txt" | tee -a "$LOGS/summary.txt"
 }
 
 # Packs what is there so far: after every step, so a call cut short by its time limit still
@@ -370,7 +440,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use build test sanitize ceiling road sweep07 sweep quick ncu ncu07 ncu07road lessons"
+        record "unknown step '$step': use build test sanitize ceiling road sweep07 sweep09 sweep quick ncu ncu07 ncu07road ncu09 lessons"
         status=2
         continue
     fi

@@ -3,31 +3,42 @@
 
 Runs mma_ceiling (when built: the mma.sync bf16 rate every stage 07 figure is also given as a
 fraction of), then bench_gpu (our kernels: stages 05/06 in float32, stage 07 in bf16 and fp16,
-at its final kernel or at the steps of its road), then, where torch is importable, PyTorch's
-scaled_dot_product_attention pinned to one backend at a time with
-torch.nn.attention.sdpa_kernel, on the same shapes:
+at its final kernel or at the steps of its road, stage 09's backward after stage 07's forward),
+then, where torch is importable, PyTorch's scaled_dot_product_attention pinned to one backend at
+a time with torch.nn.attention.sdpa_kernel, on the same shapes:
 
   for stages 05/06 (float32)  efficient and math in fp32 (flash and cudnn have no fp32 kernel:
                               recorded as unsupported), and flash and cudnn in bf16 for scale
   for stage 07 (--dtypes)     flash and cudnn in each of bf16 and fp16
+  for stage 09 (--dtypes)     the same forward, and flash and cudnn in each of bf16 and fp16:
+                              the backward alone (torch.autograd.grad(o, (q, k, v), do,
+                              retain_graph=True) after one forward) and forward + backward timed
+                              as one pair, as bench_gpu times stage 07 + stage 09
 
 Every point is timed with CUDA events after warm-up runs, with the L2 flushed (a buffer four
 times the L2 overwritten) before each timed run, and the median of the runs is kept: the method
-bench_gpu uses. FLOPs follow fa::attention_flops: 4*B*H*N*N*d, halved for causal. A backend that
-refuses a dtype or shape is recorded with an empty time and the reason in the note.
+bench_gpu uses. FLOPs follow fa::attention_flops: 4*B*H*N*N*d, halved for causal; the backward
+counts 2.5 times that, forward + backward 3.5 times (fa::attention_flops_backward,
+fa::attention_flops_fwd_bwd). A backend that refuses a dtype or shape is recorded with an empty
+time and the reason in the note.
 
 Writes to OUT_DIR:
   gpu_sweep.csv, gpu_sweep.json  every row (columns impl,dtype,B,H,N,d,causal,median_ms,tflops,gpu,
                                  sm_clock_mhz,date as before, then step,step_name,min_ms,max_ms,
-                                 check,check_max_abs,check_rel_l2,note)
+                                 check,check_max_abs,check_rel_l2,note,pass; pass is forward,
+                                 backward or fwd+bwd, and an older file without it holds forward
+                                 rows only)
   road.csv, road.json            when several stage 07 steps were timed: each step's TFLOP/s per
                                  shape and its gain over the step before (tuning candidates: over
                                  the final kernel), beside SDPA flash
+  stage07_sweep_table.txt,       the printed tables of stage 07 and stage 09 against SDPA
+  stage09_sweep_table.txt
   mma_ceiling.jsonl              what mma_ceiling measured
   bench_gpu.csv, bench_gpu.json  bench_gpu's own output
 and prints the tables: float32 stages against SDPA efficient, stage 07 against SDPA flash and
-cuDNN per dtype (with the worst ratio), and the road. The exit code is 1 when a bench_gpu point
-failed its check (the files are written all the same).
+cuDNN per dtype (with the worst ratio), the road, and stage 07 + 09 against SDPA flash and cuDNN
+forward + backward (with the backward alone and the deterministic backward beside it). The exit
+code is 1 when a bench_gpu point failed its check (the files are written all the same).
 """
 import argparse
 import contextlib
@@ -40,15 +51,24 @@ import sys
 import warnings
 
 CSV_COLUMNS = ["impl", "dtype", "B", "H", "N", "d", "causal", "median_ms", "tflops", "gpu", "sm_clock_mhz", "date",
-               "step", "step_name", "min_ms", "max_ms", "check", "check_max_abs", "check_rel_l2", "note"]
+               "step", "step_name", "min_ms", "max_ms", "check", "check_max_abs", "check_rel_l2", "note", "pass"]
 ROAD_COLUMNS = ["kind", "impl", "step", "step_name", "idea", "dtype", "d", "N", "causal", "tflops", "median_ms", "gain", "gain_over",
                 "vs_flash", "pct_of_mma", "gpu", "sm_clock_mhz", "date"]
 FP32_STAGES = ("05", "06")
+HALF_STAGES = ("07", "09")  # the stages that run in --dtypes, beside SDPA flash and cuDNN in the same types
+# FLOPs of each pass as a multiple of the forward's: five products of 2*N*N*d per head to the
+# forward's two, recomputing S included (fa::attention_flops_backward, fa::attention_flops_fwd_bwd).
+PASS_FLOPS = {"forward": 1.0, "backward": 2.5, "fwd+bwd": 3.5}
 
 
-def flops(b, h, n, d, causal):
-    f = 4.0 * b * h * n * n * d
+def flops(b, h, n, d, causal, pass_="forward"):
+    f = 4.0 * b * h * n * n * d * PASS_FLOPS[pass_]
     return f / 2 if causal else f
+
+
+def pass_of(row):
+    """The row's pass; rows of files written before the column existed are forward rows."""
+    return row.get("pass") or "forward"
 
 
 def sm_clock_mhz():
@@ -104,8 +124,9 @@ def run_bench_gpu(args, ceiling, out_json, out_csv):
     cmd = [args.bench_exe, "--stages", *args.stages, "--sizes", *map(str, args.sizes), "--head-dims",
            *map(str, args.head_dims), "--causal", args.causal, "--tokens", str(args.tokens), "--width", str(args.width),
            "--repeat", str(args.repeat), "--warmup", str(args.warmup), "--json", out_json, "--csv", out_csv]
-    if "07" in args.stages:
+    if any(s in HALF_STAGES for s in args.stages):
         cmd += ["--dtypes", *args.dtypes]
+    if "07" in args.stages:
         if args.steps:
             cmd += ["--steps", *args.steps]
         if ceiling:
@@ -141,13 +162,18 @@ def time_torch(fn, warmup, repeat, flush):
 
 
 def sdpa_plan(args):
-    """(backend, dtype) pairs to time: what the stages in this run are compared with."""
+    """(backend, dtype) pairs to time forward: what the stages in this run are compared with."""
     plan = []
     if any(s in FP32_STAGES for s in args.stages):
         plan += [("flash", "fp32"), ("cudnn", "fp32"), ("efficient", "fp32"), ("math", "fp32")]
-    half = args.dtypes if "07" in args.stages else ["bf16"]
+    half = args.dtypes if any(s in HALF_STAGES for s in args.stages) else ["bf16"]
     plan += [(name, t) for t in half for name in ("flash", "cudnn")]
     return plan
+
+
+def sdpa_backward_plan(args):
+    """(backend, dtype) pairs to time backward and forward + backward: beside stage 09."""
+    return [(name, t) for t in args.dtypes for name in ("flash", "cudnn")] if "09" in args.stages else []
 
 
 def run_sdpa(args, gpu_name, date):
@@ -157,6 +183,7 @@ def run_sdpa(args, gpu_name, date):
 
     # A backend pinned to a dtype it lacks warns before it raises; the raise is recorded below.
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|Expected query, key).*")
+    torch.manual_seed(1234)
 
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -166,8 +193,9 @@ def run_sdpa(args, gpu_name, date):
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     flush = torch.empty(max(4 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
-    plan = sdpa_plan(args)
-    print("SDPA backends: " + ", ".join(f"{b} {t}" for b, t in plan), flush=True)
+    plan, backward_plan = sdpa_plan(args), sdpa_backward_plan(args)
+    print("SDPA backends: " + ", ".join(f"{b} {t}" for b, t in plan)
+          + ("; backward: " + ", ".join(f"{b} {t}" for b, t in backward_plan) if backward_plan else ""), flush=True)
     rows = []
     total = len(args.head_dims) * len(args.sizes) * len(causal_values(args.causal))
     done = 0
@@ -175,13 +203,13 @@ def run_sdpa(args, gpu_name, date):
         for n in args.sizes:
             b, h = max(1, args.tokens // n), max(1, args.width // d)
             gen = torch.Generator(device="cuda").manual_seed(1234)
-            q32, k32, v32 = (torch.randn(b, h, n, d, device="cuda", generator=gen) for _ in range(3))
+            q32, k32, v32, do32 = (torch.randn(b, h, n, d, device="cuda", generator=gen) for _ in range(4))
             for causal in causal_values(args.causal):
                 done += 1
                 point = []
                 for name, dtype_name in plan:
                     row = dict(impl="sdpa_" + name, dtype=dtype_name, B=b, H=h, N=n, d=d, causal=int(causal), gpu=gpu_name,
-                               date=date)
+                               date=date, **{"pass": "forward"})
                     if name == "math":
                         # N x N scores and probabilities per head, in float32, several copies.
                         need = 4.0 * b * h * n * n * 3
@@ -198,17 +226,67 @@ def run_sdpa(args, gpu_name, date):
                                    sm_clock_mhz=sm_clock_mhz())
                         point.append(f"{name}/{dtype_name}={row['tflops']:.1f}")
                     except (RuntimeError, torch.OutOfMemoryError) as e:  # no kernel for this dtype/shape
-                        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                        row.update(note="unsupported: " + first[:120])
+                        row.update(note="unsupported: " + first_line(e))
                         if dtype_name != "fp32":  # fp32 flash/cudnn are expected to refuse; a 16-bit refusal is news
                             point.append(f"{name}/{dtype_name}=unsupported")
                     rows.append(row)
                     del q, k, v
+                for name, dtype_name in backward_plan:
+                    base = dict(impl="sdpa_" + name, dtype=dtype_name, B=b, H=h, N=n, d=d, causal=int(causal), gpu=gpu_name,
+                                date=date)
+                    for pass_, row in time_sdpa_backward(args, backends[name], dtypes[dtype_name], q32, k32, v32, do32,
+                                                         causal, flush):
+                        if row.get("median_ms") is not None:
+                            row["tflops"] = flops(b, h, n, d, causal, pass_) / (row["median_ms"] * 1e-3) * 1e-12
+                            point.append(f"{name}/{dtype_name}/{'bwd' if pass_ == 'backward' else pass_}={row['tflops']:.1f}")
+                        else:
+                            point.append(f"{name}/{dtype_name}/{pass_}=unsupported")
+                        rows.append(dict(base, **row, **{"pass": pass_}))
                 print(f"[{done:2d}/{total}] sdpa d={d} N={n} {'causal' if causal else 'non-causal'}: {' '.join(point)} TFLOP/s",
                       flush=True)
-            del q32, k32, v32
+            del q32, k32, v32, do32
             torch.cuda.empty_cache()
     return rows
+
+
+def time_sdpa_backward(args, backend, dtype, q32, k32, v32, do32, causal, flush):
+    """SDPA pinned to `backend` in `dtype`: the backward alone, then forward + backward as one pair.
+    Yields (pass, fields): median_ms, min_ms, max_ms, sm_clock_mhz, or the refusal in the note."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    q, k, v = (t.to(dtype).requires_grad_() for t in (q32, k32, v32))
+    o = do = None
+    try:
+        with sdpa_kernel(backend):
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            # dO with o's own strides: a backend may copy a dO laid out otherwise before its kernel.
+            do = torch.empty_like(o).copy_(do32)
+
+            def backward():
+                torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+            def forward_backward():
+                torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), do)
+
+            for pass_, fn in (("backward", backward), ("fwd+bwd", forward_backward)):
+                try:
+                    ms, lo, hi = time_torch(fn, args.warmup, args.repeat, flush)
+                    yield pass_, dict(median_ms=ms, min_ms=lo, max_ms=hi, sm_clock_mhz=sm_clock_mhz())
+                except (RuntimeError, torch.OutOfMemoryError) as e:  # no backward kernel for this dtype/shape
+                    yield pass_, dict(note="unsupported: " + first_line(e))
+    except (RuntimeError, torch.OutOfMemoryError) as e:  # the forward itself refused
+        for pass_ in ("backward", "fwd+bwd"):
+            yield pass_, dict(note="unsupported: " + first_line(e))
+    finally:
+        del q, k, v, o, do
+
+
+def first_line(e):
+    """The first line of an exception's message (120 characters at most), or its type's name."""
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:120]
 
 
 # ----------------------------------------------------------------------------- files
@@ -231,25 +309,27 @@ def write_csv(path, rows, columns):
 
 
 def merge_rows(rows, path):
-    """Rows of an earlier sweep (CSV) whose (impl, dtype) this run did not measure, so one file
-    keeps every stage: e.g. stage 07's sweep beside the float32 stages measured before."""
-    measured = {(r["impl"], r["dtype"]) for r in rows}
+    """Rows of an earlier sweep (CSV) whose (impl, dtype, pass) this run did not measure, so one
+    file keeps every stage: e.g. stage 07's sweep beside the float32 stages measured before. Rows
+    of a file without the pass column are forward rows, and say so in the new file."""
+    measured = {(r["impl"], r["dtype"], pass_of(r)) for r in rows}
     with open(path, newline="") as f:
-        old = [r for r in csv.DictReader(f) if (r["impl"], r["dtype"]) not in measured]
-    print(f"kept {len(old)} rows of {path} ({', '.join(sorted({r['impl'] + ' ' + r['dtype'] for r in old})) or 'none'})",
-          flush=True)
+        old = [dict(r, **{"pass": pass_of(r)}) for r in csv.DictReader(f)]
+    old = [r for r in old if (r["impl"], r["dtype"], r["pass"]) not in measured]
+    kept = sorted({r["impl"] + " " + r["dtype"] + ("" if r["pass"] == "forward" else " " + r["pass"]) for r in old})
+    print(f"kept {len(old)} rows of {path} ({', '.join(kept) or 'none'})", flush=True)
     return rows + old
 
 
 # ----------------------------------------------------------------------------- tables
-def index(rows):
-    """(impl, dtype, N, d, causal) -> row, for the rows that have a time."""
+def index(rows, pass_="forward"):
+    """(impl, dtype, N, d, causal) -> row, for the rows of one pass that have a time."""
     return {(r["impl"], r["dtype"], int(r["N"]), int(r["d"]), int(r["causal"])): r for r in rows
-            if r.get("tflops") not in (None, "")}
+            if r.get("tflops") not in (None, "") and pass_of(r) == pass_}
 
 
-def fmt(r, key="tflops"):
-    return f"{float(r[key]):.1f}" if r else "-"
+def fmt(r, key="tflops", digits=1):
+    return f"{float(r[key]):.{digits}f}" if r else "-"
 
 
 def ratio(a, b):
@@ -310,12 +390,56 @@ def print_stage07_tables(args, idx, rows, ceiling, gpu_name, date):
                     print(f"{d:>4} {n:>6} {str(c):>7} {fmt(s7):>8} {fmt(fl):>8} {fmt(cu):>8} {rfmt(rf):>9} {rfmt(rc):>9} "
                           f"{rfmt(pct, 1, '%'):>9}{bad}")
         refused = sorted({(r["impl"], r["N"], r["d"], r["causal"], r["note"]) for r in rows
-                          if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == t and r.get("note")})
+                          if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == t and pass_of(r) == "forward"
+                          and r.get("note")})
         for impl, n, d, c, note in refused:
             print(f"  {impl} {t} d={d} N={n} {'causal' if c else 'non-causal'}: {note}")
     if worst:
         rf, t, d, n, c = worst
         print(f"\nworst stage07 / sdpa_flash ratio: {rf:.2f} ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
+
+
+def print_stage09_tables(args, rows, gpu_name, date):
+    """Stage 07's forward + stage 09's backward against SDPA flash and cuDNN forward + backward,
+    one table per dtype, with the backward alone and the deterministic backward beside it."""
+    fwd_bwd, bwd = index(rows, "fwd+bwd"), index(rows, "backward")
+    worst = {}  # what is compared -> (ratio, dtype, d, N, causal), the lowest ratio seen
+
+    def keep_worst(label, x, where):
+        if x is not None and (label not in worst or x < worst[label][0]):
+            worst[label] = (x, *where)
+
+    for t in args.dtypes:
+        print()
+        print(f"{gpu_name}, {date}: stage 07 forward + stage 09 backward in {t}, TFLOP/s (fwd+bwd timed as one pair; "
+              "the backward alone; det: deterministic dQ)")
+        print(f"{'d':>4} {'N':>6} {'causal':>7} {'09 f+b':>7} {'flash':>7} {'cudnn':>7} {'/flash':>7} {'/cudnn':>7} "
+              f"{'09 bwd':>7} {'/flash':>7} {'/cudnn':>7} {'bwd ms':>8} {'det ms':>8} {'det/at':>7}")
+        for d in args.head_dims:
+            for n in args.sizes:
+                for c in causal_values(args.causal):
+                    key = (t, n, d, int(c))
+                    ours, fl, cu = (fwd_bwd.get((i, *key)) for i in ("stage09", "sdpa_flash", "sdpa_cudnn"))
+                    ours_b, fl_b, cu_b = (bwd.get((i, *key)) for i in ("stage09", "sdpa_flash", "sdpa_cudnn"))
+                    det = bwd.get(("stage09_deterministic", *key))
+                    rf, rc, rbf, rbc = ratio(ours, fl), ratio(ours, cu), ratio(ours_b, fl_b), ratio(ours_b, cu_b)
+                    for label, x in (("fwd+bwd / sdpa_flash", rf), ("fwd+bwd / sdpa_cudnn", rc),
+                                     ("backward / sdpa_flash", rbf), ("backward / sdpa_cudnn", rbc)):
+                        keep_worst(label, x, (t, d, n, c))
+                    slower = float(det["median_ms"]) / float(ours_b["median_ms"]) if det and ours_b else None
+                    bad = "  BAD" if any(r and r.get("check") == "BAD" for r in (ours_b, det)) else ""
+                    print(f"{d:>4} {n:>6} {str(c):>7} {fmt(ours):>7} {fmt(fl):>7} {fmt(cu):>7} {rfmt(rf):>7} {rfmt(rc):>7} "
+                          f"{fmt(ours_b):>7} {rfmt(rbf):>7} {rfmt(rbc):>7} {fmt(ours_b, 'median_ms', 3):>8} "
+                          f"{fmt(det, 'median_ms', 3):>8} {rfmt(slower):>7}{bad}")
+        refused = sorted({(r["impl"], pass_of(r), r["N"], r["d"], r["causal"], r["note"]) for r in rows
+                          if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == t and pass_of(r) != "forward"
+                          and r.get("note")})
+        for impl, pass_, n, d, c, note in refused:
+            print(f"  {impl} {t} {pass_} d={d} N={n} {'causal' if c else 'non-causal'}: {note}")
+    if worst:
+        print()
+    for label, (x, t, d, n, c) in worst.items():
+        print(f"worst stage 07 + 09 {label} ratio: {x:.2f} ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
 
 
 def road_rows(args, bench, idx, ceiling):
@@ -403,9 +527,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bench-exe", required=True, help="path to the bench_gpu executable")
     parser.add_argument("--out-dir", default=os.path.join(here, "..", "docs", "results"))
-    parser.add_argument("--stages", nargs="+", default=["05", "06", "07"], choices=["05", "06", "07"])
+    parser.add_argument("--stages", nargs="+", default=["05", "06", "07"], choices=["05", "06", "07", "09"],
+                        help="09: stage 07's forward and stage 09's backward, beside SDPA's backward")
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"],
-                        help="16-bit types of stage 07 and of the SDPA flash/cudnn rows beside it")
+                        help="16-bit types of stages 07 and 09 and of the SDPA flash/cudnn rows beside them")
     parser.add_argument("--steps", nargs="+", default=[], help="stage 07 steps (bench_gpu --steps): numbers, all or road")
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
@@ -476,6 +601,8 @@ def main():
                 json.dump(dict(meta, rows=road), f, indent=1)
             tee_to_file(os.path.join(args.out_dir, "stage07_road_table.txt"), print_road, args, road)
             print(f"wrote {os.path.join(args.out_dir, 'road.csv')}")
+    if "09" in args.stages:
+        tee_to_file(os.path.join(args.out_dir, "stage09_sweep_table.txt"), print_stage09_tables, args, measured, gpu_name, date)
     print(f"wrote {csv_path}")
     if not checks_ok:
         print("FAILED: bench_gpu marked at least one point BAD or MISMATCH (see its lines above)")
