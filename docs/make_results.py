@@ -4,9 +4,11 @@
 Inputs (any may be missing; the page then says what is not there yet):
   gpu_sweep.csv    columns impl,dtype,B,H,N,d,causal,median_ms,tflops,gpu,sm_clock_mhz,date
                    (bench/ writes it: our GPU stages and PyTorch SDPA's backends, same shapes;
-                   later sweeps add columns, e.g. step, which are not needed here). Beside it,
-                   gpu_sweep.json (the sweep's record: PyTorch version, timing, the mma.sync
-                   ceiling) and road.csv (stage 07's road: each step's TFLOP/s and gain).
+                   later sweeps add columns, e.g. step, which are not needed here, and pass:
+                   forward, backward or fwd+bwd, read when present; a file without it holds
+                   forward rows only). Beside it, gpu_sweep.json (the sweep's record: PyTorch
+                   version, timing, the mma.sync ceiling) and road.csv (stage 07's road: each
+                   step's TFLOP/s and gain).
   cpu_sweep.jsonl  one JSON object per line, as the stage executables print with --json
                    (stage,title,B,H,Nq,Nk,d,causal,layout,first_ms,median_ms,gflops,
                     peak_rss_bytes,rss_before_bytes,intermediate_bytes,pass,machine,date)
@@ -52,6 +54,13 @@ SDPA_NAMES = {
     "sdpa_efficient": "SDPA efficient",
     "sdpa_math": "SDPA math",
 }
+# The training step: stage 07's forward and stage 09's backward ("stage09" rows of every pass; the
+# deterministic dQ mode has backward rows of its own), beside SDPA flash and cuDNN. Their rows
+# belong to the stage 09 section only, whatever their pass.
+STAGE09_IMPLS = ["stage09", "stage09_deterministic"]
+BACKWARD_SIDE = ["stage09", "stage09_deterministic", "sdpa_flash", "sdpa_cudnn"]
+# Colours match stage 07's plot (ours C0, flash C1, cuDNN C2); the deterministic mode gets C3.
+STAGE09_COLOURS = {"stage09": "C0", "sdpa_flash": "C1", "sdpa_cudnn": "C2", "stage09_deterministic": "C3"}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -75,6 +84,8 @@ def impl_name(impl):
     m = re.fullmatch(r"stage(\d+)", impl)
     if m:
         return f"stage {m.group(1)}"
+    if impl == "stage09_deterministic":
+        return "stage 09, deterministic dQ"
     return SDPA_NAMES.get(impl, impl)
 
 
@@ -86,6 +97,8 @@ def impl_ref(impl):
     m = re.fullmatch(r"stage(\d+)", impl)
     if m:
         return f'\\ref {impl} "stage {m.group(1)}"' if impl in LESSON_PAGES else f"stage {m.group(1)}"
+    if impl == "stage09_deterministic":
+        return impl_ref("stage09") + ", deterministic dQ"
     return SDPA_NAMES.get(impl, impl)
 
 
@@ -170,6 +183,8 @@ def read_gpu(path, notes, info):
                     "gpu": raw["gpu"].strip(),
                     "sm_clock_mhz": raw["sm_clock_mhz"].strip(),
                     "date": raw["date"].strip(),
+                    "pass": (raw.get("pass") or "").strip() or "forward",
+                    "check": (raw.get("check") or "").strip(),
                 })
             except (KeyError, ValueError, TypeError, AttributeError):
                 bad += 1
@@ -277,8 +292,8 @@ def read_cpu(path, notes):
 
 
 # ----------------------------------------------------------------------------- plots
-def finish_tflops_against_n(fig, ax, title, path):
-    """The axes every TFLOP/s-against-N plot shares (N in powers of two), then the file."""
+def style_tflops_against_n(ax, title):
+    """The axes every TFLOP/s-against-N plot shares: N in powers of two, TFLOP/s from 0."""
     ax.set_xscale("log", base=2)
     ax.xaxis.set_major_formatter(FuncFormatter(pow2_label))
     ax.xaxis.set_minor_formatter(NullFormatter())
@@ -287,6 +302,11 @@ def finish_tflops_against_n(fig, ax, title, path):
     ax.set_ylim(bottom=0)
     ax.set_title(title, fontsize=11)
     ax.grid(True, alpha=0.3)
+
+
+def finish_tflops_against_n(fig, ax, title, path):
+    """The shared axes, the legend beside the plot, then the file."""
+    style_tflops_against_n(ax, title)
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path)
@@ -321,6 +341,35 @@ def plot_stage07(group_rows, ceiling, title, path):
     if ceiling:
         ax.axhline(ceiling, color="0.5", linestyle=":", linewidth=1.2, label="mma.sync bf16 ceiling")
     finish_tflops_against_n(fig, ax, title, path)
+
+
+def plot_stage09(group_rows, title, path):
+    """Forward + backward (left) and the backward alone (right): ours and SDPA flash / cuDNN, bf16
+    solid and fp16 dashed; the deterministic backward on the right only. One legend for both."""
+    names = {"stage09": "ours (stage 07 + 09)", "stage09_deterministic": "ours, deterministic dQ"}
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.3), dpi=110)
+    legend = {}  # label -> (impl, dtype, line), over both panels
+    for ax, pass_, heading in ((axes[0], "fwd+bwd", "forward + backward"), (axes[1], "backward", "backward alone")):
+        for impl in BACKWARD_SIDE:
+            for dtype in HALF_DTYPES:
+                pts = sorted((r["N"], r["tflops"]) for r in group_rows
+                             if r["impl"] == impl and r["dtype"] == dtype and r["pass"] == pass_)
+                if not pts:
+                    continue
+                ours = impl.startswith("stage")
+                label = f"{names.get(impl, impl_name(impl))} {dtype}"
+                (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=STAGE09_COLOURS[impl],
+                                  marker="o" if ours else "s", linestyle="-" if dtype == "bf16" else "--",
+                                  linewidth=2.2 if ours else 1.4, markersize=5, label=label)
+                legend.setdefault(label, (impl, HALF_DTYPES.index(dtype), line))
+        style_tflops_against_n(ax, heading)
+    order = sorted(legend, key=lambda k: (BACKWARD_SIDE.index(legend[k][0]), legend[k][1]))
+    axes[1].legend([legend[k][2] for k in order], order, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                   borderaxespad=0)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def plot_road(rows, title, path):
@@ -722,6 +771,129 @@ def road_section(road, ceiling, images, out, plots_made):
                 w(f"| {'' if step is None else step} | {title} | " + " | ".join(cells) + " |")
         w("")
 
+# ----------------------------------------------------------------------------- stage 09 section
+def stage09_section(rows, images, out, plots_made):
+    """The training step: stage 07's forward + stage 09's backward beside SDPA flash and cuDNN, forward
+    + backward timed as one pair and the backward alone; the ratios; what deterministic dQ costs."""
+    w = out.append
+    w("## GPU: the training step, stage 07 forward + stage 09 backward beside SDPA {#results_stage09}")
+    w("")
+    ours = [r for r in rows or [] if r["impl"] in STAGE09_IMPLS and r["dtype"] in HALF_DTYPES]
+    if not ours:
+        w("\\note The backward has not been measured yet: `docs/results/gpu_sweep.csv` has no stage 09 rows. "
+          "`bench/gpu_session.sh sweep09` times stage 07's forward and stage 09's backward in bf16 and fp16 beside "
+          "SDPA's flash and cuDNN backends (forward, backward, and the two together).")
+        w("")
+        return
+    shapes_of = {(r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) for r in ours}
+    side = [r for r in rows if r["impl"] in BACKWARD_SIDE and r["pass"] in ("backward", "fwd+bwd")
+            and (r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) in shapes_of]
+    dtypes = [t for t in HALF_DTYPES if any(r["dtype"] == t for r in ours)]
+    gpus = sorted({r["gpu"] for r in side})
+    w(f"Measured on **{md(', '.join(gpus))}**, SM clock {span((r['sm_clock_mhz'] for r in side), 'MHz')}, "
+      f"{span(r['date'] for r in side)}. Ours: stage 07's final kernel as the forward (it writes the O and LSE the "
+      "backward reads) and stage 09's three backward kernels, dQ added across key blocks with float32 atomics or, "
+      "with deterministic dQ, in a fixed order. SDPA: the backward alone is `torch.autograd.grad(o, (q, k, v), do)` "
+      "after one forward. Forward + backward is timed as one pair on both sides (CUDA events around both, the L2 "
+      "flushed before the pair). TFLOP/s count 2.5 times the forward's \\f$4 B H N^2 d\\f$ for the backward and 3.5 "
+      "times for the pair (halved for causal attention): fa::attention_flops_backward(), fa::attention_flops_fwd_bwd().")
+    w("")
+    bad = [r for r in ours if r["check"] == "BAD"]
+    if bad:
+        w(f"\\warning {len(bad)} stage 09 row(s) failed bench_gpu's gross-error guard (marked **BAD**): their "
+          "gradients are not to be trusted.")
+        w("")
+    groups = OrderedDict()
+    for r in sorted(side, key=lambda r: (r["gpu"], r["d"], r["causal"])):
+        groups.setdefault((r["gpu"], r["d"], r["causal"]), []).append(r)
+    cols = [("stage09", "fwd+bwd"), ("sdpa_flash", "fwd+bwd"), ("sdpa_cudnn", "fwd+bwd"),
+            ("stage09", "backward"), ("stage09_deterministic", "backward"), ("sdpa_flash", "backward"),
+            ("sdpa_cudnn", "backward")]
+    heads = {("stage09", "fwd+bwd"): "ours fwd+bwd", ("stage09", "backward"): "ours bwd",
+             ("stage09_deterministic", "backward"): "ours bwd, det. dQ"}
+    for (gpu, d, causal), g in groups.items():
+        mask = "causal" if causal else "non-causal"
+        anchor = slug("results_stage09", gpu if len(gpus) > 1 else "", "d", d, mask)
+        w(f"### d = {d}, {mask}{', ' + md(gpu) if len(gpus) > 1 else ''} {{#{anchor}}}")
+        w("")
+        if HAVE_MPL:
+            name = f"{anchor}.png"
+            plot_stage09(g, f"{gpu}: training step, d = {d}, {mask}", os.path.join(images, name))
+            plots_made.append(name)
+            w(f'\\image html {name} "TFLOP/s against N: forward + backward, and the backward alone, d = {d}, {mask}"')
+            w("")
+        cell = {(r["N"], r["B"], r["H"], r["dtype"], r["impl"], r["pass"]): r for r in g}
+        for t in dtypes:
+            w(f"{t}:")
+            w("")
+            w("| N | B | H | " + " | ".join(heads.get(c) or f"{impl_ref(c[0])} {'fwd+bwd' if c[1] == 'fwd+bwd' else 'bwd'}"
+                                           for c in cols) + " |")
+            w("|---:|---:|---:|" + "---:|" * len(cols))
+            for n, b, h in sorted({(r["N"], r["B"], r["H"]) for r in g if r["dtype"] == t}):
+                cells = []
+                for impl, pass_ in cols:
+                    r = cell.get((n, b, h, t, impl, pass_))
+                    text = f"{fmt_num(r['tflops'])} ({fmt_num(r['median_ms'])} ms)" if r else "–"
+                    cells.append(text + (" **BAD**" if r and r["check"] == "BAD" else ""))
+                w(f"| {n} | {b} | {h} | " + " | ".join(cells) + " |")
+            w("")
+        w("Cells: TFLOP/s (median time); – where a backend has no kernel for the dtype or shape.")
+        w("")
+    stage09_ratios(side, dtypes, out)
+
+
+def stage09_ratios(side, dtypes, out):
+    """Per dtype: ours / SDPA flash (and / cuDNN) forward + backward and backward alone, at every shape;
+    then the deterministic backward's time over the atomic one's."""
+    w = out.append
+    w("### The training step against SDPA {#results_stage09_ratios}")
+    w("")
+    idx = {(r["gpu"], r["impl"], r["pass"], r["dtype"], r["N"], r["d"], r["causal"]): r for r in side}
+    for t in dtypes:
+        shapes = sorted({(r["gpu"], r["d"], r["causal"]) for r in side if r["dtype"] == t and r["impl"] == "stage09"})
+        sizes = sorted({r["N"] for r in side if r["dtype"] == t and r["impl"] == "stage09"})
+        w(f"{t}: ours / SDPA flash, with ours / SDPA cuDNN in parentheses: forward + backward (f+b), and below it "
+          "the backward alone (bwd).")
+        w("")
+        w("| d | mask | " + " | ".join(f"N = {n}" for n in sizes) + " |")
+        w("|---:|---|" + "---:|" * len(sizes))
+        for gpu, d, causal in shapes:
+            cells = []
+            for n in sizes:
+                parts = []
+                for pass_, short in (("fwd+bwd", "f+b"), ("backward", "bwd")):
+                    r = idx.get((gpu, "stage09", pass_, t, n, d, causal))
+                    fl = idx.get((gpu, "sdpa_flash", pass_, t, n, d, causal))
+                    cu = idx.get((gpu, "sdpa_cudnn", pass_, t, n, d, causal))
+                    if not r:
+                        parts.append(f"{short} –")
+                        continue
+                    text = f"{fmt_num(r['tflops'] / fl['tflops'])}×" if fl else "–"
+                    text = f"**{text}**" if fl and r["tflops"] < fl["tflops"] else text  # slower than SDPA flash
+                    parts.append(f"{short} {text}" + (f" ({fmt_num(r['tflops'] / cu['tflops'])}×)" if cu else ""))
+                cells.append("<br>".join(parts))
+            w(f"| {d} | {'causal' if causal else 'non-causal'} | " + " | ".join(cells) + " |")
+        w("")
+    w("Bold: slower than SDPA flash.")
+    w("")
+    det = [(r, idx.get((r["gpu"], "stage09", "backward", r["dtype"], r["N"], r["d"], r["causal"])))
+           for r in side if r["impl"] == "stage09_deterministic" and r["pass"] == "backward"]
+    det = [(r, a) for r, a in det if a and a["median_ms"] > 0]
+    if not det:
+        return
+    sizes = sorted({r["N"] for r, _ in det})
+    w("What deterministic dQ costs: the backward's time with dQ added in a fixed order over its time with atomic "
+      "additions.")
+    w("")
+    w("| dtype | d | mask | " + " | ".join(f"N = {n}" for n in sizes) + " |")
+    w("|---|---:|---|" + "---:|" * len(sizes))
+    cell = {(r["dtype"], r["d"], r["causal"], r["N"]): r["median_ms"] / a["median_ms"] for r, a in det}
+    for t, d, causal in sorted({k[:3] for k in cell}, key=lambda k: (HALF_DTYPES.index(k[0]), k[1], k[2])):
+        cells = [f"{fmt_num(cell[(t, d, causal, n)])}×" if (t, d, causal, n) in cell else "–" for n in sizes]
+        w(f"| {t} | {d} | {'causal' if causal else 'non-causal'} | " + " | ".join(cells) + " |")
+    w("")
+
+
 # ----------------------------------------------------------------------------- CPU section
 def cpu_section(rows, images, out, plots_made):
     w = out.append
@@ -859,8 +1031,12 @@ def main():
 
     plots = []
     meta = read_gpu_meta(args.gpu_csv)
-    gpu_section(gpu, meta, args.images, out, plots)
-    stage07_section(gpu, meta, road, args.images, out, plots)
+    # The forward sections read forward rows; the training step's rows (stage 09's of every pass,
+    # SDPA's backward and forward + backward) have a section of their own.
+    forward = None if gpu is None else [r for r in gpu if r["pass"] == "forward" and r["impl"] not in STAGE09_IMPLS]
+    gpu_section(forward, meta, args.images, out, plots)
+    stage07_section(forward, meta, road, args.images, out, plots)
+    stage09_section(gpu, args.images, out, plots)
     cpu_section(cpu, args.images, out, plots)
 
     out.append("## Where the data comes from {#results_sources}")
@@ -868,6 +1044,9 @@ def main():
     out.append("| file | written by | present |")
     out.append("|---|---|---|")
     out.append(f"| `docs/results/gpu_sweep.csv` | the GPU sweep in `bench/` | {'yes' if gpu is not None else 'not yet'} |")
+    has_backward = any(r["impl"] in STAGE09_IMPLS for r in gpu or [])
+    out.append(f"| `docs/results/gpu_sweep.csv`, rows of pass `backward` and `fwd+bwd` | `bench/gpu_session.sh sweep09` "
+               f"(stage 07 + stage 09 beside SDPA) | {'yes' if has_backward else 'not yet'} |")
     out.append(f"| `docs/results/road.csv` | `bench/gpu_session.sh road` (stage 07 step by step) | "
                f"{'yes' if road is not None else 'not yet'} |")
     out.append(f"| `docs/results/cpu_sweep.jsonl` | the CPU stages with `--bench --json` | "

@@ -24,7 +24,13 @@
 /// **Does not handle yet:** head dimensions other than 32, 64 and 128; Hopper's own
 /// instructions (TMA, wgmma); dQ written without a float32 accumulator in global memory.
 ///
-/// **Measured:** not yet on a GPU (see the lesson, once recorded).
+/// **Measured:** on an NVIDIA H100 80GB HBM3 at up to 1980 MHz, 2026-11-23, B * N = 16384 tokens,
+/// H * d = 2048, N = 512 to 16384, bf16 and fp16: the backward alone at 130 to 228 TFLOP/s
+/// (0.73 to 1.31 times PyTorch SDPA's flash backward, 0.41 to 0.88 times cuDNN's); stage 07's
+/// forward and this backward together at 0.79 to 1.29 times SDPA flash's pair: the course's 1.0 is
+/// reached only at N = 512 and on causal problems up to N = 2048. The deterministic mode costs
+/// 1.9 to 4.8 times the atomic one. The lesson page (stages/09_backward_kernel/README.md) has the
+/// tables, the profile and why the block shape limits it.
 #pragma once
 
 #include <string>
