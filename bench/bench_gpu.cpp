@@ -83,7 +83,7 @@ struct Record {
     std::string label;      // how the progress line names it; the impl when empty
     std::string dtype;      // "fp32", "bf16", "fp16"
     int step = -1;          // stage 07: index into fa::stage07::road(); -1 for the float32 stages
-    std::string step_name;  // stage 07: road()[step].name
+    std::string step_name;  // stage 07 or, with --road05, stage 05: road()[step].name
     fa::Problem problem;
     double median_ms = 0, min_ms = 0, max_ms = 0, tflops = 0;
     int sm_clock_mhz = -1;
@@ -338,6 +338,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> stages{"05", "06", "07"};
     std::vector<std::string> dtypes{"bf16", "fp16"};
     std::vector<std::string> step_args;
+    bool road05 = false;
     std::string causal_mode = "both";
     int64_t tokens = 16384, width = 2048;
     int repeat = 30, warmup = 5;
@@ -356,6 +357,9 @@ int main(int argc, char** argv) {
     app.add_option("--steps", step_args,
                    "stage 07 steps to time: indices into its road (see stage07 --help), or all / road for every step, "
                    "with the tuning candidates of a -DFA_STAGE07_TUNING=ON build (default: the final kernel)");
+    app.add_flag("--road05", road05,
+                 "with stage 05: time every step of its road (see stage05 --help), each checked against the final "
+                 "kernel's output; rows stage05_step<i>, the final kernel's row stage05");
     app.add_option("--causal", causal_mode, "no, yes or both")->check(CLI::IsMember({"no", "yes", "both"}))->capture_default_str();
     app.add_option("--tokens", tokens, "B * N: batch = tokens / N")->check(CLI::PositiveNumber)->capture_default_str();
     app.add_option("--width", width, "H * d: heads = width / d")->check(CLI::PositiveNumber)->capture_default_str();
@@ -424,9 +428,15 @@ int main(int argc, char** argv) {
             fa::stage06::attention_device(p, q, k, v, o, lse, stream, schedule);
         };
     };
+    const auto stage05_step = [](int step) -> fa::cuda::DeviceAttentionFn {
+        return [step](const fa::Problem& p, fa::View4<const float> q, fa::View4<const float> k, fa::View4<const float> v,
+                      fa::View4<float> o, fa::View3<float> lse, cudaStream_t stream) {
+            fa::stage05::attention_device(p, q, k, v, o, lse, stream, step);
+        };
+    };
     std::vector<Record> records;
     size_t points = sizes.size() * head_dims.size() * causal_values.size() *
-                    ((has05 ? 1 : 0) + (has06 ? 1 : 0) + (has07 ? dtypes.size() * steps07.size() : 0) +
+                    ((has05 ? (road05 ? size_t(fa::stage05::final_step()) + 1 : 1) : 0) + (has06 ? 1 : 0) + (has07 ? dtypes.size() * steps07.size() : 0) +
                      (has09 ? dtypes.size() * 4 : 0));
     size_t done = 0;
     bool any_bad = false;
@@ -450,7 +460,7 @@ int main(int argc, char** argv) {
         std::printf("[%3zu/%3zu] %-15s %-4s d=%-3lld N=%-5lld B=%-2lld H=%-2lld %-10s %9.3f ms  %6.2f TFLOP/s", done, points,
                     (r.label.empty() ? r.impl : r.label).c_str(), r.dtype.c_str(), (long long)p.head_dim, (long long)p.seq_q, (long long)p.batch,
                     (long long)p.heads, p.causal ? "causal" : "non-causal", r.median_ms, r.tflops);
-        if (r.step >= 0 && mma_ceiling_tflops > 0) std::printf("  %4.1f%% of mma", 100.0 * r.tflops / mma_ceiling_tflops);
+        if (r.step >= 0 && r.dtype != "fp32" && mma_ceiling_tflops > 0) std::printf("  %4.1f%% of mma", 100.0 * r.tflops / mma_ceiling_tflops);
         std::printf("  (min %.3f, max %.3f; SM %d MHz)%s\n", r.min_ms, r.max_ms, r.sm_clock_mhz,
                     r.step >= 0 ? ("  step " + std::to_string(r.step) + " " + r.step_name).c_str() : "");
         std::fflush(stdout);
@@ -569,13 +579,55 @@ int main(int argc, char** argv) {
                     // ---- float32 stages: 05 then 06; 06's output stays in dev.o as stage 07's reference.
                     bool have05_output = false;  // stage 05's output of this point waits in o_other
                     bool have_reference = false;  // stage 06's output of this point is in dev.o
+                    if (has05 && road05) {
+                        // Stage 05's road: every earlier step, timed, then checked against the final
+                        // kernel's output on an output poisoned with NaN (the final kernel's own row
+                        // comes with the float32 stages below).
+                        std::vector<float> final05;
+                        for (int step = 0; step < fa::stage05::final_step(); ++step) {
+                            const fa::cuda::DeviceAttentionFn entry = stage05_step(step);
+                            const auto launch = [&](cudaStream_t stream) { entry(p, dev.q, dev.k, dev.v, dev.o, dev.lse, stream); };
+                            if (!supported("stage05 step " + std::to_string(step) + " d=" + std::to_string(d), launch)) continue;
+                            Record r = make_record("stage05_step" + std::to_string(step), "fp32", p,
+                                                   fa::cuda::time_on_gpu(launch, warmup, repeat));
+                            r.step = step;
+                            r.step_name = fa::stage05::road()[size_t(step)].name;
+                            ++done;
+                            print_point(r);
+                            if (check) {
+                                if (final05.empty()) {
+                                    stage05_step(fa::stage05::final_step())(p, dev.q, dev.k, dev.v, dev.o, dev.lse, nullptr);
+                                    final05 = to_host(dev.o.data, p.q_elems());
+                                }
+                                FA_CUDA_CHECK(cudaMemset(dev.o.data, 0xff, size_t(p.q_elems()) * sizeof(float)));
+                                launch(nullptr);
+                                const std::vector<float> got = to_host(dev.o.data, p.q_elems());
+                                double diff = 0;
+                                for (size_t i = 0; i < got.size(); ++i) {
+                                    const double e = std::fabs(double(got[i]) - double(final05[i]));
+                                    if (!(e <= diff)) diff = e;  // NaN counts as the worst
+                                }
+                                const bool ok = diff <= kFp32MaxAbs;
+                                r.check = ok ? "ok" : "BAD";
+                                r.check_max_abs = diff;
+                                any_bad = any_bad || !ok;
+                                std::printf("          stage 05 step %d vs the final kernel: max |diff| = %.2e%s\n", step, diff,
+                                            ok ? "" : "  MISMATCH");
+                            }
+                            records.push_back(r);
+                        }
+                    }
                     for (const std::string& s : stages) {
                         if (s != "05" && s != "06") continue;
                         const fa::cuda::DeviceAttentionFn entry =
-                            s == "05" ? fa::cuda::DeviceAttentionFn(fa::stage05::attention_device) : stage06_with(fa::stage06::Schedule::Auto);
+                            s == "05" ? stage05_step(fa::stage05::final_step()) : stage06_with(fa::stage06::Schedule::Auto);
                         const auto launch = [&](cudaStream_t stream) { entry(p, dev.q, dev.k, dev.v, dev.o, dev.lse, stream); };
                         if (!supported("stage" + s + " d=" + std::to_string(d), launch)) continue;
                         records.push_back(make_record("stage" + s, "fp32", p, fa::cuda::time_on_gpu(launch, warmup, repeat)));
+                        if (s == "05" && road05) {
+                            records.back().step = fa::stage05::final_step();
+                            records.back().step_name = fa::stage05::road().back().name;
+                        }
                         ++done;
                         print_point(records.back());
                         if (s == "06" && causal && schedule_ablation) {

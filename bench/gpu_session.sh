@@ -9,6 +9,8 @@
 #   sanitize   compute-sanitizer memcheck, racecheck, synccheck, initcheck on stages 05, 06, 07, 09
 #              (SANITIZE_STAGES="05 06 07 09" picks which)
 #   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates
+#   road05     stage 05, every step of its road (float32), d 64/128, N 1024/4096, non-causal, each
+#              checked against the final kernel: road05/road05.csv and road05_table.txt
 #   road       stage 07, every step of its road and every tuning candidate, bf16, d 64/128,
 #              N 1024/4096/16384, causal and not, beside SDPA flash and cuDNN: road.csv
 #   sweep07    stage 07's final kernel in bf16 and fp16 beside SDPA flash and cuDNN, the full grid;
@@ -21,6 +23,8 @@
 #   sweep      every stage beside every SDPA backend, the full grid (as the committed data)
 #   quick      the same at two sizes (QUICK_SIZES), 10 runs each
 #   ncu        Nsight Compute on the stage 05 kernel
+#   ncu05road  Nsight Compute on every step of stage 05's road, d 64, N 2048: memory throughput,
+#              bank conflicts, occupancy, registers, instructions: ncu_stage05_road.txt
 #   ncu07      Nsight Compute on the stage 07 final kernel, d 64 and 128, N 4096
 #   ncu07road  shared-memory bank conflicts of road steps 1 (ldmatrix) and 2 (swizzle), d 64, N 4096
 #   ncu09      Nsight Compute on stage 09's main backward kernel (atomic dQ), bf16, d 64 and 128,
@@ -61,7 +65,7 @@ build_targets() {
             sanitize | lessons)
                 targets+=(stage05_shared_memory_kernel stage06_causal_masking stage07_pipelined_fused_kernel stage09_backward_kernel) ;;
             ceiling) targets+=(mma_ceiling) ;;
-            road | sweep07 | sweep09 | sweep | quick | ncu | ncu07 | ncu07road | ncu09) targets+=(bench_gpu mma_ceiling) ;;
+            road | road05 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09) targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
     [ ${#targets[@]} -eq 0 ] || printf '%s\n' "${targets[@]}" | sort -u
@@ -136,12 +140,19 @@ sanitize_cases09=(
     "--seq-q 333 --seq-k 200 --heads 2 --head-dim 64 --causal --layout bnhd"
     "--seq-q 200 --seq-k 333 --head-dim 64 --causal --deterministic --dtype fp16"
 )
+# Stage 05's road: every earlier step once, on a problem with tails, Nq > Nk and causal rows that
+# see no key (the final step runs the cases above).
+sanitize_cases05_road=(
+    "--seq-q 130 --seq-k 77 --heads 2 --head-dim 64 --causal --step"
+)
 step_sanitize() {
     note "compute-sanitizer"
     local exe tool args cases
     for stage in ${SANITIZE_STAGES:-05 06 07 09}; do
         case $stage in
-            05) exe=$STAGE05 cases=("${sanitize_cases[@]}") ;;
+            05) exe=$STAGE05 cases=("${sanitize_cases[@]}")
+                local s
+                for s in 0 1 2 3 4 5; do cases+=("${sanitize_cases05_road[0]} $s"); done ;;
             06) exe=$STAGE06 cases=("${sanitize_cases[@]}") ;;
             07) exe=$STAGE07 cases=("${sanitize_cases07[@]}") ;;
             09) exe=$STAGE09 cases=("${sanitize_cases09[@]}") ;;
@@ -194,6 +205,32 @@ step_road() {
     # shellcheck disable=SC2086  # ROAD_SIZES is a list
     compare road "$RESULTS/road" --stages 07 --dtypes bf16 --steps all --sizes ${ROAD_SIZES:-1024 4096 16384} \
         --head-dims 64 128 --repeat 20 --warmup 3
+}
+
+step_road05() {
+    note "road05: stage 05, every step of its road, float32, d 64/128, N ${ROAD05_SIZES:-1024 4096}, non-causal"
+    mkdir -p "$RESULTS/road05"
+    # shellcheck disable=SC2086  # ROAD05_SIZES is a list
+    "$BUILD/bench/bench_gpu" --stages 05 --road05 --sizes ${ROAD05_SIZES:-1024 4096} --head-dims 64 128 --causal no \
+        --repeat 10 --warmup 2 --json "$RESULTS/road05/road05.json" --csv "$RESULTS/road05/road05.csv" \
+        >"$LOGS/road05.log" 2>&1 || status=1
+    grep -E "BAD|MISMATCH|skipped" "$LOGS/road05.log" | head -20 | tee -a "$LOGS/summary.txt"
+    python3 - "$RESULTS/road05/road05.csv" >"$RESULTS/road05/road05_table.txt" <<'PY' || status=1
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["impl"].startswith("stage05")]
+g = rows[0]
+print(f"{g['gpu']}, {g['date']}: stage 05's road, float32, non-causal, B*N = 16384, H*d = 2048, TFLOP/s (median)")
+print(f"{'step':>4}  {'name':<22} {'d':>4} {'N':>6} {'ms':>9} {'TFLOP/s':>8} {'gain':>6}  check")
+for d in sorted({int(r["d"]) for r in rows}):
+    for n in sorted({int(r["N"]) for r in rows}):
+        prev = None
+        for r in sorted((r for r in rows if int(r["d"]) == d and int(r["N"]) == n), key=lambda r: int(r["step"])):
+            tf = float(r["tflops"])
+            gain = f"{tf / prev:5.2f}x" if prev else "     -"
+            print(f"{r['step']:>4}  {r['step_name']:<22} {d:>4} {n:>6} {float(r['median_ms']):9.3f} {tf:8.2f} {gain}  {r['check'] or '-'}")
+            prev = tf
+PY
+    tee -a "$LOGS/summary.txt" <"$RESULTS/road05/road05_table.txt"
 }
 
 step_sweep07() {
@@ -405,6 +442,54 @@ step_ncu09() {
     done
 }
 
+# What explains each step of stage 05's road: DRAM and L2 traffic, global-load efficiency,
+# shared-memory wavefronts and bank conflicts, occupancy, registers, instructions, stalls.
+NCU05ROAD_METRICS=(
+    gpu__time_duration.sum
+    dram__throughput.avg.pct_of_peak_sustained_elapsed
+    dram__bytes_read.sum
+    lts__t_bytes.sum
+    l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum
+    l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum
+    l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
+    l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
+    l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum
+    sm__warps_active.avg.pct_of_peak_sustained_active
+    launch__registers_per_thread
+    launch__occupancy_limit_registers
+    launch__occupancy_limit_shared_mem
+    smsp__inst_executed.sum
+    smsp__sass_thread_inst_executed_op_ffma_pred_on.sum
+    sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
+    sm__throughput.avg.pct_of_peak_sustained_elapsed
+    smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
+)
+step_ncu05road() {
+    note "ncu05road: every step of stage 05's road, float32, d=64 N=2048 (B=8 H=32) non-causal, one launch each"
+    local s out="$RESULTS/ncu_stage05_road.txt"
+    {
+        echo "Nsight Compute on every step of stage 05's road, $(nvidia-smi --query-gpu=name --format=csv,noheader), $(date -u +%F)."
+        echo "bench/gpu_session.sh ncu05road: ncu --clock-control none -k regex:'attention_kernel|row_per_thread|block_tile'"
+        echo "    --launch-count 1 --metrics ... bench_gpu --stages 05 --road05 --sizes 2048 --head-dims 64 --causal no"
+        echo "(bench_gpu runs each step twice, untimed then timed after an L2 flush, steps 0 to 5 first and the final"
+        echo " kernel last: launch 2k+1 of the regex, the timed run, is step k)"
+    } >"$out"
+    for s in 0 1 2 3 4 5 6; do
+        echo "---- step $s" >>"$out"
+        timeout 300 ncu --clock-control none -k "regex:attention_kernel|row_per_thread_kernel|block_tile_kernel" \
+            --launch-skip $((2 * s + 1)) --launch-count 1 --metrics "$(known_metrics "${NCU05ROAD_METRICS[@]}" 2>/dev/null)" \
+            "$BUILD/bench/bench_gpu" --stages 05 --road05 --sizes 2048 --head-dims 64 --causal no --repeat 1 --warmup 0 \
+            --check false --json /tmp/ncu.json --csv /tmp/ncu.csv 2>&1 | strip_bench \
+            | grep -v -E "^==PROF==|^==WARNING==|Warning: Data collection" >>"$out" || status=1
+    done
+    grep -E "^---- step|\(|gpu__time|bank_conflicts|warps_active|registers_per" "$out" | tee -a "$LOGS/summary.txt"
+}
+
 step_ncu07road() {
     note "ncu07road: shared-memory bank conflicts, road steps ${NCU_ROAD_STEPS:-1 2}, bf16, d=64 N=4096 non-causal"
     local s
@@ -440,7 +525,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use build test sanitize ceiling road sweep07 sweep09 sweep quick ncu ncu07 ncu07road ncu09 lessons"
+        record "unknown step '$step': use build test sanitize ceiling road05 road sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 lessons"
         status=2
         continue
     fi

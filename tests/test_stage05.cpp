@@ -75,6 +75,61 @@ TEST_CASE("stage 05 on a larger problem, causal, with large magnitudes") {
     test::check_against_reference(stage05::attention, c);
 }
 
+// The road: every earlier step is checked like the final kernel (which the cases above cover).
+AttentionFn step_fn(int step) {
+    return [step](const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v, View4<float> o,
+                  View3<float> lse) { stage05::attention_step(p, q, k, v, o, lse, step); };
+}
+
+TEST_CASE("every step of stage 05's road matches the float64 reference and stage 04, d = 32, 64, 128") {
+    REQUIRE(stage05::road().size() == 7);
+    for (int step = 0; step < stage05::final_step(); ++step) {
+        INFO("step " << step << " (" << stage05::road()[size_t(step)].name << ")");
+        for (const test::Case& c : test::standard_cases({32, 64, 128})) test::check_against_reference(step_fn(step), c);
+        for (const test::Case& c : test::standard_cases({64})) test::check_against_stage(step_fn(step), stage04::attention, c, "stage 04");
+    }
+}
+
+TEST_CASE("every step of stage 05's road handles the tails, rows that see no key, large magnitudes, and runs the same twice") {
+    const int64_t sizes[][2] = {{63, 65}, {65, 63}, {128, 1}, {1, 128}, {129, 191}};
+    for (int step = 0; step < stage05::final_step(); ++step) {
+        INFO("step " << step << " (" << stage05::road()[size_t(step)].name << ")");
+        uint64_t seed = 700;
+        for (int64_t d : {32, 64, 128}) {
+            for (const auto& s : sizes) {
+                test::Case c;
+                c.problem = test::make_problem(2, 1, s[0], s[1], d, seed % 2 == 0);
+                c.layout = seed % 3 ? Layout::BNHD : Layout::BHND;
+                c.seed = seed++;
+                test::check_against_reference(step_fn(step), c);
+            }
+        }
+        // Rows 0..199 see no key: O = 0 and LSE = -inf exactly.
+        const Problem blind = test::make_problem(1, 2, 300, 100, 64, true);
+        const Inputs in = make_inputs(blind, Layout::BHND, InputKind::Normal, 11);
+        test::check_rows_without_keys(blind, test::run(step_fn(step), blind, in, Layout::BHND));
+        test::Case large;
+        large.problem = test::make_problem(1, 2, 700, 600, 128, true);
+        large.inputs = InputKind::Large;
+        large.seed = 21;
+        test::check_against_reference(step_fn(step), large);
+        // Bitwise the same twice: a data race would make repeated runs differ.
+        const Problem p = test::make_problem(1, 3, 150, 170, 64, true);
+        const Inputs a = make_inputs(p, Layout::BHND, InputKind::Normal, 9);
+        const test::Result r1 = test::run(step_fn(step), p, a, Layout::BHND);
+        const test::Result r2 = test::run(step_fn(step), p, a, Layout::BHND);
+        CHECK(r1.o == r2.o);
+        CHECK(r1.lse == r2.lse);
+    }
+}
+
+TEST_CASE("stage 05 refuses a step that is not on its road") {
+    const Problem p = test::make_problem(1, 1, 16, 16, 64, false);
+    CHECK_THROWS_WITH_AS(stage05::check_supported(p, 7), "--step 7 is not a step of stage 05: use 0 to 6", InputError);
+    CHECK_THROWS_AS(stage05::check_supported(p, -2), InputError);
+    CHECK_NOTHROW(stage05::check_supported(p, 0));
+}
+
 TEST_CASE("stage 05 refuses head dimensions it has no kernel for, naming the allowed ones") {
     const Problem p = test::make_problem(1, 1, 16, 16, 96, false);
     CHECK_THROWS_WITH_AS(stage05::check_supported(p), "head_dim 96 is not supported by stage 05: use 32, 64 or 128", InputError);

@@ -20,6 +20,10 @@
 ///
 /// The scale is folded into Q when it is staged: Q_s holds `q * scale * log2(e)`, so the scores
 /// come out in base-2 units and the softmax uses `exp2` (one hardware instruction) instead of `exp`.
+///
+/// TileConfig's three switches (float4 accesses, padded rows, exp2) are the last steps of stage
+/// 05's road; with all three off this is the first register-tiled kernel of that road (step 3),
+/// with all on the kernel stages 05 and 06 run.
 #pragma once
 
 #include <cstdint>
@@ -59,6 +63,7 @@ struct KernelArgs {
     int seq_k;                       ///< Nk
     bool causal;                     ///< bottom-right aligned causal mask
     float scale_log2;                ///< softmax scale times log2(e): scores come out in base 2
+    float scale;                     ///< softmax scale: scores in natural-log units (the road's steps before exp2)
 };
 
 /// Checks that the kernels of stage `stage` ("05", "06") can run `problem` and throws
@@ -70,10 +75,19 @@ void require_supported(const Problem& problem, const char* stage);
 KernelArgs make_kernel_args(const Problem& problem, View4<const float> q, View4<const float> k,
                             View4<const float> v, View4<float> o, View3<float> lse);
 
-/// Compile-time shape of the kernels for head dimension `D`.
-template <int D>
+//! [tile_config]
+/// Compile-time shape of the kernels for head dimension `D`. The three switches are the last
+/// steps of stage 05's road (fa::stage05::road()); stages 05 and 06 run with all three on.
+template <int D, bool Vec4 = true, bool Pad = true, bool Exp2 = true>
 struct TileConfig {
     static_assert(D == 32 || D == 64 || D == 128, "stage 05 kernels exist for d = 32, 64, 128");
+    /// 16-byte loads and stores (float4) between global memory, shared memory and registers;
+    /// off: one float per access
+    static constexpr bool kVec4 = Vec4;
+    /// 4 floats of padding after each row of Q_s, K_s and P_s; off: rows packed back to back
+    static constexpr bool kPad = Pad;
+    /// scores in base 2 (log2 e folded into Q's scale) and exp2; off: natural units and expf
+    static constexpr bool kExp2 = Exp2;
     static constexpr int kHeadDim = D;            ///< d
     static constexpr int kThreads = 128;          ///< 4 warps per block
     static constexpr int kBr = 64;                ///< Br: query rows per block (4 warps x 16 rows)
@@ -81,13 +95,15 @@ struct TileConfig {
     static constexpr int kRowsPerThread = 8;      ///< rows of S_ij and O_i each thread owns
     static constexpr int kKeysPerThread = 4;      ///< columns of S_ij each thread owns
     static constexpr int kDimPerThread = D / 16;  ///< columns of O_i each thread owns
-    static constexpr int kVec = D >= 64 ? 4 : 2;  ///< floats per shared/global access of O and V
+    /// floats per shared/global access of O and V (1 without kVec4)
+    static constexpr int kVec = !Vec4 ? 1 : D >= 64 ? 4 : 2;
     static constexpr int kDimChunks = kDimPerThread / kVec;  ///< vector accesses per O row
+    static constexpr int kPadFloats = Pad ? 4 : 0;           ///< padding after each row of Q_s, K_s, P_s
     /// Row pitch of Q_s and K_s in floats. The 4 extra floats shift consecutive rows by 4 banks,
     /// so the 8 lanes of a 16-byte access phase that read 8 different K rows hit 32 distinct banks.
-    static constexpr int kLdQK = D + 4;
+    static constexpr int kLdQK = D + kPadFloats;
     static constexpr int kLdV = D;                ///< row pitch of V_s: lanes read along a row, no conflict
-    static constexpr int kLdP = kBr + 4;          ///< row pitch of P_s (stored transposed: one row per key)
+    static constexpr int kLdP = kBr + kPadFloats;  ///< row pitch of P_s (stored transposed: one row per key)
     static constexpr int kQFloats = kBr * kLdQK;  ///< Q_s: [Br, d+4]
     /// K_s [Bc, d+4] and P_s [Bc, Br+4] share one region: P_ij is written only after every warp
     /// has finished reading K_j. At d = 128 that saves 17 KiB, and it is what lets two blocks share
@@ -98,7 +114,14 @@ struct TileConfig {
     static constexpr size_t kSmemBytes = sizeof(float) * size_t(kQFloats + kKPFloats + kVFloats);
     /// Blocks per SM the register budget is sized for (__launch_bounds__).
     static constexpr int kMinBlocksPerSm = D == 128 ? 2 : 3;
+    /// Feature of O_i and V_j that the thread of column group `cg` holds in its c-th register:
+    /// runs of kVec neighbouring features, the 16 groups side by side (one float per group
+    /// without kVec4: feature cg + 16 c, so that a half-warp still reads 16 neighbouring floats).
+    static __device__ __host__ constexpr int o_col(int cg, int c) {
+        return (c / kVec) * 16 * kVec + cg * kVec + c % kVec;
+    }
 };
+//! [tile_config]
 
 /// The registers one thread keeps for its rows across the whole K/V loop.
 template <class Cfg>
@@ -140,23 +163,36 @@ template <class Cfg, int kRows, int kLd>
 __device__ __forceinline__ void load_tile_gmem_to_smem(float* __restrict__ tile,        // [kRows, kLd] shared
                                                        const float* __restrict__ head,  // [N, d] global, row pitch row_stride
                                                        int64_t row_stride, int row0, int row_end, float scale) {
-    constexpr int kVecsPerRow = Cfg::kHeadDim / 4;
-    constexpr int kVecs = kRows * kVecsPerRow;
-    static_assert(kVecs % Cfg::kThreads == 0, "every thread moves the same number of vectors");
+    if constexpr (!Cfg::kVec4) {
+        // One float per thread and access: still coalesced (a warp reads 128 contiguous bytes),
+        // but four times the load and store instructions.
+        constexpr int kFloats = kRows * Cfg::kHeadDim;
+        static_assert(kFloats % Cfg::kThreads == 0, "every thread moves the same number of floats");
 #pragma unroll 4
-    for (int it = 0; it < kVecs / Cfg::kThreads; ++it) {
-        const int idx = int(threadIdx.x) + it * Cfg::kThreads;
-        const int r = idx / kVecsPerRow;
-        const int c = (idx % kVecsPerRow) * 4;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (row0 + r < row_end) {
-            x = *reinterpret_cast<const float4*>(head + int64_t(row0 + r) * row_stride + c);
-            x.x *= scale;
-            x.y *= scale;
-            x.z *= scale;
-            x.w *= scale;
+        for (int it = 0; it < kFloats / Cfg::kThreads; ++it) {
+            const int idx = int(threadIdx.x) + it * Cfg::kThreads;
+            const int r = idx / Cfg::kHeadDim, c = idx % Cfg::kHeadDim;
+            tile[r * kLd + c] = row0 + r < row_end ? head[int64_t(row0 + r) * row_stride + c] * scale : 0.0f;
         }
-        *reinterpret_cast<float4*>(tile + r * kLd + c) = x;
+    } else {
+        constexpr int kVecsPerRow = Cfg::kHeadDim / 4;
+        constexpr int kVecs = kRows * kVecsPerRow;
+        static_assert(kVecs % Cfg::kThreads == 0, "every thread moves the same number of vectors");
+#pragma unroll 4
+        for (int it = 0; it < kVecs / Cfg::kThreads; ++it) {
+            const int idx = int(threadIdx.x) + it * Cfg::kThreads;
+            const int r = idx / kVecsPerRow;
+            const int c = (idx % kVecsPerRow) * 4;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (row0 + r < row_end) {
+                x = *reinterpret_cast<const float4*>(head + int64_t(row0 + r) * row_stride + c);
+                x.x *= scale;
+                x.y *= scale;
+                x.z *= scale;
+                x.w *= scale;
+            }
+            *reinterpret_cast<float4*>(tile + r * kLd + c) = x;
+        }
     }
 }
 // [load_tile]
@@ -176,21 +212,37 @@ __device__ __forceinline__ void compute_scores(float (&s)[Cfg::kRowsPerThread][C
 #pragma unroll
         for (int t = 0; t < Cfg::kKeysPerThread; ++t) s[i][t] = 0.0f;
 
+    if constexpr (!Cfg::kVec4) {
+        // One feature at a time: 12 loads for 32 FMAs instead of 12 loads for 128.
 #pragma unroll 8
-    for (int x = 0; x < Cfg::kHeadDim; x += 4) {
-        float4 kv[Cfg::kKeysPerThread];
+        for (int x = 0; x < Cfg::kHeadDim; ++x) {
+            float kx[Cfg::kKeysPerThread];
 #pragma unroll
-        for (int t = 0; t < Cfg::kKeysPerThread; ++t)
-            kv[t] = *reinterpret_cast<const float4*>(K_s + (me.cg + 16 * t) * Cfg::kLdQK + x);
+            for (int t = 0; t < Cfg::kKeysPerThread; ++t) kx[t] = K_s[(me.cg + 16 * t) * Cfg::kLdQK + x];
 #pragma unroll
-        for (int i = 0; i < Cfg::kRowsPerThread; ++i) {
-            const float4 qv = *reinterpret_cast<const float4*>(Q_s + me.row(i) * Cfg::kLdQK + x);
+            for (int i = 0; i < Cfg::kRowsPerThread; ++i) {
+                const float qx = Q_s[me.row(i) * Cfg::kLdQK + x];
 #pragma unroll
-            for (int t = 0; t < Cfg::kKeysPerThread; ++t) {
-                s[i][t] = fmaf(qv.x, kv[t].x, s[i][t]);
-                s[i][t] = fmaf(qv.y, kv[t].y, s[i][t]);
-                s[i][t] = fmaf(qv.z, kv[t].z, s[i][t]);
-                s[i][t] = fmaf(qv.w, kv[t].w, s[i][t]);
+                for (int t = 0; t < Cfg::kKeysPerThread; ++t) s[i][t] = fmaf(qx, kx[t], s[i][t]);
+            }
+        }
+    } else {
+#pragma unroll 8
+        for (int x = 0; x < Cfg::kHeadDim; x += 4) {
+            float4 kv[Cfg::kKeysPerThread];
+#pragma unroll
+            for (int t = 0; t < Cfg::kKeysPerThread; ++t)
+                kv[t] = *reinterpret_cast<const float4*>(K_s + (me.cg + 16 * t) * Cfg::kLdQK + x);
+#pragma unroll
+            for (int i = 0; i < Cfg::kRowsPerThread; ++i) {
+                const float4 qv = *reinterpret_cast<const float4*>(Q_s + me.row(i) * Cfg::kLdQK + x);
+#pragma unroll
+                for (int t = 0; t < Cfg::kKeysPerThread; ++t) {
+                    s[i][t] = fmaf(qv.x, kv[t].x, s[i][t]);
+                    s[i][t] = fmaf(qv.y, kv[t].y, s[i][t]);
+                    s[i][t] = fmaf(qv.z, kv[t].z, s[i][t]);
+                    s[i][t] = fmaf(qv.w, kv[t].w, s[i][t]);
+                }
             }
         }
     }
@@ -210,6 +262,18 @@ __device__ __forceinline__ void mask_scores(float (&s)[Cfg::kRowsPerThread][Cfg:
             if (kv0 + me.cg + 16 * t >= key_end[i]) s[i][t] = -INFINITY;
 }
 // [mask]
+
+/// The exponential of the softmax in the units of the scores: `exp2f` (one `ex2.approx` and a
+/// range fix-up) for base-2 scores, `expf` (a longer sequence that keeps full float accuracy)
+/// for natural ones.
+template <class Cfg>
+__device__ __forceinline__ float softmax_exp(float x) {
+    if constexpr (Cfg::kExp2) {
+        return exp2f(x);
+    } else {
+        return expf(x);
+    }
+}
 
 // [online_softmax]
 /// The online-softmax step for one K/V tile. Per row: the new maximum `m_new = max(m_i,
@@ -231,12 +295,12 @@ __device__ __forceinline__ void online_softmax_update(float (&s)[Cfg::kRowsPerTh
             tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, offset));
         const float m_new = fmaxf(st.m[i], tile_max);
         const float m_base = m_new == -INFINITY ? 0.0f : m_new;
-        const float alpha = exp2f(st.m[i] - m_base);
+        const float alpha = softmax_exp<Cfg>(st.m[i] - m_base);
         st.m[i] = m_new;
         float sum = 0.0f;
 #pragma unroll
         for (int t = 0; t < Cfg::kKeysPerThread; ++t) {
-            s[i][t] = exp2f(s[i][t] - m_base);
+            s[i][t] = softmax_exp<Cfg>(s[i][t] - m_base);
             sum += s[i][t];
         }
         // Each lane keeps its own part of l_i; the 16 parts are added once, at the end.
@@ -256,8 +320,13 @@ __device__ __forceinline__ void store_probabilities_to_smem(const float (&p)[Cfg
 #pragma unroll
     for (int t = 0; t < Cfg::kKeysPerThread; ++t) {
         float* dst = P_s + (me.cg + 16 * t) * Cfg::kLdP + me.p_slot(0);
-        *reinterpret_cast<float4*>(dst) = make_float4(p[0][t], p[1][t], p[2][t], p[3][t]);
-        *reinterpret_cast<float4*>(dst + 4) = make_float4(p[4][t], p[5][t], p[6][t], p[7][t]);
+        if constexpr (Cfg::kVec4) {
+            *reinterpret_cast<float4*>(dst) = make_float4(p[0][t], p[1][t], p[2][t], p[3][t]);
+            *reinterpret_cast<float4*>(dst + 4) = make_float4(p[4][t], p[5][t], p[6][t], p[7][t]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < Cfg::kRowsPerThread; ++i) dst[i] = p[i][t];
+        }
     }
 }
 
@@ -271,23 +340,32 @@ __device__ __forceinline__ void accumulate_pv(RowState<Cfg>& st,
                                               const Lane& me) {
 #pragma unroll 8
     for (int j = 0; j < Cfg::kBc; ++j) {
-        const float4 p0 = *reinterpret_cast<const float4*>(P_s + j * Cfg::kLdP + me.p_slot(0));
-        const float4 p1 = *reinterpret_cast<const float4*>(P_s + j * Cfg::kLdP + me.p_slot(4));
-        const float p[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+        float p[Cfg::kRowsPerThread];
         float v[Cfg::kDimPerThread];
+        if constexpr (!Cfg::kVec4) {
+            // One float per load: 8 + d/16 loads for 8 * d/16 FMAs.
 #pragma unroll
-        for (int u = 0; u < Cfg::kDimChunks; ++u) {
-            const float* src = V_s + j * Cfg::kLdV + u * 16 * Cfg::kVec + me.cg * Cfg::kVec;
-            if constexpr (Cfg::kVec == 4) {
-                const float4 x = *reinterpret_cast<const float4*>(src);
-                v[u * 4 + 0] = x.x;
-                v[u * 4 + 1] = x.y;
-                v[u * 4 + 2] = x.z;
-                v[u * 4 + 3] = x.w;
-            } else {
-                const float2 x = *reinterpret_cast<const float2*>(src);
-                v[u * 2 + 0] = x.x;
-                v[u * 2 + 1] = x.y;
+            for (int i = 0; i < Cfg::kRowsPerThread; ++i) p[i] = P_s[j * Cfg::kLdP + me.p_slot(i)];
+#pragma unroll
+            for (int c = 0; c < Cfg::kDimPerThread; ++c) v[c] = V_s[j * Cfg::kLdV + Cfg::o_col(me.cg, c)];
+        } else {
+            const float4 p0 = *reinterpret_cast<const float4*>(P_s + j * Cfg::kLdP + me.p_slot(0));
+            const float4 p1 = *reinterpret_cast<const float4*>(P_s + j * Cfg::kLdP + me.p_slot(4));
+            p[0] = p0.x, p[1] = p0.y, p[2] = p0.z, p[3] = p0.w, p[4] = p1.x, p[5] = p1.y, p[6] = p1.z, p[7] = p1.w;
+#pragma unroll
+            for (int u = 0; u < Cfg::kDimChunks; ++u) {
+                const float* src = V_s + j * Cfg::kLdV + u * 16 * Cfg::kVec + me.cg * Cfg::kVec;
+                if constexpr (Cfg::kVec == 4) {
+                    const float4 x = *reinterpret_cast<const float4*>(src);
+                    v[u * 4 + 0] = x.x;
+                    v[u * 4 + 1] = x.y;
+                    v[u * 4 + 2] = x.z;
+                    v[u * 4 + 3] = x.w;
+                } else {
+                    const float2 x = *reinterpret_cast<const float2*>(src);
+                    v[u * 2 + 0] = x.x;
+                    v[u * 2 + 1] = x.y;
+                }
             }
         }
 #pragma unroll
@@ -365,14 +443,18 @@ __device__ __forceinline__ void store_output(const KernelArgs& a, const RowState
         for (int u = 0; u < Cfg::kDimChunks; ++u) {
             const int col = u * 16 * Cfg::kVec + me.cg * Cfg::kVec;
             const float* x = &st.o[i][u * Cfg::kVec];
-            if constexpr (Cfg::kVec == 4) {
+            if constexpr (Cfg::kVec == 1) {
+                dst[col] = x[0] * inv_l;
+            } else if constexpr (Cfg::kVec == 4) {
                 *reinterpret_cast<float4*>(dst + col) = make_float4(x[0] * inv_l, x[1] * inv_l, x[2] * inv_l, x[3] * inv_l);
             } else {
                 *reinterpret_cast<float2*>(dst + col) = make_float2(x[0] * inv_l, x[1] * inv_l);
             }
         }
         if (me.cg == 0) {
-            lse_head[int64_t(row) * a.lse_sn] = l[i] > 0.0f ? (st.m[i] + log2f(l[i])) * 0.69314718055994531f : -INFINITY;
+            float lse = -INFINITY;
+            if (l[i] > 0.0f) lse = Cfg::kExp2 ? (st.m[i] + log2f(l[i])) * 0.69314718055994531f : st.m[i] + logf(l[i]);
+            lse_head[int64_t(row) * a.lse_sn] = lse;
         }
     }
 }
