@@ -21,7 +21,8 @@
 #              forward rows are measured again too and stage 07 is compared with them; its
 #              gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
 #   sweep      every stage beside every SDPA backend, the full grid (as the committed data)
-#   quick      the same at two sizes (QUICK_SIZES), 10 runs each
+#   quick      the same at two sizes (QUICK_SIZES), 10 runs each; QUICK_STAGES="05 06 07 09" adds
+#              stage 09 beside SDPA's backward
 #   ncu        Nsight Compute on the stage 05 kernel
 #   ncu05road  Nsight Compute on every step of stage 05's road, d 64, N 2048: memory throughput,
 #              bank conflicts, occupancy, registers, instructions: ncu_stage05_road.txt
@@ -251,7 +252,7 @@ step_sweep09() {
 step_quick() {
     note "quick benchmark"
     # shellcheck disable=SC2086  # QUICK_SIZES is a list
-    compare quick "$RESULTS/quick" --sizes ${QUICK_SIZES:-2048 8192} --repeat 10 --warmup 2
+    compare quick "$RESULTS/quick" --stages ${QUICK_STAGES:-05 06 07} --sizes ${QUICK_SIZES:-2048 8192} --repeat 10 --warmup 2
 }
 
 step_sweep() {

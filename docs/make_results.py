@@ -131,6 +131,20 @@ def slug(*parts):
     return re.sub(r"[^A-Za-z0-9]+", "_", "_".join(str(p) for p in parts)).strip("_").lower()
 
 
+def gpu_sections(rows, prefix, gpus, w):
+    """Groups `rows` by (GPU, d, causal) and writes one heading per group (the GPU named only when
+    there are several); yields (gpu, d, mask, anchor, group) for the section's body."""
+    groups = OrderedDict()
+    for r in sorted(rows, key=lambda r: (r["gpu"], r["d"], r["causal"])):
+        groups.setdefault((r["gpu"], r["d"], r["causal"]), []).append(r)
+    for (gpu, d, causal), g in groups.items():
+        mask = "causal" if causal else "non-causal"
+        anchor = slug(prefix, gpu if len(gpus) > 1 else "", "d", d, mask)
+        w(f"### d = {d}, {mask}{', ' + md(gpu) if len(gpus) > 1 else ''} {{#{anchor}}}")
+        w("")
+        yield gpu, d, mask, anchor, g
+
+
 def span(values, unit=""):
     """'1980 MHz' or '1755 to 1980 MHz' or 'A, B'."""
     vals = sorted({str(v).strip() for v in values if str(v).strip()})
@@ -628,14 +642,7 @@ def stage07_section(rows, meta, road, images, out, plots_made):
           f"SM clock {span((r['sm_clock_mhz'] for r in side), 'MHz')}, {span(r['date'] for r in side)}.")
         w("")
         ceilings_table(meta, out)
-        groups = OrderedDict()
-        for r in sorted(side, key=lambda r: (r["gpu"], r["d"], r["causal"])):
-            groups.setdefault((r["gpu"], r["d"], r["causal"]), []).append(r)
-        for (gpu, d, causal), g in groups.items():
-            mask = "causal" if causal else "non-causal"
-            anchor = slug("results_stage07", gpu if len(gpus) > 1 else "", "d", d, mask)
-            w(f"### d = {d}, {mask}{', ' + md(gpu) if len(gpus) > 1 else ''} {{#{anchor}}}")
-            w("")
+        for gpu, d, mask, anchor, g in gpu_sections(side, "results_stage07", gpus, w):
             if HAVE_MPL:
                 name = f"{anchor}.png"
                 plot_stage07(g, ceiling, f"{gpu}: stage 07 and SDPA, d = {d}, {mask}", os.path.join(images, name))
@@ -803,19 +810,12 @@ def stage09_section(rows, images, out, plots_made):
         w(f"\\warning {len(bad)} stage 09 row(s) failed bench_gpu's gross-error guard (marked **BAD**): their "
           "gradients are not to be trusted.")
         w("")
-    groups = OrderedDict()
-    for r in sorted(side, key=lambda r: (r["gpu"], r["d"], r["causal"])):
-        groups.setdefault((r["gpu"], r["d"], r["causal"]), []).append(r)
     cols = [("stage09", "fwd+bwd"), ("sdpa_flash", "fwd+bwd"), ("sdpa_cudnn", "fwd+bwd"),
             ("stage09", "backward"), ("stage09_deterministic", "backward"), ("sdpa_flash", "backward"),
             ("sdpa_cudnn", "backward")]
     heads = {("stage09", "fwd+bwd"): "ours fwd+bwd", ("stage09", "backward"): "ours bwd",
              ("stage09_deterministic", "backward"): "ours bwd, det. dQ"}
-    for (gpu, d, causal), g in groups.items():
-        mask = "causal" if causal else "non-causal"
-        anchor = slug("results_stage09", gpu if len(gpus) > 1 else "", "d", d, mask)
-        w(f"### d = {d}, {mask}{', ' + md(gpu) if len(gpus) > 1 else ''} {{#{anchor}}}")
-        w("")
+    for gpu, d, mask, anchor, g in gpu_sections(side, "results_stage09", gpus, w):
         if HAVE_MPL:
             name = f"{anchor}.png"
             plot_stage09(g, f"{gpu}: training step, d = {d}, {mask}", os.path.join(images, name))

@@ -16,8 +16,6 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // What one block of query rows carries while the key blocks stream past: the only memory the
 // algorithm needs besides q, k, v and o.
 struct Workspace {

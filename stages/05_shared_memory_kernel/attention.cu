@@ -58,13 +58,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocksPerSm) attention
 /// Launches `kKernel` with one block per (batch, head, `rows` query rows).
 template <auto kKernel>
 void launch_kernel(const KernelArgs& a, int rows, int threads, size_t smem_bytes, cudaStream_t stream, const std::string& name) {
-    // Above 48 KiB of dynamic shared memory a kernel must opt in, once per process.
-    static const bool opted_in = [smem_bytes] {
-        FA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem_bytes)));
-        return true;
-    }();
-    (void)opted_in;
-    const int64_t q_tiles = (a.seq_q + rows - 1) / rows;
+    cuda::allow_dynamic_shared_memory<kKernel>(smem_bytes);
+    const int64_t q_tiles = ceil_div(a.seq_q, rows);
     const auto blocks = unsigned(q_tiles * a.batch * a.heads);
     kKernel<<<blocks, threads, smem_bytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH("stage05 " + name);

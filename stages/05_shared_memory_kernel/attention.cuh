@@ -38,15 +38,13 @@
 #include <cuda_runtime.h>
 
 #include "fa/problem.hpp"
+#include "fa/road.hpp"
 #include "fa/tensor.hpp"
 
 namespace fa::stage05 {
 
 /// One step of the road from the first kernel a newcomer writes to the final one.
-struct Step {
-    std::string name;  ///< short name, e.g. "float4"
-    std::string idea;  ///< one line: what this step changes
-};
+using Step = RoadStep;
 
 /// The steps, in order; the last is the kernel attention_device() runs by default (and the
 /// one stage 06 builds on).

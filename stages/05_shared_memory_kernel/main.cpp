@@ -11,13 +11,6 @@ namespace {
 
 int g_step = -1;  // the final kernel
 
-std::string step_list() {
-    std::string s = "which step of the road runs (default: the final kernel):";
-    const auto& road = fa::stage05::road();
-    for (size_t i = 0; i < road.size(); ++i) s += "\n  " + std::to_string(i) + " " + road[i].name + ": " + road[i].idea;
-    return s;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -37,7 +30,7 @@ int main(int argc, char** argv) {
     spec.needs_gpu = true;
     spec.gpu_unavailable_reason = fa::cuda::gpu_unavailable_reason;
     spec.add_options = [](CLI::App& app) {
-        app.add_option("--step", g_step, step_list())->check(CLI::Range(0, fa::stage05::final_step()));
+        app.add_option("--step", g_step, fa::road_help(fa::stage05::road()))->check(CLI::Range(0, fa::stage05::final_step()));
     };
     spec.bench = fa::cuda::device_bench([](const fa::Problem& p, fa::View4<const float> q, fa::View4<const float> k,
                                            fa::View4<const float> v, fa::View4<float> o, fa::View3<float> lse,

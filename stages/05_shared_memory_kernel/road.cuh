@@ -11,6 +11,7 @@
 
 #include <cuda_runtime.h>
 
+#include "fa/problem.hpp"
 #include "tile.cuh"
 
 namespace fa::stage05 {
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(kRowKernelThreads) row_per_thread_kernel(const
     float* K_s = reinterpret_cast<float*>(smem_vec);  // [64, d] (step 1)
     float* V_s = K_s + kRoadTile * D;                  // [64, d] (step 1)
 
-    const int q_tiles = (a.seq_q + kRowKernelThreads - 1) / kRowKernelThreads;
+    const int q_tiles = int(ceil_div(a.seq_q, kRowKernelThreads));
     const int q0 = int(blockIdx.x % unsigned(q_tiles)) * kRowKernelThreads;
     const int bh = int(blockIdx.x / unsigned(q_tiles)), b = bh / a.heads, h = bh % a.heads;
     const float* k_head = a.k + b * a.k_sb + h * a.k_sh;
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(128) block_tile_kernel(const KernelArgs a) {
     float* alpha_s = l_s + kRows;                     // [64] this tile's rescaling factors
     int* end_s = reinterpret_cast<int*>(alpha_s + kRows);  // [64] visible_key_end of each row
 
-    const int q_tiles = (a.seq_q + kRows - 1) / kRows;
+    const int q_tiles = int(ceil_div(a.seq_q, kRows));
     const int q0 = int(blockIdx.x % unsigned(q_tiles)) * kRows;
     const int bh = int(blockIdx.x / unsigned(q_tiles)), b = bh / a.heads, h = bh % a.heads;
     const float* q_head = a.q + b * a.q_sb + h * a.q_sh;

@@ -97,13 +97,7 @@ causal_attention_kernel(const KernelArgs a, bool heavy_first) {
 
 template <int D>
 void opt_in_shared_memory() {
-    // Above 48 KiB of dynamic shared memory a kernel must opt in, once per process.
-    static const bool opted_in = [] {
-        FA_CUDA_CHECK(cudaFuncSetAttribute(causal_attention_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(TileConfig<D>::kSmemBytes)));
-        return true;
-    }();
-    (void)opted_in;
+    cuda::allow_dynamic_shared_memory<causal_attention_kernel<D>>(TileConfig<D>::kSmemBytes);
 }
 
 /// Blocks of causal_attention_kernel<D> the current GPU runs at the same time.

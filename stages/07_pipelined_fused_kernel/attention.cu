@@ -110,13 +110,7 @@ struct Geometry {
 template <class T, int D, class F>
 void launch(const Args<T>& a, cudaStream_t stream) {
     using S = Shape<T, D, F>;
-    // Above 48 KiB of dynamic shared memory a kernel must opt in, once per process.
-    static const bool opted_in = [] {
-        FA_CUDA_CHECK(cudaFuncSetAttribute(flash_forward_kernel<T, D, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           int(S::kSmemBytes)));
-        return true;
-    }();
-    (void)opted_in;
+    cuda::allow_dynamic_shared_memory<flash_forward_kernel<T, D, F>>(S::kSmemBytes);
     flash_forward_kernel<T, D, F><<<unsigned(a.q_tiles) * unsigned(a.batch_heads), S::kThreads, S::kSmemBytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH("stage07 flash_forward_kernel<d=" + std::to_string(D) + ", Br=" + std::to_string(F::kBr) +
                          ", Bc=" + std::to_string(F::kBc) + ">");
@@ -185,12 +179,7 @@ int resolve(int step) { return step < 0 ? kFinalStep : step; }
 
 template <class T>
 void require_device_view(const char* name, const View4<T>& view) {
-    const auto& s = view.stride;
-    if (s[3] != 1 || s[0] % 8 || s[1] % 8 || s[2] % 8 || reinterpret_cast<uintptr_t>(view.data) % 16) {
-        throw InputError(std::string("stage 07: ") + name +
-                         " must have contiguous features (stride 1), other strides that are multiples of 8 elements "
-                         "and a 16-byte aligned start, for the kernel's 16-byte copies");
-    }
+    cuda::require_16_byte_rows("stage 07", name, view);
 }
 
 template <class T>

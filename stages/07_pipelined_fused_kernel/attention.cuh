@@ -32,6 +32,7 @@
 
 #include "fa/cuda/half.hpp"
 #include "fa/problem.hpp"
+#include "fa/road.hpp"
 #include "fa/stage.hpp"
 #include "fa/tensor.hpp"
 
@@ -41,10 +42,7 @@ using cuda::DType;
 
 /// One step of the road from the first tensor-core kernel to the final one. Step i switches on
 /// everything steps 0..i switch on.
-struct Step {
-    std::string name;  ///< short name, e.g. "ldmatrix"
-    std::string idea;  ///< one line: what this step changes
-};
+using Step = RoadStep;
 
 /// The steps, in order; the last is the kernel attention_device() runs by default.
 const std::vector<Step>& road();

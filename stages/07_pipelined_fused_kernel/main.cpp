@@ -31,13 +31,6 @@ fa::TimingStats bench_half(const fa::Problem& p, const fa::Inputs& in, const fa:
         std::max(opt.warmup, 1), opt.repeat);
 }
 
-std::string step_list() {
-    std::string s = "which step of the road runs (default: the final kernel):";
-    const auto& road = fa::stage07::road();
-    for (size_t i = 0; i < road.size(); ++i) s += "\n  " + std::to_string(i) + " " + road[i].name + ": " + road[i].idea;
-    return s;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,7 +58,7 @@ int main(int argc, char** argv) {
                "16-bit type of the inputs and of O: bf16 (range of float32, 8 significant bits) or fp16 (11 bits, max 65504)")
             ->check(CLI::IsMember({"bf16", "fp16"}))
             ->default_str("bf16");
-        app.add_option("--step", g_step, step_list())->check(CLI::Range(0, int(fa::stage07::road().size()) - 1));
+        app.add_option("--step", g_step, fa::road_help(fa::stage07::road()))->check(CLI::Range(0, int(fa::stage07::road().size()) - 1));
     };
     spec.precision = [] { return g_dtype == fa::cuda::DType::BF16 ? fa::Precision::BFloat16 : fa::Precision::Float16; };
     spec.bench = [](const fa::Problem& p, const fa::Inputs& in, const fa::CommonOptions& opt) {

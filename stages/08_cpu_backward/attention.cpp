@@ -14,8 +14,6 @@ namespace fa::stage08 {
 
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // A writable [N, d] row-major matrix whose rows lie an outer stride apart: one head of dq.
 using HeadMapMut = Eigen::Map<MatrixRM, 0, Eigen::OuterStride<>>;
 

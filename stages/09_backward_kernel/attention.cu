@@ -21,10 +21,11 @@ namespace {
 /// The block shape for head dimension D: query rows per query block, warps (16 keys each),
 /// query columns per step, K/V fragments in registers or re-read, blocks per SM. Every thread
 /// holds dK_w and dV_w (d/2 float32 registers each) for the whole kernel, and S^T and dP^T
-/// (Bn/2 each) per step. Chosen from the compiler's register counts (`-Xptxas -v`), not yet
-/// from measurements: at d = 32 and 64, Bn = 32 with K_w, V_w re-read keeps a thread under
-/// 168 registers without spills, so three blocks (12 warps) share an SM; at d = 128 dK_w and
-/// dV_w alone take 128 registers and two blocks (the shared memory allows no more) fit at 255.
+/// (Bn/2 each) per step. Chosen from the compiler's register counts (`-Xptxas -v`): at d = 32
+/// and 64, Bn = 32 with K_w, V_w re-read keeps a thread under 168 registers without spills, so
+/// three blocks (12 warps) share an SM; at d = 128 dK_w and dV_w alone take 128 registers and two
+/// blocks (the shared memory allows no more) fit at 255. The alternatives timed at d = 64 (the
+/// lesson's road: K_w, V_w in registers, Bn = 16 or 64) were within -10% and +1.5% of this.
 template <int D>
 struct Tuned;
 template <>
@@ -62,8 +63,6 @@ Geometry geometry(int64_t d) {
     }
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 /// Sizes every kernel derives from the problem and the block shape.
 struct Counts {
     int64_t batch_heads;   // B * H
@@ -90,28 +89,17 @@ int64_t workspace_floats(const Problem& p) {
 
 template <class T>
 void require_device_view(const char* name, const View4<T>& view, int64_t rows, const Problem& p) {
-    const auto& s = view.stride;
     if (view.shape[0] != p.batch || view.shape[1] != p.heads || view.shape[2] != rows || view.shape[3] != p.head_dim) {
         throw InputError(std::string("stage 09: ") + name + " does not have the problem's shape (B, H, " +
                          (rows == p.seq_q ? "Nq" : "Nk") + ", d)");
     }
-    if (s[3] != 1 || s[0] % 8 || s[1] % 8 || s[2] % 8 || reinterpret_cast<uintptr_t>(view.data) % 16) {
-        throw InputError(std::string("stage 09: ") + name +
-                         " must have contiguous features (stride 1), other strides that are multiples of 8 elements "
-                         "and a 16-byte aligned start, for the kernels' 16-byte copies");
-    }
+    cuda::require_16_byte_rows("stage 09", name, view);
 }
 
 template <class T, int D, class F, bool kDeterministic>
 void launch_main(const Args<T>& a, int64_t blocks, cudaStream_t stream) {
     using S = Shape<T, D, F>;
-    // Above 48 KiB of dynamic shared memory a kernel must opt in, once per process.
-    static const bool opted_in = [] {
-        FA_CUDA_CHECK(cudaFuncSetAttribute(flash_backward_kernel<T, D, F, kDeterministic>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, int(S::kSmemBytes)));
-        return true;
-    }();
-    (void)opted_in;
+    cuda::allow_dynamic_shared_memory<flash_backward_kernel<T, D, F, kDeterministic>>(S::kSmemBytes);
     flash_backward_kernel<T, D, F, kDeterministic><<<unsigned(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH("stage09 flash_backward_kernel<d=" + std::to_string(D) + ", Br=" + std::to_string(F::kBr) +
                          ", Bc=" + std::to_string(F::kBc) + (kDeterministic ? ", deterministic>" : ">"));

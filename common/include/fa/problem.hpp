@@ -11,6 +11,9 @@
 
 namespace fa {
 
+/// Blocks of `b` rows that cover `a` rows (the last one possibly partial), for a >= 0 and b > 0.
+FA_HD constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 /// First key index that query row `i` may NOT see, i.e. the visible keys are `[0, end)`.
 ///
 /// Causal attention is bottom-right aligned (FlashAttention >= 2.1): query `i` sees key `j`

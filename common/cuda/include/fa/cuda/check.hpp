@@ -52,3 +52,19 @@ bool sync_after_launch();
 
 /// Checks the kernel launch just made; `what` (a string) names the kernel in the message.
 #define FA_CUDA_CHECK_LAUNCH(what) ::fa::cuda::check_launch((what), __FILE__, __LINE__)
+
+namespace fa::cuda {
+
+/// Lets kernel `kKernel` launch with `bytes` of dynamic shared memory. Above 48 KiB a kernel
+/// must opt in with cudaFuncSetAttribute; this does it once per process and kernel (the first
+/// call's `bytes` counts: a kernel instance always asks for the same amount).
+template <auto kKernel>
+void allow_dynamic_shared_memory(size_t bytes) {
+    static const bool allowed = [bytes] {
+        FA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+        return true;
+    }();
+    (void)allowed;
+}
+
+}  // namespace fa::cuda

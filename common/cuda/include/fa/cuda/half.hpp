@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 
 #include "fa/cuda/buffer.hpp"
+#include "fa/error.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
 
@@ -39,6 +40,20 @@ void convert(View4<const float> src, View4<__half> dst, cudaStream_t stream = nu
 void convert(View4<const __nv_bfloat16> src, View4<float> dst, cudaStream_t stream = nullptr);
 /// \copydoc convert(View4<const __nv_bfloat16>, View4<float>, cudaStream_t)
 void convert(View4<const __half> src, View4<float> dst, cudaStream_t stream = nullptr);
+
+/// Throws fa::InputError unless the 16-bit view `name` can be copied 16 bytes (8 elements) at a
+/// time, as the tensor-core kernels do: contiguous features, other strides that are multiples of
+/// 8 elements, a 16-byte aligned start (dense tensors in either layout qualify). `stage` names
+/// the caller in the message, e.g. "stage 07".
+template <class T>
+void require_16_byte_rows(const std::string& stage, const char* name, const View4<T>& view) {
+    const auto& s = view.stride;
+    if (s[3] != 1 || s[0] % 8 || s[1] % 8 || s[2] % 8 || reinterpret_cast<uintptr_t>(view.data) % 16) {
+        throw InputError(stage + ": " + name +
+                         " must have contiguous features (stride 1), other strides that are multiples of 8 elements "
+                         "and a 16-byte aligned start, for the kernels' 16-byte copies");
+    }
+}
 
 /// Device memory holding q, k, v and o of one problem in the 16-bit type `T`, dense in one layout.
 template <class T>
