@@ -17,7 +17,8 @@
 //             pair, not between its halves), not the sum of the two medians (printed beside it)
 // with the FLOPs of fa::attention_flops_backward (2.5 times the forward's) and
 // fa::attention_flops_fwd_bwd (3.5 times). One stage 09 workspace per shape, grown by an untimed
-// call of each mode, so no timed call allocates.
+// call of each mode, so no timed call allocates. --steps09 adds other main kernels of stage 09's
+// road: rows "stage09_step<i>" (backward with atomic dQ, and fwd+bwd), each with its own guard.
 //
 // After timing, every point is checked: stage 05 against stage 06 (both float32: they must agree
 // to 1e-4), stage 07 against stage 06's float32 output (BAD above a relative L2 error of 2e-2 or
@@ -78,7 +79,7 @@ constexpr uint64_t kDoutSeed = 4321;
 
 struct Record {
     std::string impl;       // "stage05", "stage06", "stage07" (the final kernel), "stage07_step<i>",
-                            // "stage09", "stage09_deterministic"
+                            // "stage09", "stage09_deterministic", "stage09_step<i>"
     std::string pass = "forward";  // "forward"; stage 09 also "backward" and "fwd+bwd"
     std::string label;      // how the progress line names it; the impl when empty
     std::string dtype;      // "fp32", "bf16", "fp16"
@@ -339,6 +340,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> dtypes{"bf16", "fp16"};
     std::vector<std::string> step_args;
     bool road05 = false;
+    std::vector<int> steps09;
     std::string causal_mode = "both";
     int64_t tokens = 16384, width = 2048;
     int repeat = 30, warmup = 5;
@@ -360,6 +362,10 @@ int main(int argc, char** argv) {
     app.add_flag("--road05", road05,
                  "with stage 05: time every step of its road (see stage05 --help), each checked against the final "
                  "kernel's output; rows stage05_step<i>, the final kernel's row stage05");
+    app.add_option("--steps09", steps09,
+                   "with stage 09: main kernels of its road (see stage09 --help) timed beside the default one, rows "
+                   "stage09_step<i> (backward with atomic dQ, fwd+bwd), each checked by the guard")
+        ->check(CLI::Range(0, int(fa::stage09::road().size()) - 1));
     app.add_option("--causal", causal_mode, "no, yes or both")->check(CLI::IsMember({"no", "yes", "both"}))->capture_default_str();
     app.add_option("--tokens", tokens, "B * N: batch = tokens / N")->check(CLI::PositiveNumber)->capture_default_str();
     app.add_option("--width", width, "H * d: heads = width / d")->check(CLI::PositiveNumber)->capture_default_str();
@@ -420,6 +426,10 @@ int main(int argc, char** argv) {
         std::printf("stage 09   forward: stage 07 step %d (%s); backward: dQ by atomics and deterministic; "
                     "fwd+bwd: the two timed as one pair\n",
                     fa::stage07::final_step(), road[size_t(fa::stage07::final_step())].name.c_str());
+        std::printf("stage 09   main kernel: step %d (%s)", fa::stage09::kDefaultStep,
+                    fa::stage09::road()[size_t(fa::stage09::kDefaultStep)].name.c_str());
+        for (int s : steps09) std::printf("; beside it step %d (%s)", s, fa::stage09::road()[size_t(s)].name.c_str());
+        std::printf("\n");
     }
 
     const auto stage06_with = [](fa::stage06::Schedule schedule) -> fa::cuda::DeviceAttentionFn {
@@ -437,7 +447,7 @@ int main(int argc, char** argv) {
     std::vector<Record> records;
     size_t points = sizes.size() * head_dims.size() * causal_values.size() *
                     ((has05 ? (road05 ? size_t(fa::stage05::final_step()) + 1 : 1) : 0) + (has06 ? 1 : 0) + (has07 ? dtypes.size() * steps07.size() : 0) +
-                     (has09 ? dtypes.size() * 4 : 0));
+                     (has09 ? dtypes.size() * (4 + 2 * steps09.size()) : 0));
     size_t done = 0;
     bool any_bad = false;
     std::set<std::string> skipped;  // (stage, dtype, step, d) already reported as unsupported
@@ -485,14 +495,20 @@ int main(int argc, char** argv) {
                                     fa::stage09::Workspace& workspace, float* scratch) {
         using T = typename std::decay_t<decltype(g)>::value_type;
         const auto forward = [&](cudaStream_t stream) { fa::stage07::attention_device(p, in.q, in.k, in.v, in.o, g.lse, stream); };
-        const auto backward = [&](bool deterministic, cudaStream_t stream) {
+        const auto backward_step = [&](int step, bool deterministic, cudaStream_t stream) {
             fa::stage09::attention_backward_device(p, in.q, in.k, in.v, fa::View4<const T>(in.o), fa::View3<const float>(g.lse),
-                                                   g.dout, g.dq, g.dk, g.dv, deterministic, stream, &workspace);
+                                                   g.dout, g.dq, g.dk, g.dv, deterministic, stream, &workspace, step);
         };
+        const auto backward = [&](bool deterministic, cudaStream_t stream) { backward_step(-1, deterministic, stream); };
         // One untimed run of each: the workspace grows here to what both modes need.
         const std::string key = "stage09 " + t + " d=" + std::to_string(p.head_dim);
-        if (!supported(key, [&](cudaStream_t stream) { forward(stream); backward(false, stream); backward(true, stream); }, 4)) {
-            return;
+        if (!supported(key, [&](cudaStream_t stream) {
+                forward(stream);
+                backward(false, stream);
+                backward(true, stream);
+                for (int s : steps09) backward_step(s, true, stream);
+            }, 4)) {
+            return false;
         }
         const auto point = [&](const std::string& impl, const std::string& pass, const std::string& label,
                                const std::function<void(cudaStream_t)>& launch) {
@@ -514,7 +530,7 @@ int main(int argc, char** argv) {
         std::printf("          forward + backward medians %.3f ms (the pair: %.3f ms); deterministic dQ costs the backward %+.1f%%\n",
                     records[fwd].median_ms + records[atomic].median_ms, records[pair].median_ms,
                     100.0 * (records[fixed].median_ms / records[atomic].median_ms - 1.0));
-        if (!check) return;
+        if (!check) return true;
         const Stage09Check c = check_stage09<T>(p, g, scratch, forward, backward);
         for (size_t i : {atomic, fixed}) {
             Record& r = records[i];
@@ -531,6 +547,51 @@ int main(int argc, char** argv) {
                     c.nonfinite ? (", " + std::to_string(c.nonfinite) + " NaN/inf").c_str() : "",
                     c.zero ? (", " + std::to_string(c.zero) + " gradient(s) all zero").c_str() : "", c.ok() ? "" : "  BAD");
         std::fflush(stdout);
+        return true;
+    };
+
+    // Other main kernels of stage 09 (--steps09) at the same point: the backward with atomic dQ and
+    // the fwd+bwd pair, then the guard run on that kernel alone.
+    const auto stage09_steps = [&](const fa::Problem& p, const std::string& t, const auto& in, const auto& g,
+                                   fa::stage09::Workspace& workspace, float* scratch) {
+        using T = typename std::decay_t<decltype(g)>::value_type;
+        const auto forward = [&](cudaStream_t stream) { fa::stage07::attention_device(p, in.q, in.k, in.v, in.o, g.lse, stream); };
+        for (int step : steps09) {
+            const auto backward = [&](bool deterministic, cudaStream_t stream) {
+                fa::stage09::attention_backward_device(p, in.q, in.k, in.v, fa::View4<const T>(in.o),
+                                                       fa::View3<const float>(g.lse), g.dout, g.dq, g.dk, g.dv, deterministic,
+                                                       stream, &workspace, step);
+            };
+            const std::string impl = "stage09_step" + std::to_string(step);
+            const auto point = [&](const std::string& pass, const std::function<void(cudaStream_t)>& launch) {
+                Record r = make_record(impl, t, p, fa::cuda::time_on_gpu(launch, warmup, repeat), pass);
+                r.label = impl + (pass == "backward" ? " bwd" : " fwd+bwd");
+                r.step = step;
+                r.step_name = fa::stage09::road()[size_t(step)].name;
+                ++done;
+                print_point(r);
+                records.push_back(std::move(r));
+                return records.size() - 1;
+            };
+            const size_t bwd = point("backward", [&](cudaStream_t stream) { backward(false, stream); });
+            point("fwd+bwd", [&](cudaStream_t stream) {
+                forward(stream);
+                backward(false, stream);
+            });
+            if (!check) continue;
+            const Stage09Check c = check_stage09<T>(p, g, scratch, forward, backward);
+            Record& r = records[bwd];
+            r.check = c.ok() ? "ok" : "BAD";
+            r.check_max_abs = c.modes_max_abs;
+            r.check_rel_l2 = c.modes_rel_l2;
+            r.dv_sum_rel = c.dv_sum_rel;
+            r.dk_sum_ratio = c.dk_sum_ratio;
+            any_bad = any_bad || !c.ok();
+            std::printf("          guard (%s): deterministic vs atomic rel_l2 %.2e; sum dV vs sum dO rel_l2 %.2e; "
+                        "|sum dK| / (sqrt(Nk) rms dK) %.2e%s\n",
+                        impl.c_str(), c.modes_rel_l2, c.dv_sum_rel, c.dk_sum_ratio, c.ok() ? "" : "  BAD");
+            std::fflush(stdout);
+        }
     };
 
     try {
@@ -720,9 +781,11 @@ int main(int argc, char** argv) {
                     // ---- stage 09: stage 07's forward, the backward in both dQ modes, the pair; the guard.
                     for (const std::string& t : has09 ? dtypes : std::vector<std::string>{}) {
                         if (t == "bf16") {
-                            stage09_points(p, t, *half.bf16, *grads.bf16, workspace09, scratch09.data());
-                        } else {
-                            stage09_points(p, t, *half.fp16, *grads.fp16, workspace09, scratch09.data());
+                            if (stage09_points(p, t, *half.bf16, *grads.bf16, workspace09, scratch09.data())) {
+                                stage09_steps(p, t, *half.bf16, *grads.bf16, workspace09, scratch09.data());
+                            }
+                        } else if (stage09_points(p, t, *half.fp16, *grads.fp16, workspace09, scratch09.data())) {
+                            stage09_steps(p, t, *half.fp16, *grads.fp16, workspace09, scratch09.data());
                         }
                     }
                 }

@@ -16,7 +16,9 @@
 #   sweep07    stage 07's final kernel in bf16 and fp16 beside SDPA flash and cuDNN, the full grid;
 #              its gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
 #   sweep09    stage 07's forward and stage 09's backward (atomic and deterministic dQ) in bf16 and
-#              fp16 beside SDPA flash and cuDNN forward, backward and both, the full grid; stage 07's
+#              fp16 beside SDPA flash and cuDNN forward, backward and both, the full grid, with the
+#              other main kernels of stage 09's road beside the default one (STEPS09, default 1:
+#              rows stage09_step1, and a table of them against stage09 and SDPA flash); stage 07's
 #              forward sweep runs again in the same call (SWEEP09_STAGES="07 09"), because the SDPA
 #              forward rows are measured again too and stage 07 is compared with them; its
 #              gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
@@ -29,7 +31,8 @@
 #   ncu07      Nsight Compute on the stage 07 final kernel, d 64 and 128, N 4096
 #   ncu07road  shared-memory bank conflicts of road steps 1 (ldmatrix) and 2 (swizzle), d 64, N 4096
 #   ncu09      Nsight Compute on stage 09's main backward kernel (atomic dQ), bf16, d 64 and 128,
-#              N 4096, and the time of each of the backward's three kernels
+#              N 4096, and the time of each of the backward's three kernels; the same report of the
+#              warp-tiled kernel (step 1): ncu_stage09_tiled_d64/d128
 #   lessons    the runs the lessons of stages 05, 06, 07 and 09 show
 #
 # Run from the repository root. Logs and results are written under /tmp/fa-session, then packed
@@ -46,6 +49,7 @@ LOGS=$WORK/logs
 RESULTS=$WORK/results
 KERNEL07=${KERNEL07:-flash_forward_kernel}  # stage 07's kernel, as Nsight Compute filters it
 KERNEL09=${KERNEL09:-flash_backward_kernel}  # stage 09's main kernel (between its pre- and postprocessing)
+KERNEL09_TILED=flash_backward_tiled_kernel    # stage 09's step 1 (bench_gpu --steps09 1)
 STAGE05=$BUILD/stages/05_shared_memory_kernel/stage05_shared_memory_kernel
 STAGE06=$BUILD/stages/06_causal_masking/stage06_causal_masking
 STAGE07=$BUILD/stages/07_pipelined_fused_kernel/stage07_pipelined_fused_kernel
@@ -94,6 +98,7 @@ step_build() {
         grep "attention_kernel" "$LOGS/resource_usage.txt" | head -8 | tee -a "$LOGS/summary.txt"
         kernel_resources "stage 07" "$KERNEL07"
         kernel_resources "stage 09" "$KERNEL09"
+        kernel_resources "stage 09 step 1" "$KERNEL09_TILED"
     fi
     return 0
 }
@@ -133,7 +138,7 @@ sanitize_cases07=(
 # Stage 09 (the backward, after stage 07's forward): tails (200 and 333 are not multiples of the
 # 64-row blocks), Nq < Nk and Nq > Nk, both layouts, d 64 and 128, causal with Nq > Nk (the first
 # 133 query rows see no key, and the key blocks past the last query see no query), dQ by atomics
-# and in the deterministic order, fp16 once.
+# and in the deterministic order, fp16 once; each with both main kernels (--step 0 and 1).
 sanitize_cases09=(
     "--seq-q 200 --seq-k 333 --heads 2 --head-dim 64"
     "--seq-q 333 --seq-k 200 --head-dim 128 --causal --deterministic"
@@ -156,7 +161,9 @@ step_sanitize() {
                 for s in 0 1 2 3 4 5; do cases+=("${sanitize_cases05_road[0]} $s"); done ;;
             06) exe=$STAGE06 cases=("${sanitize_cases[@]}") ;;
             07) exe=$STAGE07 cases=("${sanitize_cases07[@]}") ;;
-            09) exe=$STAGE09 cases=("${sanitize_cases09[@]}") ;;
+            09) exe=$STAGE09 cases=()
+                local c
+                for c in "${sanitize_cases09[@]}"; do cases+=("$c --step 0" "$c --step 1"); done ;;
             *) record "FAIL  sanitize: no stage $stage"; status=1; continue ;;
         esac
         for tool in memcheck racecheck synccheck initcheck; do
@@ -246,13 +253,14 @@ step_sweep09() {
     local merge=()
     [ -f docs/results/gpu_sweep.csv ] && merge=(--merge-with docs/results/gpu_sweep.csv)
     # shellcheck disable=SC2086  # SWEEP09_STAGES is a list
-    compare sweep09 "$RESULTS/sweep09" --stages ${SWEEP09_STAGES:-07 09} --dtypes bf16 fp16 "${merge[@]}"
+    compare sweep09 "$RESULTS/sweep09" --stages ${SWEEP09_STAGES:-07 09} --dtypes bf16 fp16 --steps09 ${STEPS09:-1} "${merge[@]}"
 }
 
 step_quick() {
     note "quick benchmark"
     # shellcheck disable=SC2086  # QUICK_SIZES is a list
-    compare quick "$RESULTS/quick" --stages ${QUICK_STAGES:-05 06 07} --sizes ${QUICK_SIZES:-2048 8192} --repeat 10 --warmup 2
+    compare quick "$RESULTS/quick" --stages ${QUICK_STAGES:-05 06 07} --sizes ${QUICK_SIZES:-2048 8192} --repeat 10 --warmup 2 \
+        --steps09 ${STEPS09:-1}
 }
 
 step_sweep() {
@@ -440,6 +448,14 @@ step_ncu09() {
             "$BUILD/bench/bench_gpu" --stages 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no --repeat 1 --warmup 0 \
             --check false --json /tmp/ncu.json --csv /tmp/ncu.csv 2>&1 | strip_bench >"$RESULTS/ncu_stage09_split_d$d.txt" || status=1
         grep -E "^ +void .*_kernel<|gpu__time_duration" "$RESULTS/ncu_stage09_split_d$d.txt" | tee -a "$LOGS/summary.txt"
+        # The warp-tiled kernel (step 1): its only launches are those of --steps09 1.
+        ncu_one "$KERNEL09_TILED" "ncu_stage09_tiled_d$d" --stages 09 --steps09 1 --dtypes bf16 --sizes 4096 --head-dims "$d" \
+            --causal no
+        record "-- step 1 (warp-tiled), d=$d"
+        grep -E "$KERNEL09_TILED|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts" \
+            "$RESULTS/ncu_stage09_tiled_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
+        grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|registers|stalled_(barrier|long|short|mio|math|wait)" \
+            "$RESULTS/ncu_stage09_tiled_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
     done
 }
 

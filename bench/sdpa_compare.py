@@ -131,6 +131,8 @@ def run_bench_gpu(args, ceiling, out_json, out_csv):
             cmd += ["--steps", *args.steps]
         if ceiling:
             cmd += ["--mma-ceiling-tflops", f"{ceiling:.1f}"]
+    if "09" in args.stages and args.steps09:
+        cmd += ["--steps09", *map(str, args.steps09)]
     if not args.check:
         cmd += ["--check", "false"]
     print("running", " ".join(cmd), flush=True)
@@ -440,6 +442,29 @@ def print_stage09_tables(args, rows, gpu_name, date):
         print()
     for label, (x, t, d, n, c) in worst.items():
         print(f"worst stage 07 + 09 {label} ratio: {x:.2f} ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
+    print_stage09_step_tables(args, fwd_bwd, bwd)
+
+
+def print_stage09_step_tables(args, fwd_bwd, bwd):
+    """Other main kernels of stage 09 (bench_gpu --steps09: rows stage09_step<i>) beside the default
+    one and SDPA flash, one table per step and dtype."""
+    steps = sorted({k[0] for k in list(fwd_bwd) + list(bwd) if k[0].startswith("stage09_step")})
+    for impl in steps:
+        for t in args.dtypes:
+            print()
+            print(f"{impl} in {t} beside the default main kernel (stage09) and SDPA flash, TFLOP/s")
+            print(f"{'d':>4} {'N':>6} {'causal':>7} {'f+b':>7} {'/09':>7} {'/flash':>7} {'bwd':>7} {'/09':>7} {'/flash':>7}")
+            for d in args.head_dims:
+                for n in args.sizes:
+                    for c in causal_values(args.causal):
+                        key = (t, n, d, int(c))
+                        mine, base, fl = (fwd_bwd.get((i, *key)) for i in (impl, "stage09", "sdpa_flash"))
+                        mine_b, base_b, fl_b = (bwd.get((i, *key)) for i in (impl, "stage09", "sdpa_flash"))
+                        if mine is None and mine_b is None:
+                            continue
+                        bad = "  BAD" if mine_b and mine_b.get("check") == "BAD" else ""
+                        print(f"{d:>4} {n:>6} {str(c):>7} {fmt(mine):>7} {rfmt(ratio(mine, base)):>7} {rfmt(ratio(mine, fl)):>7} "
+                              f"{fmt(mine_b):>7} {rfmt(ratio(mine_b, base_b)):>7} {rfmt(ratio(mine_b, fl_b)):>7}{bad}")
 
 
 def road_rows(args, bench, idx, ceiling):
@@ -532,6 +557,8 @@ def main():
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"],
                         help="16-bit types of stages 07 and 09 and of the SDPA flash/cudnn rows beside them")
     parser.add_argument("--steps", nargs="+", default=[], help="stage 07 steps (bench_gpu --steps): numbers, all or road")
+    parser.add_argument("--steps09", type=int, nargs="+", default=[],
+                        help="stage 09 main kernels timed beside the default one (bench_gpu --steps09)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--causal", choices=["no", "yes", "both"], default="both")

@@ -3,7 +3,8 @@
 // precision, plus a floor), with O and LSE from stage 07's forward in the same precision, as the
 // executable does. Every awkward size, both layouts, d = 32, 64, 128; rows and whole query blocks
 // that see no key get exactly zero gradients; any scale; the deterministic mode is bit-identical
-// from run to run; the device entry point with a kept workspace; what the stage refuses.
+// from run to run; the device entry point with a kept workspace; what the stage refuses. Every
+// test runs each main kernel of the stage's road (--step 0 and 1).
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -28,8 +29,15 @@ namespace {
 
 Precision precision_of(DType dtype) { return dtype == DType::BF16 ? Precision::BFloat16 : Precision::Float16; }
 
-std::string describe(DType dtype, bool deterministic) {
-    return " dtype=" + cuda::to_string(dtype) + (deterministic ? " deterministic" : " atomic");
+std::string describe(DType dtype, bool deterministic, int step) {
+    return " dtype=" + cuda::to_string(dtype) + (deterministic ? " deterministic" : " atomic") + " step=" + std::to_string(step);
+}
+
+// The main kernels of the road, every one of which each test runs.
+std::vector<int> steps() {
+    std::vector<int> s;
+    for (int i = 0; i < int(stage09::road().size()); ++i) s.push_back(i);
+    return s;
 }
 
 // O and LSE as the backward receives them: from stage 07's forward in the same 16-bit type.
@@ -111,14 +119,14 @@ void check_rows_without_keys(const Problem& p, const Grads& g, const std::string
 }
 
 // Runs stage 09 on `c` in `dtype` and checks it against the float64 reference; returns the gradients.
-Grads check_case(const test::Case& c, DType dtype, bool deterministic = false) {
+Grads check_case(const test::Case& c, DType dtype, bool deterministic, int step) {
     const Problem& p = c.problem;
     const Inputs in = make_inputs(p, c.layout, c.inputs, c.seed);
     const HostTensor dout = make_output_gradient(p, c.layout, c.seed);
     const Forward f = forward(p, in, c.layout, dtype);
-    const Grads got = run_backward(stage09::host_entry({dtype, deterministic}), p, in, f, dout, c.layout);
+    const Grads got = run_backward(stage09::host_entry({dtype, deterministic, step}), p, in, f, dout, c.layout);
     const Judge j = judge(p, in, dout, dtype);
-    const std::string what = c.name() + describe(dtype, deterministic);
+    const std::string what = c.name() + describe(dtype, deterministic, step);
     check_gradients(got, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " vs float64 reference");
     check_rows_without_keys(p, got, what);
     return got;
@@ -131,13 +139,15 @@ bool bit_identical(const std::vector<float>& a, const std::vector<float>& b) {
 }  // namespace
 
 TEST_CASE("stage 09 matches the float64 reference backward on the standard cases, bf16 and fp16, d = 32, 64, 128") {
-    for (const test::Case& c : test::standard_cases({32, 64, 128})) {
-        check_case(c, DType::BF16);
-        check_case(c, DType::FP16);
+    for (int step : steps()) {
+        for (const test::Case& c : test::standard_cases({32, 64, 128})) {
+            check_case(c, DType::BF16, false, step);
+            check_case(c, DType::FP16, false, step);
+        }
     }
 }
 
-TEST_CASE("stage 09 handles the diagonal wherever it falls against its 64-row query blocks and 64-key blocks") {
+TEST_CASE("stage 09 handles the diagonal wherever it falls against its query blocks and key blocks (64 and 128)") {
     const int64_t sizes[][2] = {{64, 64},  {65, 64},  {64, 65},  {128, 192}, {192, 128}, {191, 257}, {257, 191},
                                 {300, 64}, {64, 300}, {1, 500},  {500, 1},   {129, 1},   {63, 127},  {127, 63}};
     uint64_t seed = 900;
@@ -149,7 +159,7 @@ TEST_CASE("stage 09 handles the diagonal wherever it falls against its 64-row qu
                 c.problem = test::make_problem(1, 2, s[0], s[1], d, causal);
                 c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
                 c.seed = seed++;
-                check_case(c, seed % 3 == 0 ? DType::FP16 : DType::BF16);
+                for (int step : steps()) check_case(c, seed % 3 == 0 ? DType::FP16 : DType::BF16, false, step);
             }
         }
     }
@@ -160,12 +170,13 @@ TEST_CASE("stage 09: rows and whole query blocks that see no key get dQ = 0 exac
     for (int64_t d : {32, 64, 128}) {
         for (DType dtype : {DType::BF16, DType::FP16}) {
             for (bool deterministic : {false, true}) {
-                // Rows 0-199 see no key: query blocks 0-2 are never visited, block 3 only in part.
+                // Rows 0-199 see no key: with 64-row query blocks, blocks 0-2 are never visited and
+                // block 3 only in part; with 128-row blocks, block 0 never and block 1 in part.
                 test::Case c;
                 c.problem = test::make_problem(2, 1, 300, 100, d, true);
                 c.layout = Layout::BNHD;
                 c.seed = seed++;
-                check_case(c, dtype, deterministic);
+                for (int step : steps()) check_case(c, dtype, deterministic, step);
             }
         }
     }
@@ -179,8 +190,10 @@ TEST_CASE("stage 09 takes any finite scale: negative, zero, large") {
             c.problem = test::make_problem(1, 2, 150, 170, 64, causal);
             c.problem.scale = scale;
             c.seed = seed++;
-            check_case(c, DType::BF16);
-            check_case(c, DType::FP16, true);
+            for (int step : steps()) {
+                check_case(c, DType::BF16, false, step);
+                check_case(c, DType::FP16, true, step);
+            }
         }
     }
 }
@@ -190,12 +203,13 @@ TEST_CASE("stage 09's deterministic mode gives bit-identical gradients over runs
         int64_t B, H, Nq, Nk, d;
         bool causal;
     };
-    // Many key blocks add into the same dQ rows: 7, 11 and 5 key blocks of 64.
+    // Many key blocks add into the same dQ rows: 7, 11 and 5 key blocks of 64 (4, 6, 3 of 128).
     const Shape shapes[] = {{2, 3, 517, 389, 64, true}, {1, 2, 300, 700, 128, false}, {1, 2, 700, 300, 32, true},
                             {1, 1, 1000, 1000, 128, true}};
     uint64_t seed = 1300;
     for (const Shape& s : shapes) {
         for (DType dtype : {DType::BF16, DType::FP16}) {
+          for (int step : steps()) {
             test::Case c;
             c.problem = test::make_problem(s.B, s.H, s.Nq, s.Nk, s.d, s.causal);
             c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
@@ -204,24 +218,25 @@ TEST_CASE("stage 09's deterministic mode gives bit-identical gradients over runs
             const Inputs in = make_inputs(p, c.layout, c.inputs, c.seed);
             const HostTensor dout = make_output_gradient(p, c.layout, c.seed);
             const Forward f = forward(p, in, c.layout, dtype);
-            const BackwardFn det = stage09::host_entry({dtype, true});
+            const BackwardFn det = stage09::host_entry({dtype, true, step});
             const Grads first = run_backward(det, p, in, f, dout, c.layout);
             for (int run = 1; run < 3; ++run) {
                 const Grads again = run_backward(det, p, in, f, dout, c.layout);
-                INFO(c.name() << describe(dtype, true) << ", run " << run + 1 << " against run 1");
+                INFO(c.name() << describe(dtype, true, step) << ", run " << run + 1 << " against run 1");
                 CHECK(bit_identical(again.dq, first.dq));
                 CHECK(bit_identical(again.dk, first.dk));
                 CHECK(bit_identical(again.dv, first.dv));
             }
-            const Grads atomic = run_backward(stage09::host_entry({dtype, false}), p, in, f, dout, c.layout);
+            const Grads atomic = run_backward(stage09::host_entry({dtype, false, step}), p, in, f, dout, c.layout);
             const Judge j = judge(p, in, dout, dtype);
-            const std::string what = c.name() + " dtype=" + cuda::to_string(dtype);
+            const std::string what = c.name() + " dtype=" + cuda::to_string(dtype) + " step=" + std::to_string(step);
             check_gradients(first, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " deterministic vs float64 reference");
             check_gradients(atomic, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " atomic vs float64 reference");
             check_gradients(first, atomic.dq, atomic.dk, atomic.dv, j.tol, what + " deterministic vs atomic");
             // dK and dV never leave their block: the two modes compute them identically.
             CHECK(bit_identical(first.dk, atomic.dk));
             CHECK(bit_identical(first.dv, atomic.dv));
+          }
         }
     }
 }
@@ -232,7 +247,7 @@ namespace {
 // (made here the way the host entry point makes them), a stream, a workspace kept across calls.
 template <class T>
 Grads run_device(const Problem& p, const Inputs& in, const Forward& f, const HostTensor& dout, Layout layout,
-                 bool deterministic, cudaStream_t stream, stage09::Workspace& workspace) {
+                 bool deterministic, int step, cudaStream_t stream, stage09::Workspace& workspace) {
     cuda::DeviceTensors dev(p, in.q.cview(), in.k.cview(), in.v.cview(), f.o.cview(), f.lse_view(p));
     cuda::HalfTensors<T> half(p, layout);
     half.load(dev.q, dev.k, dev.v);
@@ -245,7 +260,7 @@ Grads run_device(const Problem& p, const Inputs& in, const Forward& f, const Hos
     cuda::convert(View4<const float>{dout_f32.data(), dout.view.shape, dout.view.stride}, view16(dout16, p.seq_q));
     stage09::attention_backward_device(p, half.q, half.k, half.v, View4<const T>(half.o), View3<const float>(dev.lse),
                                        View4<const T>(view16(dout16, p.seq_q)), view16(dq16, p.seq_q), view16(dk16, p.seq_k),
-                                       view16(dv16, p.seq_k), deterministic, stream, &workspace);
+                                       view16(dv16, p.seq_k), deterministic, stream, &workspace, step);
     FA_CUDA_CHECK(cudaStreamSynchronize(stream));
     HostTensor dq(p.batch, p.heads, p.seq_q, p.head_dim, layout), dk(p.batch, p.heads, p.seq_k, p.head_dim, layout),
         dv(p.batch, p.heads, p.seq_k, p.head_dim, layout);
@@ -265,22 +280,26 @@ TEST_CASE("stage 09's device entry point runs on a stream with a workspace kept 
     cudaStream_t stream = nullptr;
     FA_CUDA_CHECK(cudaStreamCreate(&stream));
     stage09::Workspace workspace;
-    // Small, then larger (the workspace grows), then small again (it is reused as it is).
+    // Small, then larger (the workspace grows), then small again (it is reused as it is); the
+    // steps alternate, so one workspace also serves both kernels' block shapes.
     const Problem problems[] = {test::make_problem(1, 2, 70, 90, 64, true), test::make_problem(2, 2, 333, 257, 128, false),
                                 test::make_problem(1, 3, 129, 65, 32, true), test::make_problem(1, 2, 70, 90, 64, true)};
     uint64_t seed = 1400;
     for (const Problem& p : problems) {
         for (DType dtype : {DType::BF16, DType::FP16}) {
-            const Layout layout = seed % 2 ? Layout::BNHD : Layout::BHND;
+            const int step = int(seed % 2);
+            const Layout layout = (seed / 2) % 2 ? Layout::BNHD : Layout::BHND;
             const Inputs in = make_inputs(p, layout, InputKind::Normal, seed);
             const HostTensor dout = make_output_gradient(p, layout, seed);
             ++seed;
             const Forward f = forward(p, in, layout, dtype);
-            const Grads got = dtype == DType::BF16 ? run_device<__nv_bfloat16>(p, in, f, dout, layout, true, stream, workspace)
-                                                   : run_device<__half>(p, in, f, dout, layout, true, stream, workspace);
-            const std::string what = p.describe() + " layout=" + to_string(layout) + describe(dtype, true) + " (device entry)";
+            const Grads got = dtype == DType::BF16
+                                  ? run_device<__nv_bfloat16>(p, in, f, dout, layout, true, step, stream, workspace)
+                                  : run_device<__half>(p, in, f, dout, layout, true, step, stream, workspace);
+            const std::string what =
+                p.describe() + " layout=" + to_string(layout) + describe(dtype, true, step) + " (device entry)";
             // The same kernels on the same 16-bit values as the host entry point: the same bits.
-            const Grads host = run_backward(stage09::host_entry({dtype, true}), p, in, f, dout, layout);
+            const Grads host = run_backward(stage09::host_entry({dtype, true, step}), p, in, f, dout, layout);
             INFO(what);
             CHECK(bit_identical(got.dq, host.dq));
             CHECK(bit_identical(got.dk, host.dk));
@@ -316,4 +335,12 @@ TEST_CASE("stage 09 refuses what it cannot do, naming the option and what is all
                          doctest::Contains("contiguous features"), InputError);
     const std::string config = stage09::describe_config(test::make_problem(1, 1, 300, 200, 64, true), {});
     CHECK(config.find("Br=64 Bc=64") != std::string::npos);
+    stage09::Options tiled;
+    tiled.step = 1;
+    const std::string config1 = stage09::describe_config(test::make_problem(1, 1, 300, 200, 64, true), tiled);
+    CHECK(config1.find("Br=128 Bc=128") != std::string::npos);
+    // A step that does not exist is refused with the steps that do.
+    for (int step : {-2, 2}) {
+        CHECK_THROWS_WITH_AS(stage09::check_supported(p, step), doctest::Contains("steps 0 to 1"), InputError);
+    }
 }

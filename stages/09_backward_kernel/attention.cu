@@ -12,6 +12,7 @@
 #include "fa/cuda/tensors.hpp"
 #include "fa/error.hpp"
 #include "kernel.cuh"
+#include "warp_tiled.cuh"
 
 namespace fa::stage09 {
 
@@ -42,24 +43,64 @@ struct Tuned<128> {
 };
 //! [tuned]
 
+//! [tuned_tiled]
+/// The warp-tiled kernel's shape for head dimension D: query rows, keys, warps, warps along the
+/// keys, query columns per step, blocks per SM. Each warp holds dK and dV for 32 keys and
+/// d / (Warps / KeyWarps) features. Chosen from the compiler's register counts (`-Xptxas -v`,
+/// CUDA 13.0, sm_90): at d = 32 and 64 a 128 x 128 block (8 warps, 4 x 2) takes 156 and 225
+/// registers without spills. At d = 128 the same block needs 64 registers of dK and dV per 32
+/// keys and spills 76 bytes; Br = 128 queries by Bc = 64 keys (2 x 4 warps: 32 keys by 32
+/// features of dK, dV each) fits in 255 without spills.
+template <int D>
+struct TunedTiled;
+template <>
+struct TunedTiled<32> {
+    using F = TiledFeatures<128, 128, 8, 4, 32, 1>;
+};
+template <>
+struct TunedTiled<64> {
+    using F = TiledFeatures<128, 128, 8, 4, 32, 1>;
+};
+template <>
+struct TunedTiled<128> {
+    using F = TiledFeatures<128, 64, 8, 2, 32, 1>;
+};
+//! [tuned_tiled]
+
+/// The step that runs for `step` (-1: kDefaultStep); throws for a step that does not exist.
+int resolve_step(int step) {
+    const int steps = int(road().size());
+    if (step < -1 || step >= steps) {
+        throw InputError("--step " + std::to_string(step) + " does not exist: stage 09 has steps 0 to " +
+                         std::to_string(steps - 1));
+    }
+    return step < 0 ? kDefaultStep : step;
+}
+
 /// The shape of one instance, for the host: block counts, padding, the workspace, the report.
 struct Geometry {
     int br, bc, warps, bn;
-    bool kv_in_registers;
+    int key_warps;         // warps along the keys (step 0: all of them, 16 keys each)
+    bool kv_in_registers;  // step 0 only
     size_t smem;
 };
 
 template <int D>
-Geometry geometry_for() {
-    using F = typename Tuned<D>::F;
-    return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kKVInRegisters, Shape<__nv_bfloat16, D, F>::kSmemBytes};
+Geometry geometry_for(int step) {
+    if (step == 0) {
+        using F = typename Tuned<D>::F;
+        return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kWarps, F::kKVInRegisters, Shape<__nv_bfloat16, D, F>::kSmemBytes};
+    }
+    using F = typename TunedTiled<D>::F;
+    return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kKeyWarps, false, TiledShape<__nv_bfloat16, D, F>::kSmemBytes};
 }
 
-Geometry geometry(int64_t d) {
+Geometry geometry(int64_t d, int step) {
+    step = resolve_step(step);
     switch (d) {
-        case 32: return geometry_for<32>();
-        case 64: return geometry_for<64>();
-        default: return geometry_for<128>();
+        case 32: return geometry_for<32>(step);
+        case 64: return geometry_for<64>(step);
+        default: return geometry_for<128>(step);
     }
 }
 
@@ -71,8 +112,8 @@ struct Counts {
     int64_t seq_q_padded;  // Tr * Br
 };
 
-Counts counts(const Problem& p) {
-    const Geometry geo = geometry(p.head_dim);
+Counts counts(const Problem& p, int step) {
+    const Geometry geo = geometry(p.head_dim, step);
     Counts c{};
     c.batch_heads = p.batch * p.heads;
     c.q_blocks = ceil_div(p.seq_q, geo.br);
@@ -82,8 +123,8 @@ Counts counts(const Problem& p) {
 }
 
 /// Floats of Workspace::floats: L log2(e) and D (one per padded row), the dQ accumulator (d per padded row).
-int64_t workspace_floats(const Problem& p) {
-    const Counts c = counts(p);
+int64_t workspace_floats(const Problem& p, int step) {
+    const Counts c = counts(p, step);
     return c.batch_heads * c.seq_q_padded * (2 + p.head_dim);
 }
 
@@ -105,16 +146,25 @@ void launch_main(const Args<T>& a, int64_t blocks, cudaStream_t stream) {
                          ", Bc=" + std::to_string(F::kBc) + (kDeterministic ? ", deterministic>" : ">"));
 }
 
+template <class T, int D, class F, bool kDeterministic>
+void launch_tiled(const Args<T>& a, int64_t blocks, cudaStream_t stream) {
+    using S = TiledShape<T, D, F>;
+    cuda::allow_dynamic_shared_memory<flash_backward_tiled_kernel<T, D, F, kDeterministic>>(S::kSmemBytes);
+    flash_backward_tiled_kernel<T, D, F, kDeterministic><<<unsigned(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
+    FA_CUDA_CHECK_LAUNCH("stage09 flash_backward_tiled_kernel<d=" + std::to_string(D) + ", Br=" + std::to_string(F::kBr) +
+                         ", Bc=" + std::to_string(F::kBc) + (kDeterministic ? ", deterministic>" : ">"));
+}
+
 //! [run]
 /// The three kernels for one (T, D): preprocess (D_i, L_i log2 e, zeroed accumulator and turns),
 /// the main kernel, postprocess (dQ rounded to T).
 template <class T, int D>
 void run_for_d(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<const T> o,
                View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv, bool deterministic,
-               cudaStream_t stream, Workspace& ws) {
-    using F = typename Tuned<D>::F;
-    const Counts c = counts(p);
-    const size_t floats = size_t(workspace_floats(p));
+               cudaStream_t stream, Workspace& ws, int step) {
+    const Geometry geo = geometry(D, step);
+    const Counts c = counts(p, step);
+    const size_t floats = size_t(workspace_floats(p, step));
     if (ws.floats.size() < floats) ws.floats = cuda::DeviceBuffer<float>(floats);
     if (deterministic && ws.turns.size() < size_t(c.batch_heads * c.q_blocks)) {
         ws.turns = cuda::DeviceBuffer<int>(size_t(c.batch_heads * c.q_blocks));
@@ -132,7 +182,7 @@ void run_for_d(const Problem& p, View4<const T> q, View4<const T> k, View4<const
     pre.do_sb = dout.stride[0], pre.do_sh = dout.stride[1], pre.do_sn = dout.stride[2];
     pre.lse_sb = lse.stride[0], pre.lse_sh = lse.stride[1], pre.lse_sn = lse.stride[2];
     pre.rows = c.batch_heads * c.seq_q_padded;
-    pre.heads = int(p.heads), pre.seq_q = int(p.seq_q), pre.seq_q_padded = int(c.seq_q_padded), pre.br = F::kBr;
+    pre.heads = int(p.heads), pre.seq_q = int(p.seq_q), pre.seq_q_padded = int(c.seq_q_padded), pre.br = geo.br;
     const int64_t rows_per_block = kPrePostThreads / (D / 8);
     backward_preprocess_kernel<T, D><<<unsigned(ceil_div(pre.rows, rows_per_block)), kPrePostThreads, 0, stream>>>(pre);
     FA_CUDA_CHECK_LAUNCH("stage09 backward_preprocess_kernel<d=" + std::to_string(D) + ">");
@@ -154,10 +204,12 @@ void run_for_d(const Problem& p, View4<const T> q, View4<const T> k, View4<const
     a.scale = float(scale);
     a.scale_log2 = float(scale * 1.4426950408889634);  // log2(e)
     const int64_t blocks = c.batch_heads * c.k_blocks;
-    if (deterministic) {
-        launch_main<T, D, F, true>(a, blocks, stream);
+    if (resolve_step(step) == 0) {
+        using F = typename Tuned<D>::F;
+        deterministic ? launch_main<T, D, F, true>(a, blocks, stream) : launch_main<T, D, F, false>(a, blocks, stream);
     } else {
-        launch_main<T, D, F, false>(a, blocks, stream);
+        using F = typename TunedTiled<D>::F;
+        deterministic ? launch_tiled<T, D, F, true>(a, blocks, stream) : launch_tiled<T, D, F, false>(a, blocks, stream);
     }
 
     PostprocessArgs<T> post{};
@@ -176,9 +228,9 @@ void run_for_d(const Problem& p, View4<const T> q, View4<const T> k, View4<const
 template <class T>
 void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<const T> o,
                 View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv, bool deterministic,
-                cudaStream_t stream, Workspace* workspace) {
+                cudaStream_t stream, Workspace* workspace, int step) {
     p.validate();
-    check_supported(p);
+    check_supported(p, step);
     require_device_view("q", q, p.seq_q, p);
     require_device_view("k", k, p.seq_k, p);
     require_device_view("v", v, p.seq_k, p);
@@ -193,9 +245,9 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
     Workspace own;
     Workspace& ws = workspace != nullptr ? *workspace : own;
     switch (p.head_dim) {
-        case 32: run_for_d<T, 32>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, ws); break;
-        case 64: run_for_d<T, 64>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, ws); break;
-        default: run_for_d<T, 128>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, ws); break;
+        case 32: run_for_d<T, 32>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, ws, step); break;
+        case 64: run_for_d<T, 64>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, ws, step); break;
+        default: run_for_d<T, 128>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, ws, step); break;
     }
     // A workspace made for this call is freed on return: the kernels must be done with it.
     if (workspace == nullptr) FA_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -215,16 +267,16 @@ struct DeviceCopy {
 };
 
 template <class T>
-BackwardFn host_entry_for(bool deterministic) {
-    return [deterministic](const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v,
+BackwardFn host_entry_for(bool deterministic, int step) {
+    return [deterministic, step](const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v,
                            View4<const float> o, View3<const float> lse, View4<const float> dout, View4<float> dq,
                            View4<float> dk, View4<float> dv) {
-        check_supported(p);
+        check_supported(p, step);
         // The 16-bit copies keep the layout of the float32 views (an axis with the larger stride
         // comes first), so the kernels read either layout through their strides.
         const Layout layout = q.stride[1] >= q.stride[2] ? Layout::BHND : Layout::BNHD;
         cuda::require_device_memory(4.0 * double(2 * p.q_elems() + 2 * p.kv_elems()) + 2.0 * double(2 * p.q_elems() + 2 * p.kv_elems()) +
-                                        4.0 * double(workspace_floats(p)),
+                                        4.0 * double(workspace_floats(p, step)),
                                     p.describe());
         cuda::DeviceTensors dev(p, q, k, v, o, lse);  // q, k, v, o, lse in float32
         cuda::HalfTensors<T> half(p, layout);         // q, k, v, o in T
@@ -243,7 +295,7 @@ BackwardFn host_entry_for(bool deterministic) {
         const View4<T> dv_t = make_view<T>(dv_buf.data(), p.batch, p.heads, p.seq_k, p.head_dim, layout);
         cuda::convert(View4<const float>(dout_f32.view), dout_t);
         run_device<T>(p, half.q, half.k, half.v, View4<const T>(half.o), View3<const float>(dev.lse), View4<const T>(dout_t),
-                      dq_t, dk_t, dv_t, deterministic, nullptr, nullptr);
+                      dq_t, dk_t, dv_t, deterministic, nullptr, nullptr, step);
         // Widened back into float32 copies that have the host views' strides, then copied out.
         DeviceCopy dq_f32(dq), dk_f32(dk), dv_f32(dv);
         cuda::convert(View4<const T>(dq_t), dq_f32.view);
@@ -258,12 +310,23 @@ BackwardFn host_entry_for(bool deterministic) {
 
 }  // namespace
 
+const std::vector<RoadStep>& road() {
+    static const std::vector<RoadStep> steps = {
+        {"warps own keys", "each warp owns 16 keys of the block: S^T, P^T, dP^T, dS^T stay in its registers and feed dV, "
+                           "dK directly; 64-key blocks"},
+        {"warp-tiled", "warps tile every product in two dimensions (32 x 32 and more), P^T and dS^T through shared "
+                       "memory: each fragment feeds two m-tiles; 128-key blocks at d = 32, 64 (half the dQ additions)"},
+    };
+    return steps;
+}
+
 const std::vector<int>& supported_head_dims() {
     static const std::vector<int> dims{32, 64, 128};
     return dims;
 }
 
-void check_supported(const Problem& p) {
+void check_supported(const Problem& p, int step) {
+    resolve_step(step);
     bool ok = false;
     std::string list;
     for (int d : supported_head_dims()) {
@@ -274,35 +337,36 @@ void check_supported(const Problem& p) {
     if (p.seq_q > (int64_t(1) << 30) || p.seq_k > (int64_t(1) << 30) || p.batch * p.heads > (int64_t(1) << 24)) {
         throw InputError("stage 09 takes at most 2^30 query or key rows and 2^24 batch x heads (32-bit indices)");
     }
-    const Counts c = counts(p);
+    const Counts c = counts(p, step);
     // The main grid has B*H*Tc blocks, the preprocessing grid B*H*Nq_padded/16 at most.
     if (c.batch_heads * c.k_blocks >= (int64_t(1) << 31) || c.batch_heads * c.seq_q_padded / 16 >= (int64_t(1) << 31)) {
         throw InputError("stage 09: the problem needs more than 2^31 thread blocks");
     }
 }
 
-double workspace_bytes(const Problem& p, bool deterministic) {
-    const Counts c = counts(p);
-    return 4.0 * double(workspace_floats(p)) + (deterministic ? 4.0 * double(c.batch_heads * c.q_blocks) : 0.0);
+double workspace_bytes(const Problem& p, bool deterministic, int step) {
+    const Counts c = counts(p, step);
+    return 4.0 * double(workspace_floats(p, step)) + (deterministic ? 4.0 * double(c.batch_heads * c.q_blocks) : 0.0);
 }
 
 void attention_backward_device(const Problem& p, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
                                View4<const __nv_bfloat16> v, View4<const __nv_bfloat16> o, View3<const float> lse,
                                View4<const __nv_bfloat16> dout, View4<__nv_bfloat16> dq, View4<__nv_bfloat16> dk,
-                               View4<__nv_bfloat16> dv, bool deterministic, cudaStream_t stream, Workspace* workspace) {
-    run_device<__nv_bfloat16>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace);
+                               View4<__nv_bfloat16> dv, bool deterministic, cudaStream_t stream, Workspace* workspace,
+                               int step) {
+    run_device<__nv_bfloat16>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace, step);
 }
 
 void attention_backward_device(const Problem& p, View4<const __half> q, View4<const __half> k, View4<const __half> v,
                                View4<const __half> o, View3<const float> lse, View4<const __half> dout, View4<__half> dq,
                                View4<__half> dk, View4<__half> dv, bool deterministic, cudaStream_t stream,
-                               Workspace* workspace) {
-    run_device<__half>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace);
+                               Workspace* workspace, int step) {
+    run_device<__half>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace, step);
 }
 
 BackwardFn host_entry(const Options& options) {
-    return options.dtype == DType::BF16 ? host_entry_for<__nv_bfloat16>(options.deterministic)
-                                        : host_entry_for<__half>(options.deterministic);
+    return options.dtype == DType::BF16 ? host_entry_for<__nv_bfloat16>(options.deterministic, options.step)
+                                        : host_entry_for<__half>(options.deterministic, options.step);
 }
 
 void attention_backward(const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v,
@@ -312,9 +376,10 @@ void attention_backward(const Problem& p, View4<const float> q, View4<const floa
 }
 
 std::string describe_config(const Problem& p, const Options& options) {
-    check_supported(p);
-    const Geometry geo = geometry(p.head_dim);
-    const Counts c = counts(p);
+    check_supported(p, options.step);
+    const int step = resolve_step(options.step);
+    const Geometry geo = geometry(p.head_dim, step);
+    const Counts c = counts(p, step);
     // Block classes per head, as the kernel sees them.
     long long unmasked = 0, masked = 0;
     for (int j = 0; j < int(c.k_blocks); ++j) {
@@ -328,19 +393,27 @@ std::string describe_config(const Problem& p, const Options& options) {
         }
     }
     const long long total = (long long)(c.q_blocks * c.k_blocks);
-    char buf[512];
+    char warps[160];
+    if (step == 0) {
+        std::snprintf(warps, sizeof warps, "%d warps (16 keys each), %d query columns per step, K_w/V_w %s", geo.warps,
+                      geo.bn, geo.kv_in_registers ? "in registers" : "re-read from shared memory");
+    } else {
+        std::snprintf(warps, sizeof warps, "%d warps (%d along the keys x %d, %d keys each), %d query columns per step, "
+                      "P^T and dS^T through shared memory", geo.warps, geo.key_warps, geo.warps / geo.key_warps,
+                      geo.bc / geo.key_warps, geo.bn);
+    }
+    char buf[640];
     std::snprintf(buf, sizeof buf,
-                  "%s, Br=%d Bc=%d, %d warps (16 keys each), %d query columns per step, K_w/V_w %s, %zu B shared memory; "
+                  "%s, step %d (%s), Br=%d Bc=%d, %s, %zu B shared memory; "
                   "dQ %s; per head %lld key blocks x %lld query blocks: %lld unmasked, %lld masked, %lld skipped",
-                  cuda::to_string(options.dtype).c_str(), geo.br, geo.bc, geo.warps, geo.bn,
-                  geo.kv_in_registers ? "in registers" : "re-read from shared memory", geo.smem,
-                  options.deterministic ? "added in key-block order (deterministic)" : "by float32 atomic additions",
+                  cuda::to_string(options.dtype).c_str(), step, road()[size_t(step)].name.c_str(), geo.br, geo.bc, warps,
+                  geo.smem, options.deterministic ? "added in key-block order (deterministic)" : "by float32 atomic additions",
                   (long long)c.k_blocks, (long long)c.q_blocks, unmasked, masked, total - unmasked - masked);
     return buf;
 }
 
 double intermediate_bytes(const Problem& p, const Options& options) {
-    return 2.0 * (4.0 * double(p.q_elems()) + 4.0 * double(p.kv_elems())) + workspace_bytes(p, options.deterministic);
+    return 2.0 * (4.0 * double(p.q_elems()) + 4.0 * double(p.kv_elems())) + workspace_bytes(p, options.deterministic, options.step);
 }
 
 }  // namespace fa::stage09

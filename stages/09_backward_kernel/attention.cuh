@@ -43,6 +43,7 @@
 #include "fa/cuda/buffer.hpp"
 #include "fa/cuda/half.hpp"
 #include "fa/problem.hpp"
+#include "fa/road.hpp"
 #include "fa/stage.hpp"
 #include "fa/tensor.hpp"
 
@@ -56,7 +57,17 @@ struct Options {
     /// Add the dQ contributions of the key blocks in a fixed order (key block 0 first), so that
     /// dq is bit-identical from run to run (`--deterministic`); otherwise float32 atomic additions
     bool deterministic = false;
+    /// The main kernel (`--step`, see road()); -1: kDefaultStep
+    int step = -1;
 };
+
+/// Stage 09's two main kernels, in the order the lesson builds them (`--step`).
+const std::vector<RoadStep>& road();
+
+/// The main kernel that runs when none is named: the first one, warps owning keys. The
+/// warp-tiled kernel (step 1) is checked (the same tests) but its speed beside the first one has
+/// not been measured yet; it becomes the default once it is.
+inline constexpr int kDefaultStep = 0;
 
 /// Device memory the backward needs besides its inputs and outputs. A caller that runs the
 /// backward often (a benchmark, a training loop) keeps one and passes it to every call, so that
@@ -74,11 +85,12 @@ struct Workspace {
 const std::vector<int>& supported_head_dims();
 
 /// Throws fa::InputError unless the kernel supports `problem`: the head dimension (the message
-/// names `--head-dim` and lists the supported ones) and sizes that fit its 32-bit indices.
-void check_supported(const Problem& problem);
+/// names `--head-dim` and lists the supported ones), sizes that fit its 32-bit indices, and
+/// `step` (-1 or a step of road()).
+void check_supported(const Problem& problem, int step = -1);
 
 /// Bytes of the workspace (see Workspace) the backward of `problem` needs.
-double workspace_bytes(const Problem& problem, bool deterministic);
+double workspace_bytes(const Problem& problem, bool deterministic, int step = -1);
 
 /// Device entry point, bf16: queues the three kernels on `stream`. Every view points to device
 /// memory; q, k, v, o, dout, dq, dk, dv need a feature stride of 1, other strides that are
@@ -98,17 +110,19 @@ double workspace_bytes(const Problem& problem, bool deterministic);
 /// \param stream where the kernels run
 /// \param workspace kept by the caller (grown if needed); nullptr: allocated for this call and
 ///        freed after the stream has finished with it (this call then waits for the stream)
+/// \param step the main kernel, a step of road() (-1: kDefaultStep)
 void attention_backward_device(const Problem& problem, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
                                View4<const __nv_bfloat16> v, View4<const __nv_bfloat16> o, View3<const float> lse,
                                View4<const __nv_bfloat16> dout, View4<__nv_bfloat16> dq, View4<__nv_bfloat16> dk,
                                View4<__nv_bfloat16> dv, bool deterministic, cudaStream_t stream,
-                               Workspace* workspace = nullptr);
+                               Workspace* workspace = nullptr, int step = -1);
 
 /// Device entry point, fp16 (see the bf16 overload).
 void attention_backward_device(const Problem& problem, View4<const __half> q, View4<const __half> k,
                                View4<const __half> v, View4<const __half> o, View3<const float> lse,
                                View4<const __half> dout, View4<__half> dq, View4<__half> dk, View4<__half> dv,
-                               bool deterministic, cudaStream_t stream, Workspace* workspace = nullptr);
+                               bool deterministic, cudaStream_t stream, Workspace* workspace = nullptr,
+                               int step = -1);
 
 /// A host entry point with the float32 signature of every backward stage (fa::BackwardFn): the
 /// inputs are copied to the device and rounded to `options.dtype` there, the backward runs, the

@@ -218,7 +218,11 @@ __device__ __forceinline__ void red_add_f32x2(float* address, float x, float y) 
 /// value was written (release/acquire at GPU scope).
 __device__ __forceinline__ int load_acquire(const int* address) {
     int value;
+#if defined(__CUDACC__)
     asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+#else
+    value = __atomic_load_n(address, __ATOMIC_ACQUIRE);  // the CPU emulation of tools/warp_emulator
+#endif
     return value;
 }
 

@@ -43,7 +43,8 @@ fa::TimingStats bench_half(const fa::Problem& p, const fa::Inputs& in, fa::View4
                                                    fa::View3<const float>(dev.lse),
                                                    fa::View4<const T>(view(dout_buf.data(), p.seq_q)),
                                                    view(dq_buf.data(), p.seq_q), view(dk_buf.data(), p.seq_k),
-                                                   view(dv_buf.data(), p.seq_k), g_options.deterministic, s, &workspace);
+                                                   view(dv_buf.data(), p.seq_k), g_options.deterministic, s, &workspace,
+                                                   g_options.step);
         },
         std::max(opt.warmup, 1), opt.repeat);
 }
@@ -68,11 +69,12 @@ int main(int argc, char** argv) {
     spec.title = "backward kernel";
     spec.description =
         "The FlashAttention-2 backward pass on tensor cores (mma.sync m16n8k16) in bf16 or fp16 with float32\n"
-        "accumulation: D = rowsum(dO * O) first; then one thread block per key block K_j, V_j (16 keys per warp)\n"
-        "streams the query blocks past it through a cp.async pipeline, recomputes P from the saved LSE, and\n"
-        "accumulates dK_j, dV_j in registers; dQ is added across key blocks in a float32 buffer (atomically, or in\n"
-        "a fixed order with --deterministic). O and LSE come from stage 07's forward in the same --dtype.\n"
-        "Checked against stage 08 (the backward on the CPU) and the float64 reference by the gradient rule.";
+        "accumulation: D = rowsum(dO * O) first; then one thread block per key block K_j, V_j streams the query\n"
+        "blocks past it through a cp.async pipeline, recomputes P from the saved LSE, and accumulates dK_j, dV_j in\n"
+        "registers; dQ is added across key blocks in a float32 buffer (atomically, or in a fixed order with\n"
+        "--deterministic). --step picks the main kernel: warps owning 16 keys each, or warps tiling every product.\n"
+        "O and LSE come from stage 07's forward in the same --dtype. Checked against stage 08 (the backward on the\n"
+        "CPU) and the float64 reference by the gradient rule.";
     spec.run = [](const fa::Problem& p, fa::View4<const float> q, fa::View4<const float> k, fa::View4<const float> v,
                   fa::View4<float> o, fa::View3<float> lse) { fa::stage07::host_entry(g_options.dtype)(p, q, k, v, o, lse); };
     spec.forward_name = "stage 07 (tensor cores, same --dtype)";
@@ -85,7 +87,7 @@ int main(int argc, char** argv) {
     spec.backward_checked_against.push_back(
         {"stage 08 (CPU, after stage 04's forward)", fa::stage08::attention_backward, {}, fa::stage04::attention});
     spec.check_supported = [](const fa::Problem& p) {
-        fa::stage09::check_supported(p);
+        fa::stage09::check_supported(p, g_options.step);
         fa::stage07::check_supported(p, -1);  // the forward that makes O and LSE
     };
     spec.describe_config = [](const fa::Problem& p) { return fa::stage09::describe_config(p, g_options); };
@@ -103,6 +105,8 @@ int main(int argc, char** argv) {
                "(11 bits, max 65504)")
             ->check(CLI::IsMember({"bf16", "fp16"}))
             ->default_str("bf16");
+        app.add_option("--step", g_options.step, fa::road_help(fa::stage09::road(), fa::stage09::kDefaultStep))
+            ->check(CLI::Range(0, int(fa::stage09::road().size()) - 1));
         app.add_flag("--deterministic", g_options.deterministic,
                      "add the key blocks' dQ contributions in a fixed order (bit-identical dq from run to run) "
                      "instead of float32 atomic additions");

@@ -14,9 +14,11 @@ struct RoadStep {
     std::string idea;  ///< one line: what this step changes
 };
 
-/// The help text of `--step`: one line per step, its number, name and idea.
-inline std::string road_help(const std::vector<RoadStep>& road) {
-    std::string s = "which step of the road runs (default: the final kernel):";
+/// The help text of `--step`: one line per step, its number, name and idea. `default_step`: the
+/// step that runs without `--step` (-1: the final one).
+inline std::string road_help(const std::vector<RoadStep>& road, int default_step = -1) {
+    std::string s = default_step < 0 ? "which step of the road runs (default: the final kernel):"
+                                     : "which step of the road runs (default: step " + std::to_string(default_step) + "):";
     for (size_t i = 0; i < road.size(); ++i) s += "\n  " + std::to_string(i) + " " + road[i].name + ": " + road[i].idea;
     return s;
 }

@@ -1,0 +1,425 @@
+/// \file stages/09_backward_kernel/warp_tiled.cuh
+/// \brief Stage 09's second main kernel: warps tile every product of the backward in two
+/// dimensions, and P^T and dS^T pass through shared memory between the products.
+///
+/// The first kernel (kernel.cuh) gives each warp 16 keys for the whole kernel: S^T, P^T, dP^T
+/// and dS^T of those keys stay in its registers and feed dV and dK directly. The price is that
+/// every B fragment it loads (a piece of Q_i or dO_i) feeds a single 16-row m-tile, and each of
+/// its warps reads all of Q_i and dO_i twice per key block: about 12.8 floating-point operations
+/// per byte read from shared memory, where the tensor cores of an H100 SM need about 22 to stay
+/// busy (mma.sync peak about 2790 FLOP per clock per SM against 128 bytes per clock of shared
+/// memory). This kernel raises that ratio by giving each warp a 32 x 32 (or larger) piece of
+/// every product, so each loaded fragment feeds two m-tiles and two n-tiles:
+///
+///     S^T, dP^T [Bc keys, Br queries]  warps in a KeyWarps x QueryWarps grid, 32 keys each
+///     P^T, dS^T -> shared memory (16-bit) ; barrier
+///     dV, dK    [Bc keys, d]           the same KeyWarps along keys, QueryWarps along d
+///     dQ_i      [Br queries, d]        (Br/32) x (Warps/(Br/32)) warps, 32 rows each
+///
+/// Every product now reads its A operand from shared memory (P^T, dS^T for dV, dK; the others as
+/// before), and the 16-bit P^T and dS^T cost one store per element. The block is larger (Bc = 128
+/// keys, 8 warps): each key block adds its dQ_i once per query block, so doubling Bc halves the
+/// float32 atomic traffic of dQ per FLOP.
+#pragma once
+
+#include <cstdint>
+
+#include "kernel.cuh"
+
+namespace fa::stage09 {
+
+//! [tiled_features]
+/// The compile-time shape of the warp-tiled kernel.
+template <int Br, int Bc, int Warps, int KeyWarps, int Bn, int MinBlocksPerSm = 1>
+struct TiledFeatures {
+    static constexpr int kBr = Br;        ///< query rows per query block Q_i, dO_i, dQ_i
+    static constexpr int kBc = Bc;        ///< keys per key block K_j, V_j, dK_j, dV_j
+    static constexpr int kWarps = Warps;  ///< warps per block
+    /// warps along the keys in S^T, dP^T, dK and dV; the other Warps / KeyWarps warps split the
+    /// queries of S^T and dP^T, and the features of dK and dV
+    static constexpr int kKeyWarps = KeyWarps;
+    /// query columns of S^T and dP^T a warp computes at a time (its registers follow Bn)
+    static constexpr int kBn = Bn;
+    /// blocks that must fit on one SM at once: caps the registers per thread at 65536 / (threads x this)
+    static constexpr int kMinBlocksPerSm = MinBlocksPerSm;
+};
+//! [tiled_features]
+
+/// Shape constants of one warp-tiled kernel instance.
+template <class T, int D, class F>
+struct TiledShape {
+    static_assert(sizeof(T) == 2, "tensor-core operands are 16-bit");
+    static_assert(D == 32 || D % 64 == 0, "d = 32 or a multiple of 64 (the swizzled tiles' rows)");
+    static_assert(F::kBr == 32 || F::kBr % 64 == 0, "P^T and dS^T rows (Br queries) are 64 bytes or whole 128-byte segments");
+    static constexpr int kThreads = F::kWarps * 32;                ///< threads per block
+    static constexpr int kQueryWarps = F::kWarps / F::kKeyWarps;   ///< warps along queries (S^T) and features (dK, dV)
+    static constexpr int kKeysPerWarp = F::kBc / F::kKeyWarps;     ///< keys of S^T, dK, dV per warp
+    static constexpr int kKeyTiles = kKeysPerWarp / 16;            ///< 16-key m-tiles per warp
+    static constexpr int kQueriesPerWarp = F::kBr / kQueryWarps;   ///< query columns of S^T per warp
+    static constexpr int kSteps = kQueriesPerWarp / F::kBn;        ///< steps of Bn columns
+    static constexpr int kNTiles = F::kBn / 8;                     ///< 8-query column tiles per step
+    static constexpr int kKSteps = D / 16;                         ///< k-steps of S^T and dP^T
+    static constexpr int kDkvCols = D / kQueryWarps;               ///< features of dK, dV per warp
+    static constexpr int kDkvTiles = kDkvCols / 8;                 ///< 8-feature tiles of dK, dV per warp
+    static constexpr int kQSteps = F::kBr / 16;                    ///< k-steps of dV and dK (queries)
+    static constexpr int kDqRowWarps = F::kBr / 32;                ///< warps along dQ_i's rows (32 each)
+    static constexpr int kDqColWarps = F::kWarps / kDqRowWarps;    ///< warps along dQ_i's features
+    static constexpr int kDqCols = D / kDqColWarps;                ///< dQ_i features per warp
+    static_assert(F::kWarps % F::kKeyWarps == 0 && F::kBc % (16 * F::kKeyWarps) == 0, "whole 16-key tiles per warp");
+    static_assert(F::kBr % kQueryWarps == 0 && kQueriesPerWarp % F::kBn == 0 && F::kBn % 16 == 0,
+                  "whole steps of Bn query columns, Bn a multiple of 16");
+    static_assert(D % kQueryWarps == 0 && kDkvCols % 16 == 0, "dK and dV features split in 16-feature pairs");
+    static_assert(F::kBr % 32 == 0 && F::kWarps % kDqRowWarps == 0 && D % kDqColWarps == 0 && kDqCols % 16 == 0,
+                  "dQ_i split in 32-row, 16-feature-pair pieces");
+    static constexpr int kKVElems = F::kBc * D;       ///< elements of the K_j or V_j tile
+    static constexpr int kQElems = F::kBr * D;        ///< elements of one Q_i or dO_i slot
+    static constexpr int kPElems = F::kBc * F::kBr;   ///< elements of the P^T or dS^T tile
+    /// Shared memory: K_j, V_j; two slots each of Q_i and dO_i; P^T and dS^T; two slots each of
+    /// the Br floats of L_i log2(e) and D_i.
+    static constexpr size_t kSmemBytes =
+        2 * (2 * size_t(kKVElems) + 4 * size_t(kQElems) + 2 * size_t(kPElems)) + 4 * 4 * size_t(F::kBr);
+};
+
+namespace detail {
+
+//! [tiled_sdp]
+/// S^T, P^T, dP^T and dS^T for this warp's keys and Bn query columns from `c0` of query block
+/// `q0`; P^T and dS^T stored, rounded to T, into the shared [Bc, Br] tiles. kMask: compare
+/// every (key, query) pair with the causal diagonal and Nk (as process_step of the first kernel).
+template <class T, int D, class F, bool kMask>
+__device__ __forceinline__ void tiled_scores(const uint16_t* k_tile, const uint16_t* v_tile, const uint16_t* q_tile,
+                                             const uint16_t* do_tile, const float* lse_slot, const float* delta_slot,
+                                             uint16_t* pt_tile, uint16_t* dst_tile, int q0, int c0, int kv0,
+                                             int key_row0, const Args<T>& a, int lane) {
+    using S = TiledShape<T, D, F>;
+    using CF = CopyFeatures<F::kWarps>;
+    using LP = TileLayout<F::kBr, true>;  // P^T and dS^T: Bc rows of Br queries
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t k_a = smem_address(k_tile) + a_lane_bytes<D, CF>(lane);
+    const uint32_t v_a = smem_address(v_tile) + a_lane_bytes<D, CF>(lane);
+    const uint32_t q_b = smem_address(q_tile) + k_lane_bytes<D, CF>(lane);
+    const uint32_t do_b = smem_address(do_tile) + k_lane_bytes<D, CF>(lane);
+
+    // X^T = A B^T for (A, B) = (K_w, Q_i) and (V_w, dO_i): each A fragment feeds kNTiles mma, each
+    // B fragment pair kKeyTiles x 2.
+    const auto product = [&](float (&acc)[S::kKeyTiles][S::kNTiles][4], uint32_t a_lane, uint32_t b_lane) {
+#pragma unroll
+        for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < S::kKSteps; ++ks) {
+            uint32_t af[S::kKeyTiles][4];
+#pragma unroll
+            for (int mt = 0; mt < S::kKeyTiles; ++mt) ldmatrix_x4(af[mt], fragment_address<D, CF>(a_lane, key_row0 + 16 * mt, ks * 16));
+#pragma unroll
+            for (int np = 0; np < S::kNTiles / 2; ++np) {
+                uint32_t b[4];
+                ldmatrix_x4(b, fragment_address<D, CF>(b_lane, c0 + np * 16, ks * 16));
+                const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+                for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                    mma_m16n8k16<T>(acc[mt][2 * np], af[mt], b_lo, acc[mt][2 * np]);
+                    mma_m16n8k16<T>(acc[mt][2 * np + 1], af[mt], b_hi, acc[mt][2 * np + 1]);
+                }
+            }
+        }
+    };
+
+    float s[S::kKeyTiles][S::kNTiles][4];
+    product(s, k_a, q_b);
+    // P^T = exp2(S^T scale log2e - L log2e); element e of tile (mt, nt) is key 16 mt + g + 8 (e/2),
+    // query nt*8 + 2t + e%2 of the warp's piece.
+    const int key_offset = a.seq_k - a.seq_q;
+#pragma unroll
+    for (int nt = 0; nt < S::kNTiles; ++nt) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse_slot + c0 + nt * 8 + 2 * t);
+#pragma unroll
+        for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float p = ex2(fmaf(s[mt][nt][e], a.scale_log2, -(e % 2 ? l2.y : l2.x)));
+                if constexpr (kMask) {
+                    const int key = kv0 + key_row0 + 16 * mt + g + 8 * (e / 2);
+                    const int query = q0 + c0 + nt * 8 + 2 * t + e % 2;
+                    if (!(key < a.seq_k && (!a.causal || key <= query + key_offset))) p = 0.0f;
+                }
+                s[mt][nt][e] = p;
+            }
+    }
+    // P^T into shared memory (16-bit) for dV; the float32 P^T stays in registers for dS^T.
+#pragma unroll
+    for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < S::kNTiles; ++nt) {
+            const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
+            *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r, c)) = pack2<T>(s[mt][nt][0], s[mt][nt][1]);
+            *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r + 8, c)) = pack2<T>(s[mt][nt][2], s[mt][nt][3]);
+        }
+
+    float dp[S::kKeyTiles][S::kNTiles][4];
+    product(dp, v_a, do_b);
+    // dS^T = P^T o (dP^T - D), from the float32 P^T still in registers.
+#pragma unroll
+    for (int nt = 0; nt < S::kNTiles; ++nt) {
+        const float2 d2 = *reinterpret_cast<const float2*>(delta_slot + c0 + nt * 8 + 2 * t);
+#pragma unroll
+        for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+            const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
+            const float* x = dp[mt][nt];
+            const float* p = s[mt][nt];
+            *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
+            *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) =
+                pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+        }
+    }
+}
+//! [tiled_sdp]
+
+//! [tiled_dkdv]
+/// dV_w += P^T dO_i and dK_w += dS^T Q_i for this warp's keys and features [col0, col0 + kDkvCols):
+/// A from the shared P^T and dS^T tiles (row-major: keys are rows, queries the k-dimension),
+/// B from dO_i and Q_i by ldmatrix.trans (pairs of consecutive queries of one feature).
+template <class T, int D, class F>
+__device__ __forceinline__ void tiled_dkdv(float (&dk)[TiledShape<T, D, F>::kKeyTiles][TiledShape<T, D, F>::kDkvTiles][4],
+                                           float (&dv)[TiledShape<T, D, F>::kKeyTiles][TiledShape<T, D, F>::kDkvTiles][4],
+                                           const uint16_t* pt_tile, const uint16_t* dst_tile, const uint16_t* q_tile,
+                                           const uint16_t* do_tile, int key_row0, int col0, int lane) {
+    using S = TiledShape<T, D, F>;
+    using CF = CopyFeatures<F::kWarps>;
+    const uint32_t pt_a = smem_address(pt_tile) + a_lane_bytes<F::kBr, CF>(lane);
+    const uint32_t dst_a = smem_address(dst_tile) + a_lane_bytes<F::kBr, CF>(lane);
+    const uint32_t do_t = smem_address(do_tile) + v_lane_bytes<D, CF>(lane);
+    const uint32_t q_t = smem_address(q_tile) + v_lane_bytes<D, CF>(lane);
+#pragma unroll
+    for (int kk = 0; kk < S::kQSteps; ++kk) {
+        uint32_t pa[S::kKeyTiles][4], dsa[S::kKeyTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+            ldmatrix_x4(pa[mt], fragment_address<F::kBr, CF>(pt_a, key_row0 + 16 * mt, kk * 16));
+            ldmatrix_x4(dsa[mt], fragment_address<F::kBr, CF>(dst_a, key_row0 + 16 * mt, kk * 16));
+        }
+#pragma unroll
+        for (int dpair = 0; dpair < S::kDkvTiles / 2; ++dpair) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, fragment_address<D, CF>(do_t, kk * 16, col0 + dpair * 16));
+            const uint32_t bv_lo[2] = {b[0], b[1]}, bv_hi[2] = {b[2], b[3]};
+#pragma unroll
+            for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                mma_m16n8k16<T>(dv[mt][2 * dpair], pa[mt], bv_lo, dv[mt][2 * dpair]);
+                mma_m16n8k16<T>(dv[mt][2 * dpair + 1], pa[mt], bv_hi, dv[mt][2 * dpair + 1]);
+            }
+            ldmatrix_x4_trans(b, fragment_address<D, CF>(q_t, kk * 16, col0 + dpair * 16));
+            const uint32_t bk_lo[2] = {b[0], b[1]}, bk_hi[2] = {b[2], b[3]};
+#pragma unroll
+            for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                mma_m16n8k16<T>(dk[mt][2 * dpair], dsa[mt], bk_lo, dk[mt][2 * dpair]);
+                mma_m16n8k16<T>(dk[mt][2 * dpair + 1], dsa[mt], bk_hi, dk[mt][2 * dpair + 1]);
+            }
+        }
+    }
+}
+//! [tiled_dkdv]
+
+//! [tiled_dq]
+/// dQ_i += dS K_j for rows [row0, row0 + 32) and features [col0, col0 + kDqCols) of the query
+/// block, added into the float32 accumulator. A = dS is dS^T read by ldmatrix.trans, B = K_j by
+/// ldmatrix.trans, as accumulate_dq of the first kernel; each fragment now feeds two m-tiles or
+/// kDqCols/8 n-tiles.
+template <class T, int D, class F, bool kDeterministic>
+__device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_t* k_tile, float* dq_block, int row0,
+                                         int col0, int lane) {
+    using S = TiledShape<T, D, F>;
+    using CF = CopyFeatures<F::kWarps>;
+    constexpr int kTiles = S::kDqCols / 8;
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t ds_a = smem_address(dst_tile) + k_lane_bytes<F::kBr, CF>(lane);
+    const uint32_t k_t = smem_address(k_tile) + v_lane_bytes<D, CF>(lane);
+    float acc[2][kTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < F::kBc / 16; ++kk) {
+        uint32_t ds[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) ldmatrix_x4_trans(ds[mt], fragment_address<F::kBr, CF>(ds_a, kk * 16, row0 + 16 * mt));
+#pragma unroll
+        for (int dpair = 0; dpair < kTiles / 2; ++dpair) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, fragment_address<D, CF>(k_t, kk * 16, col0 + dpair * 16));
+            const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+            for (int mt = 0; mt < 2; ++mt) {
+                mma_m16n8k16<T>(acc[mt][2 * dpair], ds[mt], b_lo, acc[mt][2 * dpair]);
+                mma_m16n8k16<T>(acc[mt][2 * dpair + 1], ds[mt], b_hi, acc[mt][2 * dpair + 1]);
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                float* p = dq_block + int64_t(row0 + 16 * mt + g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
+                if constexpr (kDeterministic) {
+                    float2 old = __ldcg(reinterpret_cast<const float2*>(p));  // L2, not a stale L1 line
+                    old.x += acc[mt][nt][2 * hh];
+                    old.y += acc[mt][nt][2 * hh + 1];
+                    __stcg(reinterpret_cast<float2*>(p), old);
+                } else {
+                    red_add_f32x2(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                }
+            }
+}
+//! [tiled_dq]
+
+}  // namespace detail
+
+//! [tiled_kernel]
+/// The warp-tiled backward kernel: one block per (key block j, batch, head), j fastest, as the
+/// first kernel; the same Args, preprocessing, postprocessing and deterministic turns.
+template <class T, int D, class F, bool kDeterministic>
+__global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPerSm)
+    flash_backward_tiled_kernel(const Args<T> a) {
+    using S = TiledShape<T, D, F>;
+    using CF = detail::CopyFeatures<F::kWarps>;
+    using L = stage07::TileLayout<D, true>;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem_raw);  // [Bc, d]  K_j, swizzled
+    uint16_t* v_tile = k_tile + S::kKVElems;                    // [Bc, d]  V_j
+    uint16_t* q_ring = v_tile + S::kKVElems;                    // 2 x [Br, d] Q_i
+    uint16_t* do_ring = q_ring + 2 * S::kQElems;                // 2 x [Br, d] dO_i
+    uint16_t* pt_tile = do_ring + 2 * S::kQElems;               // [Bc, Br] P^T
+    uint16_t* dst_tile = pt_tile + S::kPElems;                  // [Bc, Br] dS^T
+    float* lse_ring = reinterpret_cast<float*>(dst_tile + S::kPElems);  // 2 x [Br] L_i log2(e)
+    float* delta_ring = lse_ring + 2 * F::kBr;                         // 2 x [Br] D_i
+
+    const int j = int(blockIdx.x % unsigned(a.k_blocks));
+    const int bh = int(blockIdx.x / unsigned(a.k_blocks)), b = bh / a.heads, h = bh % a.heads;
+    const int kv0 = j * F::kBc;
+    const T* q_head = a.q + b * a.q_sb + h * a.q_sh;
+    const T* k_head = a.k + b * a.k_sb + h * a.k_sh;
+    const T* v_head = a.v + b * a.v_sb + h * a.v_sh;
+    const T* do_head = a.dout + b * a.do_sb + h * a.do_sh;
+    const float* lse_head = a.lse_log2 + int64_t(bh) * a.seq_q_padded;
+    const float* delta_head = a.delta + int64_t(bh) * a.seq_q_padded;
+    float* dq_head = a.dq_accum + int64_t(bh) * a.seq_q_padded * D;
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+    const int g = lane / 4, t = lane % 4;
+    // The warp's pieces: keys (S^T, dP^T, dK, dV), query columns (S^T, dP^T), features (dK, dV),
+    // and rows and features of dQ_i.
+    const int key_row0 = (warp % F::kKeyWarps) * S::kKeysPerWarp;
+    const int query_col0 = (warp / F::kKeyWarps) * S::kQueriesPerWarp;
+    const int dkv_col0 = (warp / F::kKeyWarps) * S::kDkvCols;
+    const int dq_row0 = (warp % S::kDqRowWarps) * 32;
+    const int dq_col0 = (warp / S::kDqRowWarps) * S::kDqCols;
+
+    float dk[S::kKeyTiles][S::kDkvTiles][4], dv[S::kKeyTiles][S::kDkvTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < S::kDkvTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
+
+    const int i_begin = first_query_block(j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal);
+    const int i_end = a.q_blocks;
+    const auto load_query_block = [&](int i, int slot) {
+        detail::load_tile_gmem_to_smem<T, D, CF, F::kBr>(reinterpret_cast<T*>(q_ring + slot * S::kQElems), q_head, a.q_sn,
+                                                         i * F::kBr, a.seq_q);
+        detail::load_tile_gmem_to_smem<T, D, CF, F::kBr>(reinterpret_cast<T*>(do_ring + slot * S::kQElems), do_head,
+                                                         a.do_sn, i * F::kBr, a.seq_q);
+        detail::load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, lse_head, delta_head, i * F::kBr);
+    };
+
+    detail::load_tile_gmem_to_smem<T, D, CF, F::kBc>(reinterpret_cast<T*>(k_tile), k_head, a.k_sn, kv0, a.seq_k);
+    detail::load_tile_gmem_to_smem<T, D, CF, F::kBc>(reinterpret_cast<T*>(v_tile), v_head, a.v_sn, kv0, a.seq_k);
+    if (i_begin < i_end) load_query_block(i_begin, 0);
+    fa::cuda::ptx::cp_async_commit();
+
+    for (int i = i_begin; i < i_end; ++i) {
+        const int slot = (i - i_begin) % 2;
+        fa::cuda::ptx::cp_async_wait<0>();
+        // Block i has landed for every thread, and every warp is done with iteration i-1: its Q/dO
+        // slot (overwritten by the prefetch below), P^T and dS^T (overwritten by this iteration).
+        __syncthreads();
+        if (i + 1 < i_end) load_query_block(i + 1, slot ^ 1);
+        fa::cuda::ptx::cp_async_commit();
+
+        const int q0 = i * F::kBr;
+        const uint16_t* q_tile = q_ring + slot * S::kQElems;
+        const uint16_t* do_tile = do_ring + slot * S::kQElems;
+        const float* lse_slot = lse_ring + slot * F::kBr;
+        const float* delta_slot = delta_ring + slot * F::kBr;
+        const bool mask = block_needs_mask(q0, kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
+#pragma unroll 1
+        for (int step = 0; step < S::kSteps; ++step) {
+            const int c0 = query_col0 + step * F::kBn;
+            if (mask) {
+                detail::tiled_scores<T, D, F, true>(k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot, pt_tile,
+                                                    dst_tile, q0, c0, kv0, key_row0, a, lane);
+            } else {
+                detail::tiled_scores<T, D, F, false>(k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot, pt_tile,
+                                                     dst_tile, q0, c0, kv0, key_row0, a, lane);
+            }
+        }
+        __syncthreads();  // all of P^T and dS^T stored before any warp reads another warp's piece
+        detail::tiled_dkdv<T, D, F>(dk, dv, pt_tile, dst_tile, q_tile, do_tile, key_row0, dkv_col0, lane);
+        if constexpr (kDeterministic) {
+            if (threadIdx.x == 0) {
+                const int* turn = a.turns + int64_t(bh) * a.q_blocks + i;
+                while (detail::load_acquire(turn) != j) __nanosleep(32);
+            }
+            __syncthreads();  // the acquired turn before every thread's dQ_i accesses
+        }
+        detail::tiled_dq<T, D, F, kDeterministic>(dst_tile, k_tile, dq_head + int64_t(q0) * D, dq_row0, dq_col0, lane);
+        if constexpr (kDeterministic) {
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                __threadfence();
+                atomicAdd(a.turns + int64_t(bh) * a.q_blocks + i, 1);
+            }
+        }
+    }
+    fa::cuda::ptx::cp_async_wait<0>();
+
+    // Epilogue: dK_j (scaled) and dV_j rounded to T, staged in the K_j and V_j tiles once every
+    // warp is done reading them, then written as whole 16-byte chunks by all threads.
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < S::kDkvTiles; ++nt)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+                const int r = key_row0 + 16 * mt + g + 8 * hh, c = dkv_col0 + nt * 8 + 2 * t;
+                *reinterpret_cast<uint32_t*>(k_tile + L::offset(r, c)) =
+                    fa::cuda::ptx::pack2<T>(dk[mt][nt][2 * hh] * a.scale, dk[mt][nt][2 * hh + 1] * a.scale);
+                *reinterpret_cast<uint32_t*>(v_tile + L::offset(r, c)) =
+                    fa::cuda::ptx::pack2<T>(dv[mt][nt][2 * hh], dv[mt][nt][2 * hh + 1]);
+            }
+    __syncthreads();
+    T* dk_head = a.dk + b * a.dk_sb + h * a.dk_sh;
+    T* dv_head = a.dv + b * a.dv_sb + h * a.dv_sh;
+    constexpr int kChunksPerRow = D / 8;
+#pragma unroll
+    for (int c = int(threadIdx.x); c < F::kBc * kChunksPerRow; c += S::kThreads) {
+        const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+        const int key = kv0 + r;
+        if (key < a.seq_k) {
+            *reinterpret_cast<uint4*>(dk_head + int64_t(key) * a.dk_sn + col) = *reinterpret_cast<const uint4*>(k_tile + L::offset(r, col));
+            *reinterpret_cast<uint4*>(dv_head + int64_t(key) * a.dv_sn + col) = *reinterpret_cast<const uint4*>(v_tile + L::offset(r, col));
+        }
+    }
+}
+//! [tiled_kernel]
+
+}  // namespace fa::stage09

@@ -1,0 +1,42 @@
+// The warp emulator's launch: runs a kernel body on CPU threads (see cuda_runtime.h here).
+#pragma once
+
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "fa/cuda/ptx.cuh"
+
+namespace emu {
+
+/// Runs `body` as `blocks` blocks of `threads` threads, one block after the other (block 0 first),
+/// in `smem` bytes of shared memory at `shared` filled with garbage before each block. Aborts on a
+/// cp.async group left pending at a thread's end.
+inline void launch(long blocks, int threads, unsigned char* shared, size_t smem, const std::function<void()>& body) {
+    smem_base = shared;
+    smem_limit = smem;
+    for (long b = 0; b < blocks; ++b) {
+        std::memset(shared, 0xAB, smem);
+        std::vector<Warp> warps(size_t(threads / 32));
+        std::barrier<> bar(threads);
+        block_bar = &bar;
+        std::vector<std::thread> pool;
+        pool.reserve(size_t(threads));
+        for (int t = 0; t < threads; ++t) {
+            pool.emplace_back([&, t] {
+                tid.x = unsigned(t), bid.x = unsigned(b), bdim.x = unsigned(threads), gdim.x = unsigned(blocks);
+                lane = t % 32, warp = t / 32, gen = 0;
+                w = &warps[size_t(warp)];
+                groups.clear(), open_group.clear();
+                body();
+                if (!groups.empty() || !open_group.empty()) {
+                    std::fprintf(stderr, "emulator: cp.async copies left pending at the end of a thread\n");
+                    std::abort();
+                }
+            });
+        }
+        for (std::thread& th : pool) th.join();
+    }
+}
+
+}  // namespace emu

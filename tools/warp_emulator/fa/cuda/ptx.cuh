@@ -1,0 +1,93 @@
+// The warp emulator's fa/cuda/ptx.cuh: each wrapper does what the PTX ISA says the instruction
+// does, lane by lane. ldmatrix: matrix m's row r comes from the address lane 8m + r gave; lane l
+// receives row l/4, elements 2(l%4) and 2(l%4)+1 (.trans: column l/4, rows 2(l%4) and 2(l%4)+1).
+// mma.m16n8k16: each lane assembles the A, B elements of its four outputs from the lanes and
+// registers that hold them (the fragment maps of stage 07's layout.hpp) and sums in float32.
+// cp.async copies land when cp.async.wait_group lets them, not before: a kernel that reads a slot
+// before waiting reads what was there. ex2 is exp2 (no approximation error).
+#pragma once
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+namespace emu {
+struct Copy { uint32_t dst; const void* src; bool valid; };
+inline thread_local std::vector<std::vector<Copy>> groups;  // committed cp.async groups, oldest first
+inline thread_local std::vector<Copy> open_group;           // copies since the last commit
+inline size_t smem_limit;                                   // the launch's dynamic shared memory
+inline void check_smem(uint32_t a, uint32_t bytes) {
+    if (a + bytes > smem_limit) { std::fprintf(stderr, "shared access out of bounds: %u + %u > %zu\n", a, bytes, smem_limit); std::abort(); }
+}
+template <class T> float to_f(uint16_t h);
+template <> inline float to_f<__nv_bfloat16>(uint16_t h) { return emu_bf2f(h); }
+template <> inline float to_f<__half>(uint16_t h) { return emu_h2f(h); }
+}  // namespace emu
+namespace fa::cuda::ptx {
+inline uint32_t smem_address(const void* p) { return uint32_t(static_cast<const unsigned char*>(p) - emu::smem_base); }
+template <class T>
+inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
+    using namespace emu;
+    const int p = next();
+    for (int r = 0; r < 4; ++r) w->a[p][lane][r] = a[r];
+    w->b[p][lane][0] = b[0], w->b[p][lane][1] = b[1];
+    w->bar.arrive_and_wait();
+    const auto A = [&](int row, int k) {
+        const uint32_t reg = w->a[p][(row % 8) * 4 + (k % 8) / 2][(row / 8) + 2 * (k / 8)];
+        return to_f<T>(uint16_t(k % 2 ? reg >> 16 : reg & 0xffff));
+    };
+    const auto B = [&](int k, int n) {
+        const uint32_t reg = w->b[p][n * 4 + (k % 8) / 2][k / 8];
+        return to_f<T>(uint16_t(k % 2 ? reg >> 16 : reg & 0xffff));
+    };
+    const int g = lane / 4, t = lane % 4;
+    float out[4];
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+        float s = c[i];
+        for (int k = 0; k < 16; ++k) s = std::fma(A(row, k), B(k, col), s);
+        out[i] = s;
+    }
+    for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+inline void ldmatrix_common(uint32_t (&r)[4], uint32_t address, bool trans) {
+    using namespace emu;
+    if (address % 16 != 0) { std::fprintf(stderr, "ldmatrix address %u not 16-byte aligned\n", address); std::abort(); }
+    check_smem(address, 16);
+    const int p = next();
+    w->addr[p][lane] = address;
+    w->bar.arrive_and_wait();
+    for (int m = 0; m < 4; ++m) {
+        if (!trans) {
+            std::memcpy(&r[m], smem_base + w->addr[p][8 * m + lane / 4] + 4 * (lane % 4), 4);
+        } else {
+            const int i0 = 2 * (lane % 4), j = lane / 4;
+            uint16_t lo, hi;
+            std::memcpy(&lo, smem_base + w->addr[p][8 * m + i0] + 2 * j, 2);
+            std::memcpy(&hi, smem_base + w->addr[p][8 * m + i0 + 1] + 2 * j, 2);
+            r[m] = uint32_t(lo) | (uint32_t(hi) << 16);
+        }
+    }
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t a) { ldmatrix_common(r, a, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t a) { ldmatrix_common(r, a, true); }
+inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
+    if (dst % 16 != 0) { std::fprintf(stderr, "cp.async dst misaligned\n"); std::abort(); }
+    emu::check_smem(dst, 16);
+    emu::open_group.push_back({dst, src, valid});
+}
+inline void cp_async_commit() { emu::groups.push_back(std::move(emu::open_group)); emu::open_group.clear(); }
+template <int N>
+inline void cp_async_wait() {
+    while (int(emu::groups.size()) > N) {
+        for (const auto& c : emu::groups.front()) {
+            if (c.valid) std::memcpy(emu::smem_base + c.dst, c.src, 16);
+            else std::memset(emu::smem_base + c.dst, 0, 16);
+        }
+        emu::groups.erase(emu::groups.begin());
+    }
+}
+template <class T> inline uint32_t pack2(float lo, float hi);
+template <> inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) { return uint32_t(emu_f2bf(lo)) | (uint32_t(emu_f2bf(hi)) << 16); }
+template <> inline uint32_t pack2<__half>(float lo, float hi) { return uint32_t(emu_f2h(lo)) | (uint32_t(emu_f2h(hi)) << 16); }
+inline float ex2(float x) { return std::exp2(x); }
+}  // namespace fa::cuda::ptx
