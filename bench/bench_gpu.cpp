@@ -278,6 +278,14 @@ struct Stage09Check {
         return nonfinite == 0 && zero == 0 && modes_rel_l2 <= kStage09ModesRelL2 && dv_sum_rel <= kStage09DvSumRel &&
                dk_sum_ratio <= kStage09DkSumRatio;
     }
+    // The verdict and the figures, on a backward row.
+    void mark(Record& r) const {
+        r.check = ok() ? "ok" : "BAD";
+        r.check_max_abs = modes_max_abs;
+        r.check_rel_l2 = modes_rel_l2;
+        r.dv_sum_rel = dv_sum_rel;
+        r.dk_sum_ratio = dk_sum_ratio;
+    }
 };
 
 // Stage 09's gross-error guard on one point, independent of any other implementation: a fresh
@@ -532,14 +540,7 @@ int main(int argc, char** argv) {
                     100.0 * (records[fixed].median_ms / records[atomic].median_ms - 1.0));
         if (!check) return true;
         const Stage09Check c = check_stage09<T>(p, g, scratch, forward, backward);
-        for (size_t i : {atomic, fixed}) {
-            Record& r = records[i];
-            r.check = c.ok() ? "ok" : "BAD";
-            r.check_max_abs = c.modes_max_abs;
-            r.check_rel_l2 = c.modes_rel_l2;
-            r.dv_sum_rel = c.dv_sum_rel;
-            r.dk_sum_ratio = c.dk_sum_ratio;
-        }
+        for (size_t i : {atomic, fixed}) c.mark(records[i]);
         any_bad = any_bad || !c.ok();
         std::printf("          guard: deterministic vs atomic rel_l2 %.2e (max_abs %.2e); sum dV vs sum dO rel_l2 %.2e; "
                     "|sum dK| / (sqrt(Nk) rms dK) %.2e%s%s%s\n",
@@ -580,12 +581,7 @@ int main(int argc, char** argv) {
             });
             if (!check) continue;
             const Stage09Check c = check_stage09<T>(p, g, scratch, forward, backward);
-            Record& r = records[bwd];
-            r.check = c.ok() ? "ok" : "BAD";
-            r.check_max_abs = c.modes_max_abs;
-            r.check_rel_l2 = c.modes_rel_l2;
-            r.dv_sum_rel = c.dv_sum_rel;
-            r.dk_sum_ratio = c.dk_sum_ratio;
+            c.mark(records[bwd]);
             any_bad = any_bad || !c.ok();
             std::printf("          guard (%s): deterministic vs atomic rel_l2 %.2e; sum dV vs sum dO rel_l2 %.2e; "
                         "|sum dK| / (sqrt(Nk) rms dK) %.2e%s\n",

@@ -209,34 +209,34 @@ TEST_CASE("stage 09's deterministic mode gives bit-identical gradients over runs
     uint64_t seed = 1300;
     for (const Shape& s : shapes) {
         for (DType dtype : {DType::BF16, DType::FP16}) {
-          for (int step : steps()) {
-            test::Case c;
-            c.problem = test::make_problem(s.B, s.H, s.Nq, s.Nk, s.d, s.causal);
-            c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
-            c.seed = seed++;
-            const Problem& p = c.problem;
-            const Inputs in = make_inputs(p, c.layout, c.inputs, c.seed);
-            const HostTensor dout = make_output_gradient(p, c.layout, c.seed);
-            const Forward f = forward(p, in, c.layout, dtype);
-            const BackwardFn det = stage09::host_entry({dtype, true, step});
-            const Grads first = run_backward(det, p, in, f, dout, c.layout);
-            for (int run = 1; run < 3; ++run) {
-                const Grads again = run_backward(det, p, in, f, dout, c.layout);
-                INFO(c.name() << describe(dtype, true, step) << ", run " << run + 1 << " against run 1");
-                CHECK(bit_identical(again.dq, first.dq));
-                CHECK(bit_identical(again.dk, first.dk));
-                CHECK(bit_identical(again.dv, first.dv));
+            for (int step : steps()) {
+                test::Case c;
+                c.problem = test::make_problem(s.B, s.H, s.Nq, s.Nk, s.d, s.causal);
+                c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
+                c.seed = seed++;
+                const Problem& p = c.problem;
+                const Inputs in = make_inputs(p, c.layout, c.inputs, c.seed);
+                const HostTensor dout = make_output_gradient(p, c.layout, c.seed);
+                const Forward f = forward(p, in, c.layout, dtype);
+                const BackwardFn det = stage09::host_entry({dtype, true, step});
+                const Grads first = run_backward(det, p, in, f, dout, c.layout);
+                for (int run = 1; run < 3; ++run) {
+                    const Grads again = run_backward(det, p, in, f, dout, c.layout);
+                    INFO(c.name() << describe(dtype, true, step) << ", run " << run + 1 << " against run 1");
+                    CHECK(bit_identical(again.dq, first.dq));
+                    CHECK(bit_identical(again.dk, first.dk));
+                    CHECK(bit_identical(again.dv, first.dv));
+                }
+                const Grads atomic = run_backward(stage09::host_entry({dtype, false, step}), p, in, f, dout, c.layout);
+                const Judge j = judge(p, in, dout, dtype);
+                const std::string what = c.name() + " dtype=" + cuda::to_string(dtype) + " step=" + std::to_string(step);
+                check_gradients(first, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " deterministic vs float64 reference");
+                check_gradients(atomic, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " atomic vs float64 reference");
+                check_gradients(first, atomic.dq, atomic.dk, atomic.dv, j.tol, what + " deterministic vs atomic");
+                // dK and dV never leave their block: the two modes compute them identically.
+                CHECK(bit_identical(first.dk, atomic.dk));
+                CHECK(bit_identical(first.dv, atomic.dv));
             }
-            const Grads atomic = run_backward(stage09::host_entry({dtype, false, step}), p, in, f, dout, c.layout);
-            const Judge j = judge(p, in, dout, dtype);
-            const std::string what = c.name() + " dtype=" + cuda::to_string(dtype) + " step=" + std::to_string(step);
-            check_gradients(first, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " deterministic vs float64 reference");
-            check_gradients(atomic, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " atomic vs float64 reference");
-            check_gradients(first, atomic.dq, atomic.dk, atomic.dv, j.tol, what + " deterministic vs atomic");
-            // dK and dV never leave their block: the two modes compute them identically.
-            CHECK(bit_identical(first.dk, atomic.dk));
-            CHECK(bit_identical(first.dv, atomic.dv));
-          }
         }
     }
 }

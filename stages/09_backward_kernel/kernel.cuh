@@ -603,6 +603,37 @@ __host__ __device__ inline bool block_needs_mask(int q0, int kv0, int bc, int se
 }
 //! [query_blocks]
 
+namespace detail {
+
+//! [turns]
+/// The deterministic mode's wait: thread 0 spins until key block `j` has the turn at query block
+/// `i` of head `bh`, i.e. until key blocks 0 .. j-1 have added their dQ_i (first_query_block never
+/// decreases with j, so they all visit i before j). The caller's next __syncthreads carries the
+/// acquired turn to every thread before their dQ_i accesses.
+template <class T>
+__device__ __forceinline__ void wait_for_turn(const Args<T>& a, int bh, int i, int j) {
+    if (threadIdx.x == 0) {
+        const int* turn = a.turns + int64_t(bh) * a.q_blocks + i;
+        while (load_acquire(turn) != j) __nanosleep(32);
+    }
+}
+
+/// Passes the turn at query block `i` on: every thread's dQ_i writes are made visible GPU-wide,
+/// the barrier orders all of them before thread 0's increment, and thread 0's own fence makes the
+/// increment a release of everything it has observed (the other threads' writes included).
+template <class T>
+__device__ __forceinline__ void pass_turn(const Args<T>& a, int bh, int i) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(a.turns + int64_t(bh) * a.q_blocks + i, 1);
+    }
+}
+//! [turns]
+
+}  // namespace detail
+
 //! [kernel]
 /// The main backward kernel: one block per (key block j, batch, head) in a flat grid, j fastest
 /// (Tc blocks of one head are neighbours, so the deterministic mode's predecessors of a block
@@ -695,29 +726,12 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
             }
         }
 
-        if constexpr (kDeterministic) {
-            // Key blocks 0 .. j-1 visit query block i before this one (first_query_block never
-            // decreases with j); thread 0 waits until all of them have added their dQ_i.
-            if (threadIdx.x == 0) {
-                const int* turn = a.turns + int64_t(bh) * a.q_blocks + i;
-                while (detail::load_acquire(turn) != j) __nanosleep(32);
-            }
-        }
+        if constexpr (kDeterministic) detail::wait_for_turn(a, bh, i, j);
         // Orders every warp's dS^T stores before the dQ products read them (and, deterministic,
         // the turn thread 0 just acquired before every thread's dQ_i accesses).
         __syncthreads();
         detail::accumulate_dq<T, D, F, kDeterministic>(ds_tile, k_tile, dq_head + int64_t(q0) * D, warp, lane);
-        if constexpr (kDeterministic) {
-            // Publishing the turn: every thread's dQ_i writes are made visible GPU-wide, the barrier
-            // orders all of them before thread 0's increment, and thread 0's own fence makes the
-            // increment a release of everything it has observed (the other threads' writes included).
-            __threadfence();
-            __syncthreads();  // every thread's dQ_i writes are done before the turn is passed on
-            if (threadIdx.x == 0) {
-                __threadfence();
-                atomicAdd(a.turns + int64_t(bh) * a.q_blocks + i, 1);
-            }
-        }
+        if constexpr (kDeterministic) detail::pass_turn(a, bh, i);
     }
     fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing (the loop may not have run)
     //! [pipeline]

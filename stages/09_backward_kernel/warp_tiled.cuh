@@ -373,21 +373,11 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
         __syncthreads();  // all of P^T and dS^T stored before any warp reads another warp's piece
         detail::tiled_dkdv<T, D, F>(dk, dv, pt_tile, dst_tile, q_tile, do_tile, key_row0, dkv_col0, lane);
         if constexpr (kDeterministic) {
-            if (threadIdx.x == 0) {
-                const int* turn = a.turns + int64_t(bh) * a.q_blocks + i;
-                while (detail::load_acquire(turn) != j) __nanosleep(32);
-            }
+            detail::wait_for_turn(a, bh, i, j);
             __syncthreads();  // the acquired turn before every thread's dQ_i accesses
         }
         detail::tiled_dq<T, D, F, kDeterministic>(dst_tile, k_tile, dq_head + int64_t(q0) * D, dq_row0, dq_col0, lane);
-        if constexpr (kDeterministic) {
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                __threadfence();
-                atomicAdd(a.turns + int64_t(bh) * a.q_blocks + i, 1);
-            }
-        }
+        if constexpr (kDeterministic) detail::pass_turn(a, bh, i);
     }
     fa::cuda::ptx::cp_async_wait<0>();
 
