@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -18,8 +19,10 @@ inline void launch(long blocks, int threads, unsigned char* shared, size_t smem,
     for (long b = 0; b < blocks; ++b) {
         std::memset(shared, 0xAB, smem);
         std::vector<Warp> warps(size_t(threads / 32));
-        std::barrier<> bar(threads);
-        block_bar = &bar;
+        // The block's barrier lives on the heap and block_bar is cleared once the block's threads
+        // have joined: the global never holds the address of a local that has gone out of scope.
+        const auto bar = std::make_unique<std::barrier<>>(threads);
+        block_bar = bar.get();
         std::vector<std::thread> pool;
         pool.reserve(size_t(threads));
         for (int t = 0; t < threads; ++t) {
@@ -36,6 +39,7 @@ inline void launch(long blocks, int threads, unsigned char* shared, size_t smem,
             });
         }
         for (std::thread& th : pool) th.join();
+        block_bar = nullptr;
     }
 }
 
