@@ -4,7 +4,14 @@
 #
 #   bench/gpu_session.sh STEP...
 #
-#   build      configure (stage 07's tuning candidates on) and build what the other steps need
+#   newcomer   what a reader does on this machine: a fresh copy of the checkout (git archive HEAD,
+#              or the working tree without its build folders), the Debian packages from .deps/, then
+#              the README's two commands unchanged (scripts/course.sh, scripts/test.sh), each timed;
+#              newcomer.txt records the machine, the compilers, the date and every verdict. Run it
+#              in every session that changes build files or GPU code.
+#   newcomer_test  the README's second command (scripts/test.sh) in that copy: newcomer_test.txt
+#   build      configure (stage 07's tuning candidates on, warnings as errors) and build what the
+#              other steps need
 #   test       the whole CTest suite (builds everything)
 #   sanitize   compute-sanitizer memcheck, racecheck, synccheck, initcheck on stages 05, 06, 07, 09
 #              (SANITIZE_STAGES="05 06 07 09" picks which)
@@ -79,12 +86,10 @@ build_targets() {
 step_build() {
     note "build"
     local prefix=() targets
-    if compgen -G ".deps/*.deb" >/dev/null; then
-        mkdir -p /tmp/deps && for f in .deps/*.deb; do dpkg -x "$f" /tmp/deps; done
-        prefix=(-DCMAKE_PREFIX_PATH=/tmp/deps/usr)
-    fi
+    unpack_deps
+    [ -d /tmp/deps/usr ] && prefix=(-DCMAKE_PREFIX_PATH=/tmp/deps/usr)
     # FA_STAGE07_TUNING adds stage 07's candidate tile shapes as extra steps: the road step times them.
-    cmake -S . -B "$BUILD" -G Ninja "${prefix[@]}" -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF -DFA_STAGE07_TUNING=ON \
+    cmake -S . -B "$BUILD" -G Ninja "${prefix[@]}" -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF -DFA_STAGE07_TUNING=ON -DFA_WERROR=ON \
         >"$LOGS/configure.log" 2>&1 || { record "configure FAILED"; tail -30 "$LOGS/configure.log"; return 1; }
     mapfile -t targets < <(build_targets)
     ninja -C "$BUILD" -j16 -k 0 "${targets[@]}" >"$LOGS/build.log" 2>&1 \
@@ -112,6 +117,66 @@ kernel_resources() {
         END {if (n) printf "%s: %d kernel instances, %d to %d registers per thread, %d with a stack frame (spills)\n", stage, n, minr, maxr, spill}' \
         | tee -a "$LOGS/summary.txt"
     grep "$2" "$LOGS/resource_usage.txt" | grep -v "STACK:0 " | sed 's/^/  spills: /' | head -8 | tee -a "$LOGS/summary.txt" || true
+}
+
+# The Debian packages of .deps/ (Eigen, CLI11, doctest: header-only) unpacked once under /tmp/deps.
+unpack_deps() {
+    if compgen -G ".deps/*.deb" >/dev/null && [ ! -d /tmp/deps/usr ]; then
+        mkdir -p /tmp/deps && for f in .deps/*.deb; do dpkg -x "$f" /tmp/deps; done
+    fi
+}
+
+step_newcomer() {
+    note "newcomer: a fresh copy, then the README's two commands"
+    local dir=/tmp/fa-newcomer out="$RESULTS/newcomer.txt" t0 rc
+    rm -rf "$dir" && mkdir -p "$dir"
+    if git rev-parse HEAD >/dev/null 2>&1; then
+        git archive HEAD | tar -x -C "$dir"
+        record "copy: git archive $(git rev-parse --short HEAD)"
+    else
+        tar -c --exclude='./build*' --exclude=./.deps --exclude=./.whl --exclude=./.git . | tar -x -C "$dir"
+        record "copy: the working tree without build folders (no .git here)"
+    fi
+    unpack_deps
+    {
+        echo "A reader's first run on a GPU machine: a fresh copy of flashcourse, then the README's two commands."
+        echo "date:     $(date -u '+%F %H:%M UTC')"
+        echo "gpu:      $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+        echo "os:       $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-unknown}")"
+        echo "c++:      $(c++ --version | head -1)"
+        echo "nvcc:     $(nvcc --version 2>/dev/null | tail -1)"
+        echo "cmake:    $(cmake --version | head -1)"
+        echo "packages: Eigen, CLI11, doctest unpacked from Debian's .deb files (no package access here):"
+        echo "          FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr"
+    } >"$out"
+    # The first command as the README gives it; the environment only says where the packages are.
+    t0=$SECONDS
+    (cd "$dir" && FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr timeout 900 scripts/course.sh) >"$LOGS/newcomer_course.log" 2>&1
+    rc=$?
+    echo "scripts/course.sh: exit $rc, $((SECONDS - t0)) s; compiler warnings in its build: $(grep -c 'warning:' "$LOGS/newcomer_course.log")" >>"$out"
+    grep -m 10 -A 3 'warning:' "$LOGS/newcomer_course.log" >>"$out"
+    grep -E "^== stage|verdict|^course:|^lessons:|FAILED|error:" "$LOGS/newcomer_course.log" | head -60 >>"$out"
+    tee -a "$LOGS/summary.txt" <"$out"
+    [ "$rc" -eq 0 ] || status=1
+}
+
+# The README's second command in the copy `newcomer` made (in the same call, or a later call while
+# the machine is still held), as a reader runs it after the first.
+step_newcomer_test() {
+    note "newcomer_test: scripts/test.sh in the fresh copy"
+    local dir=/tmp/fa-newcomer out="$RESULTS/newcomer_test.txt" t0 rc
+    [ -x "$dir/scripts/test.sh" ] || { record "newcomer_test: no fresh copy: run the step newcomer first"; status=1; return 1; }
+    unpack_deps
+    t0=$SECONDS
+    (cd "$dir" && FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr timeout 1200 scripts/test.sh) >"$LOGS/newcomer_test.log" 2>&1
+    rc=$?
+    {
+        echo "scripts/test.sh: exit $rc, $((SECONDS - t0)) s ($(date -u '+%F %H:%M UTC')); compiler warnings in its builds: $(grep -c 'warning:' "$LOGS/newcomer_test.log")"
+        grep -m 10 -A 3 'warning:' "$LOGS/newcomer_test.log"
+        grep -E "^== |tests passed|tests failed|\(Not Run\)|\*\*\*Failed|\*\*\*Skipped|^test: |error:" "$LOGS/newcomer_test.log" | head -80
+    } >"$out"
+    tee -a "$LOGS/summary.txt" <"$out"
+    [ "$rc" -eq 0 ] || status=1
 }
 
 step_test() {
@@ -542,7 +607,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use build test sanitize ceiling road05 road sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test sanitize ceiling road05 road sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 lessons"
         status=2
         continue
     fi

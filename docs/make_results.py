@@ -991,6 +991,29 @@ def cpu_targets(rows, out):
 
 
 # ----------------------------------------------------------------------------- page
+def newcomer_section(results_dir, out):
+    """A reader's first run on the GPU machine (bench/gpu_session.sh newcomer, newcomer_test): the
+    records as they were written, machine, compilers, date, every verdict."""
+    files = [os.path.join(results_dir, f) for f in ("newcomer.txt", "newcomer_test.txt")]
+    if not os.path.exists(files[0]):
+        return False
+    out.append("## A reader's first run on the GPU machine {#results_newcomer}")
+    out.append("")
+    out.append("A fresh copy of the course on the GPU machine, then the README's two commands unchanged "
+               "(`bench/gpu_session.sh newcomer newcomer_test`). The machine reaches no package "
+               "registry, so Eigen, CLI11 and doctest come from Debian's `.deb` files and the docs, "
+               "which need Doxygen, are left out there.")
+    out.append("")
+    for path in files:
+        if os.path.exists(path):
+            out.append("~~~")
+            with open(path, encoding="utf-8") as f:
+                out.extend(line.rstrip("\n") for line in f)
+            out.append("~~~")
+            out.append("")
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu-csv", required=True)
@@ -1038,6 +1061,7 @@ def main():
     stage07_section(forward, meta, road, args.images, out, plots)
     stage09_section(gpu, args.images, out, plots)
     cpu_section(cpu, args.images, out, plots)
+    has_newcomer = newcomer_section(os.path.dirname(args.gpu_csv), out)
 
     out.append("## Where the data comes from {#results_sources}")
     out.append("")
@@ -1051,6 +1075,8 @@ def main():
                f"{'yes' if road is not None else 'not yet'} |")
     out.append(f"| `docs/results/cpu_sweep.jsonl` | the CPU stages with `--bench --json` | "
                f"{'yes' if cpu is not None else 'not yet'} |")
+    out.append(f"| `docs/results/newcomer.txt`, `newcomer_test.txt` | `bench/gpu_session.sh newcomer newcomer_test` | "
+               f"{'yes' if has_newcomer else 'not yet'} |")
     out.append("")
 
     # Remove plots of groups that are gone, so the image folder holds only what the page shows.

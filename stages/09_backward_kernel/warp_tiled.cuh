@@ -80,6 +80,10 @@ struct TiledShape {
         2 * (2 * size_t(kKVElems) + 4 * size_t(kQElems) + 2 * size_t(kPElems)) + 4 * 4 * size_t(F::kBr);
 };
 
+/// One warp's dK or dV accumulators: [key tiles][8-feature tiles][4 floats of the C fragment].
+template <class T, int D, class F>
+using DkvAccumulators = float[TiledShape<T, D, F>::kKeyTiles][TiledShape<T, D, F>::kDkvTiles][4];
+
 namespace detail {
 
 //! [tiled_sdp]
@@ -183,9 +187,7 @@ __device__ __forceinline__ void tiled_scores(const uint16_t* k_tile, const uint1
 /// A from the shared P^T and dS^T tiles (row-major: keys are rows, queries the k-dimension),
 /// B from dO_i and Q_i by ldmatrix.trans (pairs of consecutive queries of one feature).
 template <class T, int D, class F>
-__device__ __forceinline__ void tiled_dkdv(float (&dk)[TiledShape<T, D, F>::kKeyTiles][TiledShape<T, D, F>::kDkvTiles][4],
-                                           float (&dv)[TiledShape<T, D, F>::kKeyTiles][TiledShape<T, D, F>::kDkvTiles][4],
-                                           const uint16_t* pt_tile, const uint16_t* dst_tile, const uint16_t* q_tile,
+__device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccumulators<T, D, F>& dv, const uint16_t* pt_tile, const uint16_t* dst_tile, const uint16_t* q_tile,
                                            const uint16_t* do_tile, int key_row0, int col0, int lane) {
     using S = TiledShape<T, D, F>;
     using CF = CopyFeatures<F::kWarps>;
