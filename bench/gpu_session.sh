@@ -4,8 +4,8 @@
 #
 #   bench/gpu_session.sh STEP...
 #
-#   newcomer   what a reader does on this machine: a fresh copy of the checkout (git archive HEAD,
-#              or the working tree without its build folders), the Debian packages from .deps/, then
+#   newcomer   what a reader does on this machine: a fresh copy of the checkout (the working tree
+#              without its build folders), the Debian packages from .deps/, then
 #              the README's two commands unchanged (scripts/course.sh, scripts/test.sh), each timed;
 #              newcomer.txt records the machine, the compilers, the date and every verdict. Run it
 #              in every session that changes build files or GPU code.
@@ -130,13 +130,10 @@ step_newcomer() {
     note "newcomer: a fresh copy, then the README's two commands"
     local dir=/tmp/fa-newcomer out="$RESULTS/newcomer.txt" t0 rc
     rm -rf "$dir" && mkdir -p "$dir"
-    if git rev-parse HEAD >/dev/null 2>&1; then
-        git archive HEAD | tar -x -C "$dir"
-        record "copy: git archive $(git rev-parse --short HEAD)"
-    else
-        tar -c --exclude='./build*' --exclude=./.deps --exclude=./.whl --exclude=./.git . | tar -x -C "$dir"
-        record "copy: the working tree without build folders (no .git here)"
-    fi
+    # The working tree as it stands, without build folders, packages or git's own folder (on the
+    # device machine .git may be older than the tree it came with, so git archive is not used).
+    tar -c --exclude='./build*' --exclude=./.deps --exclude=./.whl --exclude=./.git . | tar -x -C "$dir"
+    record "copy: the working tree without build folders, .deps, .git"
     unpack_deps
     {
         echo "A reader's first run on a GPU machine: a fresh copy of flashcourse, then the README's two commands."
