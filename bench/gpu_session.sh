@@ -152,7 +152,7 @@ step_newcomer() {
     rc=$?
     echo "scripts/course.sh: exit $rc, $((SECONDS - t0)) s; compiler warnings in its build: $(grep -c 'warning:' "$LOGS/newcomer_course.log")" >>"$out"
     grep -m 10 -A 3 'warning:' "$LOGS/newcomer_course.log" >>"$out"
-    grep -E "^== stage|verdict|^course:|^lessons:|FAILED|error:" "$LOGS/newcomer_course.log" | head -60 >>"$out"
+    grep -E "^== |^verdict|^course:|^lessons:|FAILED|error:" "$LOGS/newcomer_course.log" | head -60 >>"$out"
     tee -a "$LOGS/summary.txt" <"$out"
     [ "$rc" -eq 0 ] || status=1
 }
