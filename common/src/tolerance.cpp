@@ -73,8 +73,8 @@ Tolerances low_precision_tolerance(const InputStats& s, Precision precision, con
         Tolerances t = rounding_tolerance(s, precision);
         std::ostringstream why;
         why << "naive " << name << " attention is not finite on these inputs (" << naive_o.nonfinite << " of O, "
-            << naive_lse.nonfinite << " of LSE NaN or inf where float64 is finite), so it cannot set limits;\nthe a priori "
-            << name << " bound applies: ";
+            << naive_lse.nonfinite << " of LSE NaN or inf where float64 is finite), so it cannot set limits;\n"
+            << "the a priori bound applies instead: ";
         t.rule.insert(0, why.str());
         return t;
     }
@@ -96,8 +96,8 @@ Tolerances low_precision_tolerance(const InputStats& s, Precision precision, con
 
 namespace {
 
-// The a priori gradient limits, with `why` (the first line of the rule: why no baseline sets them)
-// and `hint` (the last: what would give tighter ones).
+// The a priori gradient limits; `why` (in parentheses after the rule's name) and `hint` (at the
+// end) say why no baseline sets them and what would.
 GradientTolerances gradient_a_priori(const InputStats& s, Precision precision, const Problem& p, const double (&other_max_abs)[3],
                                      const std::string& why, const std::string& hint) {
     const double E = rounding_tolerance(s, precision).error_unit;
@@ -107,9 +107,8 @@ GradientTolerances gradient_a_priori(const InputStats& s, Precision precision, c
     t.dk = Tolerance{grow * E * other_max_abs[1], grow * E};
     t.dv = Tolerance{grow * E * other_max_abs[2], grow * E};
     std::ostringstream rule;
-    rule << why << "\nthe a priori " << to_string(precision) << " gradient bound applies: 4 sqrt(N) E max|g| with E = " << num(E)
-         << " (the forward's " << to_string(precision) << " rule), N = " << std::max(p.seq_q, p.seq_k) << "\nloose: it catches gross errors only"
-         << hint;
+    rule << "a priori gradient rule (" << why << "): 4 sqrt(N) E max|g| with E = " << num(E) << " (the forward's "
+         << to_string(precision) << " rule), N = " << std::max(p.seq_q, p.seq_k) << "\nloose: it catches gross errors only" << hint;
     t.rule = rule.str();
     return t;
 }
@@ -137,8 +136,10 @@ GradientTolerances gradient_tolerance(const InputStats& s, Precision precision, 
         std::ostringstream why;
         why << "the naive " << name << " backward is not finite on these inputs (";
         for (int g = 0; g < 3; ++g) why << (g ? ", " : "") << m[g].nonfinite << " of " << names[g];
-        why << " NaN or inf where float64 is finite), so it cannot set limits;";
-        return gradient_a_priori(s, precision, p, ref_max, why.str(), "");
+        why << " NaN or inf where float64 is finite), so it cannot set limits;\n";
+        GradientTolerances t = gradient_a_priori(s, precision, p, ref_max, "applies instead", "");
+        t.rule.insert(0, why.str());
+        return t;
     }
     const double u_p = precision == Precision::Float32 ? 0.0 : unit_roundoff(precision);
     const double F = rounding_tolerance(s, Precision::Float32).error_unit + u_p;
@@ -158,7 +159,7 @@ GradientTolerances gradient_tolerance(const InputStats& s, Precision precision, 
     if (precision != Precision::Float32) rule << " + u_" << name;
     rule << " = " << num(F) << ",\n  + d u |terms of dP - D| for dQ, dK (d u = " << num(gamma) << "; terms up to "
          << num(naive.terms_max_abs[0]) << " in dQ, " << num(naive.terms_max_abs[1]) << " in dK)";
-    if (precision != Precision::Float32) {
+    if (naive.d_terms_max_abs[0] > 0.0 || naive.d_terms_max_abs[1] > 0.0) {
         // The rows EmulatedGradients::d_terms_max_abs counts: one-hot, largest score beyond this.
         const double score = 0.5 * u_p / unit_roundoff(Precision::Float32) - 4.0;
         rule << "\n  + 2 u_" << name << " |terms of D| for dQ, dK on one-hot rows with scores beyond " << num(score)
@@ -178,7 +179,7 @@ GradientTolerances gradient_tolerance(const InputStats& s, Precision precision, 
 
 GradientTolerances gradient_tolerance_a_priori(const InputStats& s, Precision precision, const Problem& p,
                                                const double (&other_max_abs)[3]) {
-    return gradient_a_priori(s, precision, p, other_max_abs, "no float64 reference, so no naive baseline:",
+    return gradient_a_priori(s, precision, p, other_max_abs, "no float64 reference, so no naive baseline",
                              " (--reference always gives the tight limits)");
 }
 
