@@ -32,11 +32,20 @@ void store_rows(std::vector<T>& out, const Matrix& m, int64_t heads, int64_t seq
     }
 }
 
-// `m` with every element rounded to `precision` (in place).
-void round_all(Precision precision, MatrixXfR& m) {
+// `m` with every element rounded to `precision` (in place), except a finite value beyond the
+// precision's range: it stays in float32 (where a kernel's float32 accumulator holds it) and is
+// counted in `overflowed`, so one overflow does not turn the whole baseline into inf and NaN.
+void round_all(Precision precision, MatrixXfR& m, int64_t& overflowed) {
     if (precision == Precision::Float32) return;  // round_to is the identity: skip the pass
     for (int64_t r = 0; r < m.rows(); ++r)
-        for (int64_t c = 0; c < m.cols(); ++c) m(r, c) = round_to(precision, m(r, c));
+        for (int64_t c = 0; c < m.cols(); ++c) {
+            const float rounded = round_to(precision, m(r, c));
+            if (std::isfinite(rounded) || !std::isfinite(m(r, c))) {
+                m(r, c) = rounded;
+            } else {
+                ++overflowed;
+            }
+        }
 }
 
 }  // namespace
@@ -96,7 +105,8 @@ EmulatedGradients naive_backward_emulated(Precision precision, const Problem& p,
     EmulatedGradients g{std::vector<float>(static_cast<size_t>(p.q_elems())),
                         std::vector<float>(static_cast<size_t>(p.kv_elems())),
                         std::vector<float>(static_cast<size_t>(p.kv_elems()))};
-    double terms_sq[2] = {0.0, 0.0};  // squared norms of T_Q and T_K over the heads
+    double terms_sq[2] = {0.0, 0.0};    // squared norms of T_Q and T_K over the heads
+    double d_terms_sq[2] = {0.0, 0.0};  // squared norms of T^D_Q and T^D_K
     for (int64_t b = 0; b < p.batch; ++b) {
         for (int64_t h = 0; h < p.heads; ++h) {
             // The operands as they sit in memory in `precision`.
@@ -110,6 +120,7 @@ EmulatedGradients naive_backward_emulated(Precision precision, const Problem& p,
             // precision as the operand of the products P V and P^T dO.
             MatrixXfR P = Q * K.transpose();  // [Nq, Nk]: S, then P in place
             P *= scale;
+            Eigen::VectorXf row_max = Eigen::VectorXf::Zero(p.seq_q);  // [Nq]: each row's largest score
             for (int64_t i = 0; i < p.seq_q; ++i) {
                 const int64_t end = visible_key_end(i, p.seq_q, p.seq_k, p.causal);
                 if (end == 0) {  // no visible key: P = 0, so every gradient of the row is 0
@@ -117,6 +128,7 @@ EmulatedGradients naive_backward_emulated(Precision precision, const Problem& p,
                     continue;
                 }
                 const float m = P.row(i).head(end).maxCoeff();
+                row_max(i) = m;
                 float l = 0.0f;
                 for (int64_t j = 0; j < end; ++j) {
                     P(i, j) = std::exp(P(i, j) - m);
@@ -126,9 +138,9 @@ EmulatedGradients naive_backward_emulated(Precision precision, const Problem& p,
                 P.row(i).tail(p.seq_k - end).setZero();  // masked keys
             }
             MatrixXfR P_low = P;  // [Nq, Nk], P rounded to the precision
-            round_all(precision, P_low);
+            round_all(precision, P_low, g.overflowed);
             MatrixXfR O = P_low * V;  // [Nq, d], float32 sums, then stored in the precision
-            round_all(precision, O);
+            round_all(precision, O, g.overflowed);
 
             // Backward.
             MatrixXfR dV = P_low.transpose() * dO;  // [Nk, d]
@@ -144,18 +156,31 @@ EmulatedGradients naive_backward_emulated(Precision precision, const Problem& p,
                 g.terms_max_abs[1] = std::max(g.terms_max_abs[1], double(TK.maxCoeff()));
                 terms_sq[0] += TQ.cast<double>().squaredNorm();
                 terms_sq[1] += TK.cast<double>().squaredNorm();
+                // D's share (see EmulatedGradients::d_terms_max_abs): Dbar_i = sum_x |dO_ix| (P |V|)_ix,
+                // how far two roundings of O move D_i, on the rows whose P rounds to a single 1 and
+                // whose largest score float32 holds no closer than half a unit of the precision.
+                const double u = unit_roundoff(Precision::Float32), u_p = unit_roundoff(precision);
+                Eigen::VectorXf Dbar = (dO.array().abs() * (P * V.cwiseAbs()).array()).rowwise().sum();  // [Nq]
+                for (int64_t i = 0; i < p.seq_q; ++i)
+                    if (P_low.row(i).maxCoeff() != 1.0f || u * (std::abs(double(row_max(i))) + 4.0) < 0.5 * u_p) Dbar(i) = 0.0f;
+                const MatrixXfR TQ_D = scale * (Dbar.asDiagonal() * (P * K.cwiseAbs()));                       // [Nq, d]
+                const MatrixXfR TK_D = scale * (P.transpose() * (Dbar.asDiagonal() * Q.cwiseAbs()));           // [Nk, d]
+                g.d_terms_max_abs[0] = std::max(g.d_terms_max_abs[0], double(TQ_D.maxCoeff()));
+                g.d_terms_max_abs[1] = std::max(g.d_terms_max_abs[1], double(TK_D.maxCoeff()));
+                d_terms_sq[0] += TQ_D.cast<double>().squaredNorm();
+                d_terms_sq[1] += TK_D.cast<double>().squaredNorm();
             }
             // dS = P (dP - D) with the float32 P: masked entries and empty rows have P = 0 and
             // come out exactly 0 (dP - D is finite), never NaN.
             dS = (P.array() * (dS.colwise() - D).array()).matrix();
-            round_all(precision, dS);  // the operand of dS K and dS^T Q
+            round_all(precision, dS, g.overflowed);  // the operand of dS K and dS^T Q
             MatrixXfR dQ = dS * K;  // [Nq, d], float32 sums, scaled after as S was
             dQ *= scale;
             MatrixXfR dK = dS.transpose() * Q;  // [Nk, d]
             dK *= scale;
-            round_all(precision, dQ);
-            round_all(precision, dK);
-            round_all(precision, dV);
+            round_all(precision, dQ, g.overflowed);
+            round_all(precision, dK, g.overflowed);
+            round_all(precision, dV, g.overflowed);
             store_rows(g.dq, dQ, p.heads, p.seq_q, b, h, 0);
             store_rows(g.dk, dK, p.heads, p.seq_k, b, h, 0);
             store_rows(g.dv, dV, p.heads, p.seq_k, b, h, 0);
@@ -163,6 +188,8 @@ EmulatedGradients naive_backward_emulated(Precision precision, const Problem& p,
     }
     g.terms_l2[0] = std::sqrt(terms_sq[0]);
     g.terms_l2[1] = std::sqrt(terms_sq[1]);
+    g.d_terms_l2[0] = std::sqrt(d_terms_sq[0]);
+    g.d_terms_l2[1] = std::sqrt(d_terms_sq[1]);
     return g;
 }
 

@@ -71,7 +71,11 @@ Tolerances low_precision_tolerance(const InputStats& s, Precision precision, con
     const std::string name = to_string(precision);
     if (naive_o.nonfinite > 0 || naive_lse.nonfinite > 0) {
         Tolerances t = rounding_tolerance(s, precision);
-        t.rule.insert(0, "naive " + name + " attention is not finite on these inputs, so it cannot set limits; ");
+        std::ostringstream why;
+        why << "naive " << name << " attention is not finite on these inputs (" << naive_o.nonfinite << " of O, "
+            << naive_lse.nonfinite << " of LSE NaN or inf where float64 is finite), so it cannot set limits;\n"
+            << "the a priori bound applies instead: ";
+        t.rule.insert(0, why.str());
         return t;
     }
     const Tolerances floor = rounding_tolerance(s, Precision::Float32);
@@ -90,9 +94,31 @@ Tolerances low_precision_tolerance(const InputStats& s, Precision precision, con
     return t;
 }
 
+namespace {
+
+// The a priori gradient limits; `why` (in parentheses after the rule's name) and `hint` (at the
+// end) say why no baseline sets them and what would.
+GradientTolerances gradient_a_priori(const InputStats& s, Precision precision, const Problem& p, const double (&other_max_abs)[3],
+                                     const std::string& why, const std::string& hint) {
+    const double E = rounding_tolerance(s, precision).error_unit;
+    const double grow = 4.0 * std::sqrt(double(std::max(p.seq_q, p.seq_k)));
+    GradientTolerances t;
+    t.dq = Tolerance{grow * E * other_max_abs[0], grow * E};
+    t.dk = Tolerance{grow * E * other_max_abs[1], grow * E};
+    t.dv = Tolerance{grow * E * other_max_abs[2], grow * E};
+    std::ostringstream rule;
+    rule << "a priori gradient rule (" << why << "): 4 sqrt(N) E max|g| with E = " << num(E) << " (the forward's "
+         << to_string(precision) << " rule), N = " << std::max(p.seq_q, p.seq_k) << "\nloose: it catches gross errors only" << hint;
+    t.rule = rule.str();
+    return t;
+}
+
+}  // namespace
+
 GradientTolerances gradient_tolerance(const InputStats& s, Precision precision, const Problem& p,
                                       const EmulatedGradients& naive, const ReferenceGradients& reference) {
     const std::string name = to_string(precision);
+    const char* names[3] = {"dQ", "dK", "dV"};
     const std::vector<float>* got[3] = {&naive.dq, &naive.dk, &naive.dv};
     const std::vector<double>* want[3] = {&reference.dq, &reference.dk, &reference.dv};
     Metrics m[3];
@@ -104,12 +130,16 @@ GradientTolerances gradient_tolerance(const InputStats& s, Precision precision, 
         ref_max[g] = largest;
         ref_l2[g] = std::sqrt(sq);
     }
-    for (const Metrics& x : m) {
-        if (x.nonfinite > 0) {
-            GradientTolerances t = gradient_tolerance_a_priori(s, precision, p, ref_max);
-            t.rule.insert(0, "the naive " + name + " backward is not finite on these inputs, so it cannot set limits; ");
-            return t;
-        }
+    if (m[0].nonfinite + m[1].nonfinite + m[2].nonfinite > 0) {
+        // Only a non-finite input or a float32 overflow gets here (naive_backward_emulated() keeps
+        // values beyond the precision's range in float32): nothing measured can set limits.
+        std::ostringstream why;
+        why << "the naive " << name << " backward is not finite on these inputs (";
+        for (int g = 0; g < 3; ++g) why << (g ? ", " : "") << m[g].nonfinite << " of " << names[g];
+        why << " NaN or inf where float64 is finite), so it cannot set limits;\n";
+        GradientTolerances t = gradient_a_priori(s, precision, p, ref_max, "applies instead", "");
+        t.rule.insert(0, why.str());
+        return t;
     }
     const double u_p = precision == Precision::Float32 ? 0.0 : unit_roundoff(precision);
     const double F = rounding_tolerance(s, Precision::Float32).error_unit + u_p;
@@ -119,35 +149,38 @@ GradientTolerances gradient_tolerance(const InputStats& s, Precision precision, 
     limits[0] = &t.dq, limits[1] = &t.dk, limits[2] = &t.dv;
     for (int g = 0; g < 3; ++g) {
         // compare() falls back to the absolute L2 error when the reference is all zero.
-        const double terms_rel = ref_l2[g] > 0.0 ? naive.terms_l2[g] / ref_l2[g] : naive.terms_l2[g];
-        *limits[g] = Tolerance{2.0 * m[g].max_abs + F * ref_max[g] + gamma * naive.terms_max_abs[g],
-                               2.0 * m[g].rel_l2 + F + gamma * terms_rel};
+        const double norm = ref_l2[g] > 0.0 ? ref_l2[g] : 1.0;
+        *limits[g] = Tolerance{2.0 * m[g].max_abs + F * ref_max[g] + gamma * naive.terms_max_abs[g] +
+                                   2.0 * u_p * naive.d_terms_max_abs[g],
+                               2.0 * m[g].rel_l2 + F + gamma * naive.terms_l2[g] / norm + 2.0 * u_p * naive.d_terms_l2[g] / norm};
     }
     std::ostringstream rule;
     rule << "gradient rule: 2 x the error of the naive " << name << " backward (stores P) vs float64 + F max|g|, F = float32 E";
     if (precision != Precision::Float32) rule << " + u_" << name;
     rule << " = " << num(F) << ",\n  + d u |terms of dP - D| for dQ, dK (d u = " << num(gamma) << "; terms up to "
-         << num(naive.terms_max_abs[0]) << " in dQ, " << num(naive.terms_max_abs[1]) << " in dK)\nnaive " << name
-         << " backward: dQ max_abs " << num(m[0].max_abs) << ", rel_l2 " << num(m[0].rel_l2) << "; dK " << num(m[1].max_abs)
-         << ", " << num(m[1].rel_l2) << "; dV " << num(m[2].max_abs) << ", " << num(m[2].rel_l2);
+         << num(naive.terms_max_abs[0]) << " in dQ, " << num(naive.terms_max_abs[1]) << " in dK)";
+    if (naive.d_terms_max_abs[0] > 0.0 || naive.d_terms_max_abs[1] > 0.0) {
+        // The rows EmulatedGradients::d_terms_max_abs counts: one-hot, largest score beyond this.
+        const double score = 0.5 * u_p / unit_roundoff(Precision::Float32) - 4.0;
+        rule << "\n  + 2 u_" << name << " |terms of D| for dQ, dK on one-hot rows with scores beyond " << num(score)
+             << " (there the O of a forward in " << name << " is two roundings off a row of V, the naive one's exact; terms up to "
+             << num(naive.d_terms_max_abs[0]) << " in dQ, " << num(naive.d_terms_max_abs[1]) << " in dK)";
+    }
+    rule << "\nnaive " << name << " backward: dQ max_abs " << num(m[0].max_abs) << ", rel_l2 " << num(m[0].rel_l2) << "; dK "
+         << num(m[1].max_abs) << ", " << num(m[1].rel_l2) << "; dV " << num(m[2].max_abs) << ", " << num(m[2].rel_l2);
+    if (naive.overflowed > 0) {
+        rule << "\nthe naive " << name << " backward overflowed " << name << " (beyond "
+             << (precision == Precision::Float16 ? "65504" : "3.39e38") << ") in " << naive.overflowed
+             << " values of dS or the gradients: they stay in float32 there, as float32 accumulators hold them";
+    }
     t.rule = rule.str();
     return t;
 }
 
 GradientTolerances gradient_tolerance_a_priori(const InputStats& s, Precision precision, const Problem& p,
                                                const double (&other_max_abs)[3]) {
-    const double E = rounding_tolerance(s, precision).error_unit;
-    const double grow = 4.0 * std::sqrt(double(std::max(p.seq_q, p.seq_k)));
-    GradientTolerances t;
-    t.dq = Tolerance{grow * E * other_max_abs[0], grow * E};
-    t.dk = Tolerance{grow * E * other_max_abs[1], grow * E};
-    t.dv = Tolerance{grow * E * other_max_abs[2], grow * E};
-    std::ostringstream rule;
-    rule << "a priori gradient rule (no float64 reference, so no naive baseline): 4 sqrt(N) E max|g| with E = " << num(E)
-         << " (the forward's " << to_string(precision) << " rule), N = " << std::max(p.seq_q, p.seq_k)
-         << "\nloose: it catches gross errors only (--reference always gives the tight limits)";
-    t.rule = rule.str();
-    return t;
+    return gradient_a_priori(s, precision, p, other_max_abs, "no float64 reference, so no naive baseline",
+                             " (--reference always gives the tight limits)");
 }
 
 }  // namespace fa

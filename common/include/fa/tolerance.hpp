@@ -81,8 +81,9 @@ Tolerances rounding_tolerance(const InputStats& stats, Precision precision = Pre
 /// precision (naive_attention_emulated(), measured against the same reference as `naive_o` and
 /// `naive_lse`), plus a floor: the float32 rule (so the limit never drops below what float32
 /// can promise) and, for O, one rounding to the precision (\f$u_P V\f$, \f$u_P\f$). If the
-/// naive computation itself produced non-finite values (fp16 overflow), it cannot set limits
-/// and the a priori rounding_tolerance() applies.
+/// naive computation itself produced non-finite values (an input beyond fp16's 65504 rounds to
+/// infinity), it cannot set limits: the rule says so, with the counts, and the a priori
+/// rounding_tolerance() applies, as gradient_tolerance() does for gradients.
 Tolerances low_precision_tolerance(const InputStats& stats, Precision precision, const Metrics& naive_o,
                                    const Metrics& naive_lse);
 
@@ -97,7 +98,7 @@ struct GradientTolerances {
 /// The backward's rule, the forward's low-precision rule carried over to gradients: each
 /// gradient may err against float64 by at most twice the error of the naive backward computed
 /// in the stage's precision (`naive`, from naive_backward_emulated(), which stores P; measured
-/// here against `reference`), plus two floors:
+/// here against `reference`), plus three floors:
 /// - \f$F \cdot \max|g_\text{ref}|\f$ for max_abs and \f$F\f$ for rel_l2, where \f$F\f$ is the
 ///   float32 forward's \f$E\f$ (rounding_tolerance()) plus, for bf16 and fp16, one rounding
 ///   \f$u_P\f$ of the gradient;
@@ -106,12 +107,25 @@ struct GradientTolerances {
 ///   \f$\|g_\text{ref}\|_2\f$ for rel_l2): the float32 error of the two d-term sums, which an
 ///   implementation that forms them in another order than the naive one has and the naive one
 ///   may lack (with one key, its dP and D are the same sum and cancel exactly, while the true
-///   gradient is 0).
+///   gradient is 0);
+/// - for dQ and dK in bf16 and fp16, \f$2u_P\f$ times the terms through which D reaches them on
+///   the rows where the naive backward's O is exactly a row of V (EmulatedGradients::d_terms_max_abs,
+///   d_terms_l2): a one-hot softmax with scores in the thousands, where a FlashAttention forward's
+///   O is two 16-bit roundings away from that row and the naive one's is not. Without it a
+///   correct stage 09 fails in fp16 on q, k of magnitude 100 (scores near \f$10^4\f$ after the
+///   scale): there the naive baseline is off by \f$2 \cdot 10^{-4}\f$ while the stage's dQ, off by
+///   0.5 through D, is right to the rounding of O (tests/test_gradient_tolerance.cpp).
 ///
 /// A measured baseline rather than an a priori bound, because a gradient is a sum of terms of
 /// both signs (\f$dS = P \circ (dP - D)\f$ cancels by construction): its rounding error is
 /// relative to the terms, not to the result, and the naive backward suffers the same
 /// cancellation.
+///
+/// Where the baseline leaves the precision's range (dS or a gradient beyond fp16's 65504), it
+/// keeps those values in float32 (EmulatedGradients::overflowed) and the rule's report says how
+/// many. Only if it is still not finite where float64 is (an input beyond the range rounds to
+/// infinity) does nothing measured set the limits: the report says so and the a priori bound of
+/// gradient_tolerance_a_priori() applies.
 GradientTolerances gradient_tolerance(const InputStats& stats, Precision precision, const Problem& problem,
                                       const EmulatedGradients& naive, const ReferenceGradients& reference);
 
