@@ -15,16 +15,20 @@
 ///     O_w = O_w * alpha + P V_j   [rows, d]  Bc/16 x d/8 mma per 16 rows, V by ldmatrix.trans
 ///
 /// The road from the first tensor-core version to this one is a list of switches (Features);
-/// the benchmark turns them on one at a time (see the lesson's table).
+/// the benchmark turns them on one at a time (see the lesson's table). The tile layouts, lane
+/// patterns, tile copy and PTX wrappers are the tensor-core building blocks of common/cuda
+/// (fa/cuda/), shared with stage 09.
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_runtime.h>
 
+#include "fa/cuda/fragments.cuh"
+#include "fa/cuda/layouts.hpp"
 #include "fa/cuda/ptx.cuh"
+#include "fa/cuda/tile_copy.cuh"
 #include "fa/problem.hpp"
-#include "layout.hpp"
 
 namespace fa::stage07 {
 
@@ -110,6 +114,8 @@ struct Shape {
     static constexpr int kTileElems = F::kBc * D;  ///< elements of one K or V tile in shared memory
     static constexpr int kQElems = F::kBr * D;     ///< elements of the Q tile
     static constexpr int kPElems = F::kPInRegisters ? 0 : F::kBr * F::kBn;  ///< elements of the P tile (0: P in registers)
+    using Tile = cuda::TileLayout<D, F::kSwizzle>;       ///< layout of the Q, K, V tiles (and of O on its way out)
+    using PTile = cuda::TileLayout<F::kBn, F::kSwizzle>;  ///< layout of the P tile (without kPInRegisters)
     /// Shared memory: Q [Br, d], then kStages x (K [Bc, d], V [Bc, d]), then P [Br, Bc] if used.
     static constexpr size_t kSmemBytes = sizeof(T) * (size_t(kQElems) + 2 * size_t(F::kStages) * kTileElems + kPElems);
 };
@@ -118,78 +124,25 @@ struct Shape {
 namespace detail {
 
 using namespace fa::cuda::ptx;
-
-/// Copies rows `[row0, row0 + kRows)` of a [n_rows, D] global matrix into a shared tile with
-/// 16-byte cp.async copies spread over the block; rows past `n_rows` are zero-filled.
-///
-/// Thread i copies chunk i % (D/8) of rows i / (D/8), then every kRowsPerPass rows further: one
-/// source pointer stepped by a fixed stride and one shared address plus immediate offsets, so
-/// the copies cost a few registers, not one 64-bit address per chunk.
-template <class T, int D, class F, int kRows>
-__device__ __forceinline__ void load_tile_gmem_to_smem(T* tile, const T* gmem, int64_t row_stride, int row0, int n_rows) {
-    using S = Shape<T, D, F>;  ///< the shape constants
-    using L = TileLayout<D, F::kSwizzle>;
-    constexpr int kRowsPerPass = S::kThreads / S::kChunksPerRow;
-    static_assert(S::kThreads % S::kChunksPerRow == 0, "a pass copies whole rows");
-    const int row = int(threadIdx.x) / S::kChunksPerRow, col = (int(threadIdx.x) % S::kChunksPerRow) * 8;
-    const T* src = gmem + int64_t(row0 + row) * row_stride + col;
-    const int64_t src_step = int64_t(kRowsPerPass) * row_stride;
-    const uint32_t dst = smem_address(tile) + uint32_t(L::offset(row, col)) * 2;
-#pragma unroll
-    for (int pass = 0; pass < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
-        const int r = row + pass * kRowsPerPass;
-        if (kRows % kRowsPerPass != 0 && r >= kRows) break;
-        const bool valid = row0 + r < n_rows;
-        // The swizzle key of a row is its index mod 8, unchanged when a pass spans a multiple of 8 rows.
-        const uint32_t dst_r = kRowsPerPass % 8 == 0 ? dst + uint32_t(pass * kRowsPerPass * D * 2)
-                                                     : smem_address(tile) + uint32_t(L::offset(r, col)) * 2;
-        cp_async_16(dst_r, valid ? src : gmem, valid);
-        src += src_step;
-    }
-}
-
-/// Byte offset, inside a [rows, kCols] tile, of the 16-byte row chunk this lane hands to
-/// ldmatrix for the fragment at the tile's origin: row `rl`, column `cl` (0 or 8).
-template <int kCols, class F>
-__device__ __forceinline__ uint32_t lane_bytes(int rl, int cl) {
-    return uint32_t(TileLayout<kCols, F::kSwizzle>::offset(rl, cl)) * 2;
-}
-
-/// Shared address of the fragment at (r0, c0) from the lane's address at the tile's origin
-/// (tile base + lane_bytes): one XOR and an immediate offset (see TileLayout::xor_bits).
-template <int kCols, class F>
-__device__ __forceinline__ uint32_t fragment_address(uint32_t lane_address, int r0, int c0) {
-    using L = TileLayout<kCols, F::kSwizzle>;
-    return (lane_address ^ L::xor_bits(c0)) + L::add_bits(r0, c0);
-}
-
-/// Lane parts of the three ldmatrix patterns (see the loaders below).
-template <int kCols, class F>
-__device__ __forceinline__ uint32_t a_lane_bytes(int lane) {  // A operand: rows 0-15, columns 0 / 8
-    return lane_bytes<kCols, F>(lane % 16, (lane / 16) * 8);
-}
-/// Lane part for K as the B operand of S = Q K^T: keys 0-7 / 8-15, features 0 / 8.
-template <int kCols, class F>
-__device__ __forceinline__ uint32_t k_lane_bytes(int lane) {
-    return lane_bytes<kCols, F>((lane / 16) * 8 + lane % 8, ((lane / 8) % 2) * 8);
-}
-/// Lane part for V as the B operand of O += P V (transposing load): keys 0-7 / 8-15, features 0 / 8.
-template <int kCols, class F>
-__device__ __forceinline__ uint32_t v_lane_bytes(int lane) {
-    return lane_bytes<kCols, F>(((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8);
-}
+using cuda::a_lane_bytes;
+using cuda::fragment_address;
+using cuda::k_lane_bytes;
+using cuda::quad_max;
+using cuda::quad_sum;
+using cuda::v_lane_bytes;
 
 /// The A fragment (16 x 16, rows r0.., columns c0..) of a row-major shared tile with kCols
-/// columns. `lane_address` = tile address + a_lane_bytes (used with ldmatrix only).
+/// columns. `lane_address` = tile address + a_lane_bytes (used with ldmatrix only; see
+/// fa/cuda/layouts.hpp for which lane names which row).
 template <int kCols, class F>
 __device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const uint16_t* tile, uint32_t lane_address, int r0,
                                                 int c0, int lane) {
+    using L = cuda::TileLayout<kCols, F::kSwizzle>;
     if constexpr (F::kLdmatrix) {
         // Lanes 0-15 give rows r0..r0+15 at column c0 (matrices 0, 1), lanes 16-31 the same rows at c0+8.
-        ldmatrix_x4(a, fragment_address<kCols, F>(lane_address, r0, c0));
+        ldmatrix_x4(a, fragment_address<L>(lane_address, r0, c0));
     } else {
         // The fragment map of mma_m16n8k16 read element pair by element pair: four 32-bit loads.
-        using L = TileLayout<kCols, F::kSwizzle>;
         const int g = lane / 4, t = lane % 4;
         const auto at = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(tile + L::offset(row, col)); };
         a[0] = at(r0 + g, c0 + 2 * t);
@@ -205,11 +158,11 @@ __device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const uint16_t
 template <int D, class F>
 __device__ __forceinline__ void load_k_fragments(uint32_t (&b)[4], const uint16_t* k_tile, uint32_t lane_address, int n0,
                                                  int c0, int lane) {
+    using L = cuda::TileLayout<D, F::kSwizzle>;
     if constexpr (F::kLdmatrix) {
         // matrix 0: keys n0..+7, features c0..+7;  1: same keys, c0+8..;  2, 3: keys n0+8..+15
-        ldmatrix_x4(b, fragment_address<D, F>(lane_address, n0, c0));
+        ldmatrix_x4(b, fragment_address<L>(lane_address, n0, c0));
     } else {
-        using L = TileLayout<D, F::kSwizzle>;
         const int g = lane / 4, t = lane % 4;
         const auto at = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(k_tile + L::offset(row, col)); };
         b[0] = at(n0 + g, c0 + 2 * t);
@@ -225,11 +178,11 @@ __device__ __forceinline__ void load_k_fragments(uint32_t (&b)[4], const uint16_
 template <int D, class F>
 __device__ __forceinline__ void load_v_fragments(uint32_t (&b)[4], const uint16_t* v_tile, uint32_t lane_address, int k0,
                                                  int c0, int lane) {
+    using L = cuda::TileLayout<D, F::kSwizzle>;
     if constexpr (F::kLdmatrix) {
         // matrix 0: keys k0..+7, features c0..+7;  1: keys k0+8..+15, c0..;  2, 3: features c0+8..
-        ldmatrix_x4_trans(b, fragment_address<D, F>(lane_address, k0, c0));
+        ldmatrix_x4_trans(b, fragment_address<L>(lane_address, k0, c0));
     } else {
-        using L = TileLayout<D, F::kSwizzle>;
         const int g = lane / 4, t = lane % 4;
         const auto pair = [&](int row, int col) {
             return uint32_t(v_tile[L::offset(row, col)]) | (uint32_t(v_tile[L::offset(row + 1, col)]) << 16);
@@ -239,17 +192,6 @@ __device__ __forceinline__ void load_v_fragments(uint32_t (&b)[4], const uint16_
         b[2] = pair(k0 + 2 * t, c0 + 8 + g);
         b[3] = pair(k0 + 2 * t + 8, c0 + 8 + g);
     }
-}
-
-/// Max and sum across the four lanes of a quad: the lanes that share a row of every fragment.
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-/// Sum across the four lanes of a quad.
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 /// What one warp keeps in registers across the K/V tiles.
@@ -274,8 +216,8 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
     const int g = lane / 4, t = lane % 4;
     // This tile's lane addresses: computed here, from the slot's base, so that the compiler
     // keeps one register per tile rather than one per fragment for the whole loop.
-    const uint32_t k_lane = smem_address(k_tile) + k_lane_bytes<D, F>(lane);
-    const uint32_t v_lane = smem_address(v_tile) + v_lane_bytes<D, F>(lane);
+    const uint32_t k_lane = smem_address(k_tile) + k_lane_bytes<typename S::Tile>(lane);
+    const uint32_t v_lane = smem_address(v_tile) + v_lane_bytes<typename S::Tile>(lane);
 
     // S = Q K^T on the tensor cores: each K fragment pair is loaded once and used by every m-tile.
     float s[S::kMTiles][S::kNTiles][4];
@@ -289,7 +231,7 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
     for (int ks = 0; ks < S::kQKSteps; ++ks) {
         uint32_t q_smem[F::kQInRegisters ? 1 : S::kMTiles][4];  // this k-step's Q fragments, when re-read
         if constexpr (!F::kQInRegisters) {
-            const uint32_t q_lane = smem_address(q_tile) + a_lane_bytes<D, F>(lane);
+            const uint32_t q_lane = smem_address(q_tile) + a_lane_bytes<typename S::Tile>(lane);
 #pragma unroll
             for (int mt = 0; mt < S::kMTiles; ++mt) {
                 load_a_fragment<D, F>(q_smem[mt], q_tile, q_lane, warp_row0 + mt * 16, ks * 16, lane);
@@ -410,14 +352,14 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 #pragma unroll
             for (int kk = 0; kk < S::kPVSteps; ++kk) {
                 const int r = warp_row0 + mt * 16 + g, c = kk * 16 + 2 * t;
-                using PL = TileLayout<F::kBn, F::kSwizzle>;
+                using PL = typename S::PTile;
                 *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r, c)) = p[mt][kk][0];
                 *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r + 8, c)) = p[mt][kk][1];
                 *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r, c + 8)) = p[mt][kk][2];
                 *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r + 8, c + 8)) = p[mt][kk][3];
             }
         __syncwarp();  // orders this warp's P stores before its own loads of P (no other warp reads these rows)
-        const uint32_t p_lane = smem_address(p_tile) + a_lane_bytes<F::kBn, F>(lane);
+        const uint32_t p_lane = smem_address(p_tile) + a_lane_bytes<typename S::PTile>(lane);
 #pragma unroll
         for (int mt = 0; mt < S::kMTiles; ++mt)
 #pragma unroll
@@ -509,8 +451,10 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     key_tiles(q0, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal, F::kCausalSkip, full, end);
 
     const auto load_kv = [&](int tile) {
-        detail::load_tile_gmem_to_smem<T, D, F, F::kBc>(reinterpret_cast<T*>(k_slot(tile)), k_head, a.k_sn, tile * F::kBc, a.seq_k);
-        detail::load_tile_gmem_to_smem<T, D, F, F::kBc>(reinterpret_cast<T*>(v_slot(tile)), v_head, a.v_sn, tile * F::kBc, a.seq_k);
+        cuda::load_tile_gmem_to_smem<F::kBc, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(k_slot(tile)), k_head, a.k_sn,
+                                                                            tile * F::kBc, a.seq_k);
+        cuda::load_tile_gmem_to_smem<F::kBc, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(v_slot(tile)), v_head, a.v_sn,
+                                                                            tile * F::kBc, a.seq_k);
     };
     const auto run_tile = [&](int tile) {
 #pragma unroll 1  // one softmax step at a time: unrolled, the compiler would interleave them and need both S tiles
@@ -527,7 +471,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     };
     const auto load_q_fragments = [&] {
         if constexpr (!F::kQInRegisters) return;  // re-read from shared memory for every tile instead
-        const uint32_t q_lane = fa::cuda::ptx::smem_address(q_tile) + detail::a_lane_bytes<D, F>(lane);
+        const uint32_t q_lane = cuda::ptx::smem_address(q_tile) + cuda::a_lane_bytes<typename S::Tile>(lane);
 #pragma unroll
         for (int mt = 0; mt < S::kMTiles; ++mt)
 #pragma unroll
@@ -540,7 +484,8 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     };
 
     if (end > 0) {  // a query tile that sees no key writes O = 0, LSE = -inf straight away
-        detail::load_tile_gmem_to_smem<T, D, F, F::kBr>(reinterpret_cast<T*>(q_tile), q_head, a.q_sn, q0, a.seq_q);
+        cuda::load_tile_gmem_to_smem<F::kBr, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(q_tile), q_head, a.q_sn, q0,
+                                                                            a.seq_q);
         if constexpr (F::kStages == 1) {
             // No pipeline: load, wait, compute, one tile after the other.
             for (int tile = 0; tile < end; ++tile) {
@@ -586,12 +531,12 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     for (int mt = 0; mt < S::kMTiles; ++mt) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            const float l = detail::quad_sum(st.l[mt][hh]);
+            const float l = cuda::quad_sum(st.l[mt][hh]);
             const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l = 0: the row saw no key, O = 0
             const int r = warp_row0 + mt * 16 + g + 8 * hh;
 #pragma unroll
             for (int dt = 0; dt < S::kDTiles; ++dt) {
-                *reinterpret_cast<uint32_t*>(o_stage + TileLayout<D, F::kSwizzle>::offset(r, dt * 8 + 2 * t)) =
+                *reinterpret_cast<uint32_t*>(o_stage + S::Tile::offset(r, dt * 8 + 2 * t)) =
                     fa::cuda::ptx::pack2<T>(st.o[mt][dt][2 * hh] * inv, st.o[mt][dt][2 * hh + 1] * inv);
             }
             const int row = q0 + r;
@@ -612,7 +557,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
         const int r = warp_row0 + chunk / S::kChunksPerRow, col = (chunk % S::kChunksPerRow) * 8;
         if (q0 + r < a.seq_q) {
             *reinterpret_cast<uint4*>(o_head + int64_t(q0 + r) * a.o_sn + col) =
-                *reinterpret_cast<const uint4*>(o_stage + TileLayout<D, F::kSwizzle>::offset(r, col));
+                *reinterpret_cast<const uint4*>(o_stage + S::Tile::offset(r, col));
         }
     }
 }
