@@ -14,13 +14,14 @@
 ///     m_i, l_i, P = exp2(S*scale*log2e - m_i*scale*log2e)       float32, in registers
 ///     O_w = O_w * alpha + P V_j   [rows, d]  Bc/16 x d/8 mma per 16 rows, V by ldmatrix.trans
 ///
-/// The road from the first tensor-core version to this one is a list of switches (Features);
-/// the benchmark turns them on one at a time (see the lesson's table). The tile layouts, lane
-/// patterns, tile copy and PTX wrappers are the tensor-core building blocks of common/cuda
-/// (fa/cuda/), shared with stage 09.
+/// The road from the first tensor-core version to this one is a list of switches (FeatureSet:
+/// each step is the one before `.with_` one more idea, see attention.cu); the benchmark turns them
+/// on one at a time (see the lesson's table). The tile layouts, lane patterns, tile copy and PTX
+/// wrappers are the tensor-core building blocks of common/cuda (fa/cuda/), shared with stage 09.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -33,34 +34,100 @@
 namespace fa::stage07 {
 
 //! [features]
-/// The switches of the road, each one idea of the lesson. `Features<...>` is a type so that a
-/// kernel template can take it (CUDA sources are C++17: no class-type template parameters).
+/// The switches of the road, each one idea of the lesson, as a value that reads as words: a step
+/// is the step before with one more idea switched on (`kStep2 = kStep1.with_swizzle()`, see
+/// attention.cu). The kernel template takes them as a type, Features (below), because CUDA
+/// sources are C++17: no class-type template parameters.
+struct FeatureSet {
+    int br = 64;       ///< query rows per block
+    int bc = 64;       ///< keys per K/V tile
+    int warps = 4;     ///< warps per block; each owns br / warps query rows
+    /// K/V tiles in flight: 1 loads, waits, computes; 2 or more load tile j+1 while j is computed
+    int stages = 1;
+    bool ldmatrix = false;        ///< fragments by ldmatrix, not by 32-bit shared loads
+    bool swizzle = false;         ///< XOR-swizzled shared tiles (no bank conflicts)
+    bool p_in_registers = false;  ///< P fed to P*V from registers, not shared memory
+    bool exp2 = false;            ///< exp2 with log2(e) folded into the scale (one FFMA + ex2)
+    bool causal_skip = false;     ///< skip tiles above the diagonal, mask only the diagonal
+    /// Q's fragments loaded into registers once (true), or re-read from shared memory for every
+    /// K tile (false): fewer registers, so a warp can own 32 rows and reuse each K/V fragment twice
+    bool q_in_registers = true;
+    bool lazy_rescale = false;  ///< rescale O only in tiles where some row's maximum grew
+    /// blocks that must fit on one SM at once: caps the registers per thread at 65536 / (threads x this)
+    int min_blocks_per_sm = 1;
+    /// keys per softmax step (0: bc): a K/V tile of bc keys is loaded (one barrier) and consumed bn
+    /// keys at a time, so the registers of S and P follow bn while the barriers follow bc
+    int bn = 0;
+
+    /// Fragments by `ldmatrix` (`.trans` for V).
+    constexpr FeatureSet with_ldmatrix() const { FeatureSet f = *this; f.ldmatrix = true; return f; }
+    /// XOR-swizzled shared tiles.
+    constexpr FeatureSet with_swizzle() const { FeatureSet f = *this; f.swizzle = true; return f; }
+    /// A cp.async ring of `depth` K/V tiles.
+    constexpr FeatureSet with_pipeline(int depth) const { FeatureSet f = *this; f.stages = depth; return f; }
+    /// P kept in registers as the A operand of P V.
+    constexpr FeatureSet with_p_in_registers() const { FeatureSet f = *this; f.p_in_registers = true; return f; }
+    /// exp2 with log2(e) folded into the scale.
+    constexpr FeatureSet with_exp2() const { FeatureSet f = *this; f.exp2 = true; return f; }
+    /// Query rows, keys per tile, warps, pipeline depth and where Q's fragments live: the block shape.
+    constexpr FeatureSet with_tile(int rows, int keys, int n_warps, int depth, bool q_kept_in_registers) const {
+        FeatureSet f = *this;
+        f.br = rows, f.bc = keys, f.warps = n_warps, f.stages = depth, f.q_in_registers = q_kept_in_registers;
+        return f;
+    }
+    /// Tiles above the causal diagonal skipped, only the diagonal masked.
+    constexpr FeatureSet with_causal_skip() const { FeatureSet f = *this; f.causal_skip = true; return f; }
+    /// O rescaled only when some row's maximum grew (`on`: where that measured faster).
+    constexpr FeatureSet with_lazy_rescale(bool on = true) const { FeatureSet f = *this; f.lazy_rescale = on; return f; }
+    /// A register cap: `blocks` blocks must fit on one SM.
+    constexpr FeatureSet with_min_blocks_per_sm(int blocks) const { FeatureSet f = *this; f.min_blocks_per_sm = blocks; return f; }
+    /// Softmax steps of `keys` keys inside each K/V tile.
+    constexpr FeatureSet with_softmax_step(int keys) const { FeatureSet f = *this; f.bn = keys; return f; }
+};
+
+/// A FeatureSet as the type the kernel template takes, one template parameter per member
+/// (FeaturesOf writes them; nobody types them).
 template <int Br, int Bc, int Warps, int Stages, bool Ldmatrix, bool Swizzle, bool PInRegisters, bool Exp2,
           bool CausalSkip, bool QInRegisters = true, bool LazyRescale = false, int MinBlocksPerSm = 1, int Bn = 0>
 struct Features {
     static constexpr int kBr = Br;        ///< query rows per block
     static constexpr int kBc = Bc;        ///< keys per K/V tile
     static constexpr int kWarps = Warps;  ///< warps per block; each owns kBr / kWarps query rows
-    /// K/V tiles in flight: 1 loads, waits, computes; 2 or more load tile j+1 while j is computed
-    static constexpr int kStages = Stages;
-    static constexpr bool kLdmatrix = Ldmatrix;  ///< fragments by ldmatrix, not by 32-bit shared loads
-    static constexpr bool kSwizzle = Swizzle;    ///< XOR-swizzled shared tiles (no bank conflicts)
-    static constexpr bool kPInRegisters = PInRegisters;  ///< P fed to P*V from registers, not shared memory
-    static constexpr bool kExp2 = Exp2;  ///< exp2 with log2(e) folded into the scale (one FFMA + ex2)
-    static constexpr bool kCausalSkip = CausalSkip;  ///< skip tiles above the diagonal, mask only the diagonal
-    /// Q's fragments loaded into registers once (true), or re-read from shared memory for every
-    /// K tile (false): fewer registers, so a warp can own 32 rows and reuse each K/V fragment twice
-    static constexpr bool kQInRegisters = QInRegisters;
-    /// rescale O only in tiles where some row's maximum grew (otherwise every factor is exactly 1)
-    static constexpr bool kLazyRescale = LazyRescale;
-    /// blocks that must fit on one SM at once: caps the registers per thread at 65536 / (threads x this)
-    static constexpr int kMinBlocksPerSm = MinBlocksPerSm;
-    /// keys per softmax step: a K/V tile of Bc keys is loaded (one barrier) and consumed Bn keys
-    /// at a time, so the registers of S and P follow Bn while the barriers follow Bc
-    static constexpr int kBn = Bn == 0 ? Bc : Bn;
+    static constexpr int kStages = Stages;             ///< K/V tiles in flight (FeatureSet::stages)
+    static constexpr bool kLdmatrix = Ldmatrix;        ///< FeatureSet::ldmatrix
+    static constexpr bool kSwizzle = Swizzle;          ///< FeatureSet::swizzle
+    static constexpr bool kPInRegisters = PInRegisters;  ///< FeatureSet::p_in_registers
+    static constexpr bool kExp2 = Exp2;                ///< FeatureSet::exp2
+    static constexpr bool kCausalSkip = CausalSkip;    ///< FeatureSet::causal_skip
+    static constexpr bool kQInRegisters = QInRegisters;  ///< FeatureSet::q_in_registers
+    static constexpr bool kLazyRescale = LazyRescale;  ///< FeatureSet::lazy_rescale
+    static constexpr int kMinBlocksPerSm = MinBlocksPerSm;  ///< FeatureSet::min_blocks_per_sm
+    static constexpr int kBn = Bn == 0 ? Bc : Bn;      ///< keys per softmax step (FeatureSet::bn)
     static_assert(kBc % kBn == 0, "a tile holds whole softmax steps");
 };
+
+/// The Features of `Set::kFeatures`, a constexpr FeatureSet: `FeaturesOf<RoadSet<D, 3>>`.
+template <class Set>
+using FeaturesOf = Features<Set::kFeatures.br, Set::kFeatures.bc, Set::kFeatures.warps, Set::kFeatures.stages,
+                            Set::kFeatures.ldmatrix, Set::kFeatures.swizzle, Set::kFeatures.p_in_registers,
+                            Set::kFeatures.exp2, Set::kFeatures.causal_skip, Set::kFeatures.q_in_registers,
+                            Set::kFeatures.lazy_rescale, Set::kFeatures.min_blocks_per_sm, Set::kFeatures.bn>;
 //! [features]
+
+/// Features F with the query tiles run in order under a causal mask too (stage 06's order at the
+/// shapes where its rule picks it) instead of heaviest first. Not a step of the road: the
+/// benchmark times `InOrder<step 0>` beside step 0 (a tuning candidate), which measures what the
+/// order stage 07 starts with is worth.
+template <class F>
+struct InOrder : F {
+    static constexpr bool kInOrder = true;  ///< query tiles in order, causal or not
+};
+/// Whether F runs its query tiles in order (InOrder<...>) or, under a causal mask, heaviest first.
+template <class F, class = void>
+struct RunsInOrder : std::false_type {};
+/// RunsInOrder of an InOrder<...>.
+template <class F>
+struct RunsInOrder<F, std::void_t<decltype(F::kInOrder)>> : std::bool_constant<F::kInOrder> {};
 
 /// Pointers, strides (in elements) and sizes the kernel reads; built by the host entry point.
 template <class T>
@@ -179,6 +246,7 @@ template <int D, class F>
 __device__ __forceinline__ void load_v_fragments(uint32_t (&b)[4], const uint16_t* v_tile, uint32_t lane_address, int k0,
                                                  int c0, int lane) {
     using L = cuda::TileLayout<D, F::kSwizzle>;
+    //! [step_ldmatrix]
     if constexpr (F::kLdmatrix) {
         // matrix 0: keys k0..+7, features c0..+7;  1: keys k0+8..+15, c0..;  2, 3: features c0+8..
         ldmatrix_x4_trans(b, fragment_address<L>(lane_address, k0, c0));
@@ -192,6 +260,7 @@ __device__ __forceinline__ void load_v_fragments(uint32_t (&b)[4], const uint16_
         b[2] = pair(k0 + 2 * t, c0 + 8 + g);
         b[3] = pair(k0 + 2 * t + 8, c0 + 8 + g);
     }
+    //! [step_ldmatrix]
 }
 
 /// What one warp keeps in registers across the K/V tiles.
@@ -219,6 +288,7 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
     const uint32_t k_lane = smem_address(k_tile) + k_lane_bytes<typename S::Tile>(lane);
     const uint32_t v_lane = smem_address(v_tile) + v_lane_bytes<typename S::Tile>(lane);
 
+    //! [final_scores]
     // S = Q K^T on the tensor cores: each K fragment pair is loaded once and used by every m-tile.
     float s[S::kMTiles][S::kNTiles][4];
 #pragma unroll
@@ -230,6 +300,7 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 #pragma unroll
     for (int ks = 0; ks < S::kQKSteps; ++ks) {
         uint32_t q_smem[F::kQInRegisters ? 1 : S::kMTiles][4];  // this k-step's Q fragments, when re-read
+        //! [step_q_in_registers]
         if constexpr (!F::kQInRegisters) {
             const uint32_t q_lane = smem_address(q_tile) + a_lane_bytes<typename S::Tile>(lane);
 #pragma unroll
@@ -240,6 +311,7 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
                     for (int e = 0; e < 4; ++e) q_smem[mt][e] ^= 0x80008000u;
             }
         }
+        //! [step_q_in_registers]
 #pragma unroll
         for (int np = 0; np < S::kNTiles / 2; ++np) {
             uint32_t b[4];
@@ -278,6 +350,8 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
                 }
     }
 
+    //! [final_scores]
+    //! [final_softmax]
     // Online softmax, row by row (each lane holds rows g and g+8 of every m-tile).
     float alphas[S::kMTiles][2];  // each row's rescale factor exp(m_old - m_new) for this tile
     bool any_grew = false;        // some row of this lane has a new maximum
@@ -293,6 +367,7 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
             // rather than exp(-inf - -inf) = NaN.
             const float m_use = row_max == -INFINITY ? 0.0f : row_max;
             float alpha, row_sum = 0.0f;
+            //! [step_exp2]
             if constexpr (F::kExp2) {
                 // exp(scale*(s - m)) = 2^(s*scale*log2e - m*scale*log2e): one FFMA and one ex2 per score.
                 const float m_scaled = m_use * a.scale_log2;
@@ -314,12 +389,14 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
                         row_sum += s[mt][nt][e];
                     }
             }
+            //! [step_exp2]
             st.m[mt][h] = row_max;
             st.l[mt][h] = st.l[mt][h] * alpha + row_sum;  // this lane's columns; the quad sums at the end
             alphas[mt][h] = alpha;
             any_grew = any_grew || alpha != 1.0f;
         }
     }
+    //! [step_lazy_rescale]
     // O_w *= alpha, row by row: d/4 multiplies per row and lane, more than the softmax itself
     // costs when Bc is small. Once the maxima settle (after the first tiles) every alpha is
     // exactly 1 (2^0); with kLazyRescale the warp skips the multiplies unless some row's max grew.
@@ -331,7 +408,10 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 #pragma unroll
                 for (int e = 0; e < 4; ++e) st.o[mt][dt][e] *= alphas[mt][e / 2];
     }
+    //! [step_lazy_rescale]
+    //! [final_softmax]
 
+    //! [final_p]
     // P as A fragments. The accumulator layout of two neighbouring 8-key tiles of S is, element
     // for element, the A layout of one 16-key slice: round, pack, and P is ready where it is.
     uint32_t p[S::kMTiles][S::kPVSteps][4];
@@ -344,6 +424,8 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
             p[mt][kk][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
             p[mt][kk][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
         }
+    //! [final_p]
+    //! [step_p_in_registers]
     if constexpr (!F::kPInRegisters) {
         // The detour the first versions take: P to shared memory (this warp's rows only), then
         // back as A fragments, the way Q was loaded.
@@ -367,7 +449,9 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
                 load_a_fragment<F::kBn, F>(p[mt][kk], p_tile, p_lane, warp_row0 + mt * 16, kk * 16, lane);
         __syncwarp();  // orders the loads of P before the next tile's stores into the same rows
     }
+    //! [step_p_in_registers]
 
+    //! [final_pv]
     // O += P V: each V fragment pair (two 8-feature tiles) is loaded once and used by every m-tile.
 #pragma unroll
     for (int kk = 0; kk < S::kPVSteps; ++kk) {
@@ -383,6 +467,7 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
             }
         }
     }
+    //! [final_pv]
 }
 //! [process_tile]
 
@@ -408,6 +493,7 @@ __host__ __device__ inline void key_tiles(int q0, int br, int bc, int seq_q, int
 //! [key_tiles]
 
 //! [kernel]
+//! [kernel_start]
 /// The whole forward pass for one query tile of one (batch, head); grid: query tiles x B x H blocks.
 template <class T, int D, class F>
 __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_forward_kernel(const Args<T> a) {
@@ -424,7 +510,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     // One flat grid (its x dimension holds 2^31 - 1 blocks; y and z only 65535): query tile
     // fastest, so the blocks running together share one head's K and V in L2.
     const int q_tile_index = int(blockIdx.x % unsigned(a.q_tiles));
-    const int q0 = (a.causal ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
+    const int q0 = (a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
     const int bh = int(blockIdx.x / unsigned(a.q_tiles)), b = bh / a.heads, h = bh % a.heads;
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh;  // [Nq, d] global
     const T* k_head = a.k + b * a.k_sb + h * a.k_sh;  // [Nk, d] global
@@ -483,9 +569,11 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
             }
     };
 
+    //! [kernel_start]
     if (end > 0) {  // a query tile that sees no key writes O = 0, LSE = -inf straight away
         cuda::load_tile_gmem_to_smem<F::kBr, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(q_tile), q_head, a.q_sn, q0,
                                                                             a.seq_q);
+        //! [step_pipeline]
         if constexpr (F::kStages == 1) {
             // No pipeline: load, wait, compute, one tile after the other.
             for (int tile = 0; tile < end; ++tile) {
@@ -520,8 +608,10 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
             fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing when the block exits
             //! [pipeline]
         }
+        //! [step_pipeline]
     }
 
+    //! [epilogue]
     // Epilogue: finish the row sums across the quad, normalize, write O (through shared memory,
     // so that global stores are whole 16-byte rows) and the LSE.
     // This warp's rows of the Q tile are free: only this warp read them (its Q fragments).
@@ -560,6 +650,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
                 *reinterpret_cast<const uint4*>(o_stage + S::Tile::offset(r, col));
         }
     }
+    //! [epilogue]
 }
 //! [kernel]
 
