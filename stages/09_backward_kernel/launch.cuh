@@ -30,16 +30,22 @@ namespace fa::stage09 {
 /// lesson's road: K_w, V_w in registers, Bn = 16 or 64) were within -10% and +1.5% of this.
 template <int D>
 struct Tuned;
+/// Tuned for d = 32.
 template <>
 struct Tuned<32> {
+    /// the features
     using F = Features<64, 4, 32, false, 3>;
 };
+/// Tuned for d = 64.
 template <>
 struct Tuned<64> {
+    /// the features
     using F = Features<64, 4, 32, false, 3>;
 };
+/// Tuned for d = 128.
 template <>
 struct Tuned<128> {
+    /// the features
     using F = Features<64, 4, 32, false, 1>;
 };
 //! [tuned]
@@ -54,23 +60,32 @@ struct Tuned<128> {
 /// features of dK, dV each) fits in 255 without spills.
 template <int D>
 struct TunedTiled;
+/// TunedTiled for d = 32.
 template <>
 struct TunedTiled<32> {
+    /// the features
     using F = TiledFeatures<128, 128, 8, 4, 32, 1>;
 };
+/// TunedTiled for d = 64.
 template <>
 struct TunedTiled<64> {
+    /// the features
     using F = TiledFeatures<128, 128, 8, 4, 32, 1>;
 };
+/// TunedTiled for d = 128.
 template <>
 struct TunedTiled<128> {
+    /// the features
     using F = TiledFeatures<128, 64, 8, 2, 32, 1>;
 };
 //! [tuned_tiled]
 
 /// The shape of one main kernel, for the host: block counts, padding, the workspace, the report.
 struct Geometry {
-    int br, bc, warps, bn;
+    int br;                ///< query rows per query block
+    int bc;                ///< keys per key block
+    int warps;             ///< warps per block
+    int bn;                ///< query columns per step
     int key_warps;         ///< warps along the keys (step 0: all of them, 16 keys each)
     bool kv_in_registers;  ///< step 0 only
     size_t smem;           ///< dynamic shared memory of one block, bytes
