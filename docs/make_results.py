@@ -1014,6 +1014,49 @@ def newcomer_section(results_dir, out):
     return True
 
 
+def stage07_bridge_table(gpu, road, path):
+    """stage07_bridge_table.txt, which stage 07's lesson shows: stage 05 and 06 (float32 FMA) beside
+    stage 07's first tensor-core kernel (step 0 of the road) and its final kernel, per shape of
+    the road, from gpu_sweep.csv (stages 05, 06) and road.csv (stage 07's steps). The lesson's
+    comparison of step 0 with stage 06 reads this table; nothing in it is typed."""
+    lines = ["stage 06 (float32 FMA) and stage 07 (tensor cores, bf16): TFLOP/s, and step 0 against stage 06"]
+    if not gpu or not road:
+        lines.append("not measured yet: needs docs/results/gpu_sweep.csv (stages 05, 06) and road.csv (stage 07's road)")
+    else:
+        fp32 = {(r["impl"], r["d"], r["N"], r["causal"]): r for r in gpu if r["impl"] in ("stage05", "stage06")}
+        steps = {(r["step"], r["d"], r["N"], r["causal"]): r for r in road
+                 if r["kind"] == "road" and r["dtype"] == "bf16" and r["step"] is not None}
+        final = max((k[0] for k in steps), default=None)
+        # Step 0 with stage 06's order of the query tiles (a tuning candidate of the road step).
+        in_order = {(r["d"], r["N"], r["causal"]): r for r in road
+                    if r["kind"] == "candidate" and r["dtype"] == "bf16" and r["step_name"] == "step 0 in order"}
+        shapes = sorted({k[1:] for k in steps if k[0] == 0}, key=lambda k: (k[0], k[2], k[1]))
+        lines.append(f"{'d':>4} {'N':>6} {'causal':>6}   {'stage 05':>8} {'stage 06':>8}   {'step 0':>7} "
+                     f"{'x stage 06':>10}   {'in order':>8} {'x step 0':>8}   {'final':>7} {'x stage 06':>10}")
+        dates = set()
+        for d, n, causal in shapes:
+            s05, s06 = fp32.get(("stage05", d, n, causal)), fp32.get(("stage06", d, n, causal))
+            s0, sf = steps.get((0, d, n, causal)), steps.get((final, d, n, causal))
+            cell = lambda r: f"{r['tflops']:8.1f}" if r else f"{'–':>8}"
+            ratio = lambda a, b: f"x{a['tflops'] / b['tflops']:.2f}" if a and b else "–"
+            io = in_order.get((d, n, causal))
+            lines.append(f"{d:>4} {n:>6} {'yes' if causal else 'no':>6}   {cell(s05)} {cell(s06)}   "
+                         f"{cell(s0)[1:]} {ratio(s0, s06):>10}   {cell(io)} {ratio(io, s0):>8}   "
+                         f"{cell(sf)[1:]} {ratio(sf, s06):>10}")
+            for r in (s05, s06, s0, io, sf):
+                if r:
+                    dates.add((r["gpu"], r["date"]))
+        for gpu_name, date in sorted(dates):
+            lines.append(f"  measured on {gpu_name}, {date}")
+        lines.append("  step 0 visits every key tile (masked) under a causal mask, as stage 05 does; stage 06 skips the tiles above")
+        lines.append("  the diagonal, which stage 07 switches on at step 7 (causal skip)")
+        lines.append("  in order: step 0 with its query tiles in order (stage 06's order where its rule picks it) instead of heaviest")
+        lines.append("  first, the candidate 'step 0 in order' of bench/gpu_session.sh road" +
+                     ("" if in_order else "; not measured yet (–): the next road run fills it in"))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu-csv", required=True)
@@ -1022,6 +1065,7 @@ def main():
     ap.add_argument("--images", required=True)
     ap.add_argument("--lesson-pages", default="", help="comma-separated page names the site has (stage01,...)")
     ap.add_argument("--road-csv", help="stage 07's road (default: road.csv beside --gpu-csv)")
+    ap.add_argument("--lesson-tables", help="folder for the tables the lessons \\verbinclude (stage07_bridge_table.txt)")
     args = ap.parse_args()
     LESSON_PAGES.update(p for p in args.lesson_pages.split(",") if p)
     os.makedirs(args.images, exist_ok=True)
@@ -1051,6 +1095,10 @@ def main():
     for n in info:
         out.append(f"\\note {n}")
         out.append("")
+
+    if args.lesson_tables:
+        os.makedirs(args.lesson_tables, exist_ok=True)
+        stage07_bridge_table(gpu, road, os.path.join(args.lesson_tables, "stage07_bridge_table.txt"))
 
     plots = []
     meta = read_gpu_meta(args.gpu_csv)

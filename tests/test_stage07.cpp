@@ -53,6 +53,16 @@ TEST_CASE("every step of stage 07's road computes the same attention, d = 64 and
     }
 }
 
+TEST_CASE("the configuration line counts skipped key tiles exactly for the steps that skip them") {
+    // Steps 0 to 6 visit (and mask) every key tile of a causal problem; step 7 switches skipping on.
+    const Problem p = test::make_problem(1, 2, 1024, 1024, 64, true);
+    for (int step = 0; step <= stage07::final_step(); ++step) {
+        const std::string line = stage07::describe_config(p, step);
+        INFO("step " << step << ": " << line);
+        CHECK((line.find(", 0 skipped") == std::string::npos) == (step >= 7));
+    }
+}
+
 TEST_CASE("stage 07 handles the diagonal wherever it falls against its 128-row and 64-key tiles") {
     const int64_t sizes[][2] = {{128, 128}, {129, 128}, {128, 129}, {191, 257}, {257, 191}, {300, 64}, {64, 300}, {1, 500}, {500, 1}};
     uint64_t seed = 900;

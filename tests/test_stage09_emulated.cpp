@@ -1,6 +1,8 @@
-// Stage 09's main kernels (both steps), its preprocessing and postprocessing kernels, run on the
-// CPU by the warp emulator (tools/warp_emulator: one std::thread per CUDA thread, ldmatrix and mma
-// lane by lane as the PTX ISA defines them, cp.async copies landing only at cp.async.wait_group).
+// Stage 09's main kernels (both steps), its preprocessing and postprocessing kernels, launched as
+// the stage launches them (stages/09_backward_kernel/launch.cuh: tuned shapes, arguments, order),
+// run on the CPU by the warp emulator (tools/warp_emulator: one std::thread per CUDA thread,
+// ldmatrix and mma lane by lane as the PTX ISA defines them, cp.async copies landing only at
+// cp.async.wait_group).
 // No GPU is needed, so this runs in CI: the fragment maps, swizzled addresses, warp pieces, masks
 // and barriers of the kernel source are checked against the float64 gradients on every build.
 // The GPU tests (test_stage09) remain the check of the compiled kernels.
@@ -14,7 +16,9 @@
 #include <vector>
 
 #include "emulator.hpp"
-#include "stages/09_backward_kernel/warp_tiled.cuh"
+#include "fa/problem.hpp"
+#include "fa/tensor.hpp"
+#include "stages/09_backward_kernel/launch.cuh"
 
 namespace fa::stage09 {
 // The dynamic shared memory the kernels declare (`extern __shared__ ... smem_raw[]`).
@@ -108,48 +112,40 @@ struct Grads {
     std::vector<uint16_t> dq, dk, dv;
 };
 
-// The three kernels of attention.cu's run_for_d, with the main kernel `main_kernel` of shape
-// (Br, Bc, threads, shared bytes). Gradients start as all-ones bits (NaN): unwritten ones show.
-template <class T, int D, class MainFn>
-Grads run_backward(const Data<T, D>& in, int br, int bc, int threads, size_t smem, bool deterministic, MainFn main_kernel) {
-    const Prob& p = in.p;
-    const int bh = p.B * p.H, q_blocks = (p.Nq + br - 1) / br, k_blocks = (p.Nk + bc - 1) / bc, nqp = q_blocks * br;
-    std::vector<float> lse_log2(size_t(bh) * nqp), delta(size_t(bh) * nqp), acc(size_t(bh) * nqp * D, 12345.0f);
-    std::vector<int> turns(size_t(bh) * q_blocks, 777);
+// The backward as stage 09 launches it (launch.cuh: the tuned shapes, the arguments, the three
+// kernels in order), main kernel `step`, each kernel run by the emulator. The workspace starts as
+// garbage and the gradients as all-ones bits (NaN): what the kernels forget to write shows.
+template <class T, int D>
+Grads run_backward(const Data<T, D>& in, int step, bool deterministic) {
+    const Prob& pr = in.p;
+    fa::Problem p;
+    p.batch = pr.B, p.heads = pr.H, p.seq_q = pr.Nq, p.seq_k = pr.Nk, p.head_dim = D, p.scale = pr.scale, p.causal = pr.causal;
+    const Geometry geo = geometry_for<D>(step);
+    const Counts c = counts(p, geo);
+    std::vector<float> workspace(size_t(workspace_floats(p, geo)), 12345.0f);
+    std::vector<int> turns(size_t(c.batch_heads * c.q_blocks), 777);
     Grads g{std::vector<uint16_t>(in.dout.size(), 0xffff), std::vector<uint16_t>(in.k.size(), 0xffff),
             std::vector<uint16_t>(in.v.size(), 0xffff)};
-    const auto as_t = [](const std::vector<uint16_t>& x) { return reinterpret_cast<const T*>(x.data()); };
-    const int64_t qs = int64_t(p.Nq) * D, ks = int64_t(p.Nk) * D;
-
-    PreprocessArgs<T> pre{};
-    pre.o = as_t(in.o), pre.dout = as_t(in.dout), pre.lse = in.lse.data();
-    pre.lse_log2 = lse_log2.data(), pre.delta = delta.data(), pre.dq_accum = acc.data();
-    pre.turns = deterministic ? turns.data() : nullptr;
-    pre.o_sb = pre.do_sb = p.H * qs, pre.o_sh = pre.do_sh = qs, pre.o_sn = pre.do_sn = D;
-    pre.lse_sb = int64_t(p.H) * p.Nq, pre.lse_sh = p.Nq, pre.lse_sn = 1;
-    pre.rows = int64_t(bh) * nqp, pre.heads = p.H, pre.seq_q = p.Nq, pre.seq_q_padded = nqp, pre.br = br;
-    const long rows_per_block = kPrePostThreads / (D / 8);
-    emu::launch((pre.rows + rows_per_block - 1) / rows_per_block, kPrePostThreads, smem_raw, 0,
-                [&] { backward_preprocess_kernel<T, D>(pre); });
-
-    Args<T> a{};
-    a.q = as_t(in.q), a.k = as_t(in.k), a.v = as_t(in.v), a.dout = as_t(in.dout);
-    a.dk = reinterpret_cast<T*>(g.dk.data()), a.dv = reinterpret_cast<T*>(g.dv.data());
-    a.lse_log2 = lse_log2.data(), a.delta = delta.data(), a.dq_accum = acc.data();
-    a.turns = deterministic ? turns.data() : nullptr;
-    a.q_sb = a.do_sb = p.H * qs, a.q_sh = a.do_sh = qs, a.q_sn = a.do_sn = D;
-    a.k_sb = a.v_sb = a.dk_sb = a.dv_sb = p.H * ks, a.k_sh = a.v_sh = a.dk_sh = a.dv_sh = ks;
-    a.k_sn = a.v_sn = a.dk_sn = a.dv_sn = D;
-    a.heads = p.H, a.seq_q = p.Nq, a.seq_k = p.Nk, a.seq_q_padded = nqp, a.q_blocks = q_blocks, a.k_blocks = k_blocks;
-    a.causal = p.causal, a.scale = float(p.scale), a.scale_log2 = float(p.scale * 1.4426950408889634);
-    // Blocks run one at a time, key block 0 first: the deterministic turns never wait.
-    emu::launch(long(bh) * k_blocks, threads, smem_raw, smem, [&] { main_kernel(a); });
-
-    PostprocessArgs<T> post{};
-    post.dq_accum = acc.data(), post.dq = reinterpret_cast<T*>(g.dq.data());
-    post.dq_sb = p.H * qs, post.dq_sh = qs, post.dq_sn = D, post.rows = int64_t(bh) * p.Nq;
-    post.heads = p.H, post.seq_q = p.Nq, post.seq_q_padded = nqp, post.scale = float(p.scale);
-    emu::launch(2, kPrePostThreads, smem_raw, 0, [&] { backward_postprocess_kernel<T, D>(post); });
+    const auto view = [&](const std::vector<uint16_t>& x, int64_t n) {
+        return fa::make_view(reinterpret_cast<const T*>(x.data()), p.batch, p.heads, n, D, fa::Layout::BHND);
+    };
+    const auto out = [&](std::vector<uint16_t>& x, int64_t n) {
+        return fa::make_view(reinterpret_cast<T*>(x.data()), p.batch, p.heads, n, D, fa::Layout::BHND);
+    };
+    const Launches<T> launches = make_launches<T, D>(
+        p, view(in.q, p.seq_q), view(in.k, p.seq_k), view(in.v, p.seq_k), view(in.o, p.seq_q),
+        fa::make_view3(in.lse.data(), p.batch, p.heads, p.seq_q), view(in.dout, p.seq_q), out(g.dq, p.seq_q),
+        out(g.dk, p.seq_k), out(g.dv, p.seq_k), workspace.data(), deterministic ? turns.data() : nullptr, geo);
+    // Blocks run one at a time, in order (key block 0 first): the deterministic turns never wait.
+    const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
+        REQUIRE(smem <= sizeof smem_raw);
+        emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); });
+    };
+    if (deterministic) {
+        run_kernels<T, D, true>(launches, step, launch);
+    } else {
+        run_kernels<T, D, false>(launches, step, launch);
+    }
     return g;
 }
 
@@ -178,17 +174,9 @@ std::vector<float> widen(const std::vector<uint16_t>& x) {
 // element written and finite, and dQ of rows that see no key exactly 0.
 template <class T, int D>
 void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
-    using F0 = Features<64, 4, 32, false, 3>;
-    using S0 = Shape<T, D, F0>;
-    using F1 = TiledFeatures<128, (D == 128 ? 64 : 128), 8, (D == 128 ? 2 : 4), 32, 1>;
-    using S1 = TiledShape<T, D, F1>;
     const Data<T, D> in(p, unsigned(1000 + p.Nq + 7 * p.Nk + D), magnitude);
-    const Grads g0 = run_backward(in, F0::kBr, F0::kBc, S0::kThreads, S0::kSmemBytes, deterministic, [&](const Args<T>& a) {
-        deterministic ? flash_backward_kernel<T, D, F0, true>(a) : flash_backward_kernel<T, D, F0, false>(a);
-    });
-    const Grads g1 = run_backward(in, F1::kBr, F1::kBc, S1::kThreads, S1::kSmemBytes, deterministic, [&](const Args<T>& a) {
-        deterministic ? flash_backward_tiled_kernel<T, D, F1, true>(a) : flash_backward_tiled_kernel<T, D, F1, false>(a);
-    });
+    const Grads g0 = run_backward(in, 0, deterministic);
+    const Grads g1 = run_backward(in, 1, deterministic);
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
     const double limit = bf16 ? 2e-2 : 4e-3;
     const char* names[3] = {"dQ", "dK", "dV"};

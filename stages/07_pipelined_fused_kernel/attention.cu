@@ -18,9 +18,10 @@ namespace {
 
 //! [tuned]
 /// The tile shape of the final kernel for head dimension D: query rows per block, keys per
-/// tile, warps, pipeline depth. Chosen by measurement on an H100 (see the lesson): each warp
-/// owns 16 or 32 query rows; more rows per warp reuse every K and V fragment more often, but
-/// need more registers (Q fragments, O accumulators and S all stay in registers).
+/// tile, warps, pipeline depth, Q's fragments kept in registers or re-read, and whether O is
+/// rescaled lazily. Chosen by measurement on an H100 (see the lesson): each warp owns 16 or 32
+/// query rows; more rows per warp reuse every K and V fragment more often, but need more
+/// registers (Q fragments, O accumulators and S all stay in registers).
 template <int D>
 struct Tuned;
 template <>
@@ -46,47 +47,40 @@ struct Tuned<256> {
 //! [tuned]
 
 //! [road]
-/// The features of step `Step` of the road for head dimension D.
-template <int D, int Step>
-struct RoadStep;
-// 0: the first tensor-core kernel: mma.sync, fragments gathered by 32-bit shared loads from
-//    plain row-major tiles, load-wait-compute, P through shared memory, expf, every key tile
-//    visited (masked) under a causal mask.
+// Step 0, the first tensor-core kernel: mma.sync on fragments gathered by 32-bit shared loads
+// from plain row-major tiles; load, wait, compute; P through shared memory; expf; under a causal
+// mask every key tile visited and masked. Blocks of 64 query rows, 4 warps of 16 rows, 64 keys
+// per tile. Each later step is the one before with one more idea switched on.
+constexpr FeatureSet kStep0 = FeatureSet{};
+constexpr FeatureSet kStep1 = kStep0.with_ldmatrix();
+constexpr FeatureSet kStep2 = kStep1.with_swizzle();
+constexpr FeatureSet kStep3 = kStep2.with_pipeline(2);
+constexpr FeatureSet kStep4 = kStep3.with_p_in_registers();
+constexpr FeatureSet kStep5 = kStep4.with_exp2();
+template <int D>  // the block shape measured best for this d
+constexpr FeatureSet kStep6 = kStep5.with_tile(Tuned<D>::kBr, Tuned<D>::kBc, Tuned<D>::kWarps, Tuned<D>::kStages,
+                                               Tuned<D>::kQInRegisters);
 template <int D>
-struct RoadStep<D, 0> { using F = Features<64, 64, 4, 1, false, false, false, false, false>; };
-template <int D>
-struct RoadStep<D, 1> { using F = Features<64, 64, 4, 1, true, false, false, false, false>; };   // + ldmatrix
-template <int D>
-struct RoadStep<D, 2> { using F = Features<64, 64, 4, 1, true, true, false, false, false>; };    // + swizzle
-template <int D>
-struct RoadStep<D, 3> { using F = Features<64, 64, 4, 2, true, true, false, false, false>; };    // + cp.async pipeline
-template <int D>
-struct RoadStep<D, 4> { using F = Features<64, 64, 4, 2, true, true, true, false, false>; };     // + P in registers
-template <int D>
-struct RoadStep<D, 5> { using F = Features<64, 64, 4, 2, true, true, true, true, false>; };      // + exp2
-template <int D>
-struct RoadStep<D, 6> {  // + the tile shape measured best for this d
-    using F = Features<Tuned<D>::kBr, Tuned<D>::kBc, Tuned<D>::kWarps, Tuned<D>::kStages, true, true, true, true, false,
-                       Tuned<D>::kQInRegisters>;
-};
-template <int D>
-struct RoadStep<D, 7> {  // + causal tile skipping
-    using F = Features<Tuned<D>::kBr, Tuned<D>::kBc, Tuned<D>::kWarps, Tuned<D>::kStages, true, true, true, true, true,
-                       Tuned<D>::kQInRegisters>;
-};
-template <int D>
-struct RoadStep<D, 8> {  // + O rescaled only when a row's maximum grew, where that measured faster: the final kernel
-    using F = Features<Tuned<D>::kBr, Tuned<D>::kBc, Tuned<D>::kWarps, Tuned<D>::kStages, true, true, true, true, true,
-                       Tuned<D>::kQInRegisters, Tuned<D>::kLazyRescale>;
-};
+constexpr FeatureSet kStep7 = kStep6<D>.with_causal_skip();
+template <int D>  // where it measured faster (d = 128): the final kernel
+constexpr FeatureSet kStep8 = kStep7<D>.with_lazy_rescale(Tuned<D>::kLazyRescale);
 constexpr int kFinalStep = 8;
+
+/// Step `Step` of the road at head dimension D, as a FeatureSet (kFeatures) for FeaturesOf.
+template <int D, int Step>
+struct RoadSet {
+    static constexpr FeatureSet kSteps[] = {kStep0, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6<D>, kStep7<D>, kStep8<D>};
+    static constexpr FeatureSet kFeatures = kSteps[Step];  ///< the features of the step
+};
+/// The kernel's Features of step `Step` at head dimension D.
+template <int D, int Step>
+using RoadStep = FeaturesOf<RoadSet<D, Step>>;
 //! [road]
 
 #ifdef FA_STAGE07_TUNING
 constexpr int kRoadSteps = kFinalStep + 1;  // the candidates are numbered after the road
-// Candidate shapes the tuning build times beside the road (steps 8 and up): Br, Bc, warps, stages.
-template <int Br, int Bc, int Warps, int Stages, bool QInRegisters, bool Lazy, int MinBlocks, int Bn>
-using Candidate = Features<Br, Bc, Warps, Stages, true, true, true, true, true, QInRegisters, Lazy, MinBlocks, Bn>;
+// Candidate shapes the tuning build times beside the road (steps 9 and up), all with the final
+// kernel's switches: Br, Bc, warps, stages, Q in registers, lazy rescale, blocks per SM, Bn.
 struct CandidateInfo {
     int br, bc, warps, stages;
     bool q_in_registers, lazy;
@@ -96,6 +90,20 @@ constexpr CandidateInfo kCandidates[] = {
     {128, 64, 4, 2, true, false, 1, 64},   {128, 128, 4, 2, true, false, 1, 64}, {128, 64, 4, 2, false, false, 1, 32},
     {128, 128, 4, 2, false, false, 1, 32}, {128, 64, 4, 3, false, false, 1, 32}, {128, 64, 4, 2, false, true, 1, 64},
     {128, 128, 8, 2, false, false, 1, 128}, {128, 64, 4, 2, false, true, 1, 32}};
+/// The candidate after the tile shapes: step 0 with its query tiles in order (InOrder), against
+/// step 0's heaviest first.
+constexpr int kInOrderCandidate = int(sizeof kCandidates / sizeof kCandidates[0]);
+/// Candidate I as a FeatureSet (kFeatures) for FeaturesOf.
+template <int I>
+struct CandidateSet {
+    static constexpr CandidateInfo c = kCandidates[I];  ///< the candidate's numbers
+    /// the final kernel's switches with the candidate's shape
+    static constexpr FeatureSet kFeatures = kStep5.with_causal_skip()
+                                                .with_tile(c.br, c.bc, c.warps, c.stages, c.q_in_registers)
+                                                .with_lazy_rescale(c.lazy)
+                                                .with_min_blocks_per_sm(c.min_blocks)
+                                                .with_softmax_step(c.bn);
+};
 #endif
 
 template <class T>
@@ -104,6 +112,7 @@ using LaunchFn = void (*)(const Args<T>&, cudaStream_t);
 struct Geometry {
     int br, bc, warps, stages;
     bool q_in_registers;
+    bool causal_skip;  // key tiles above the causal diagonal skipped (otherwise visited and masked)
     size_t smem;
 };
 
@@ -118,7 +127,7 @@ void launch(const Args<T>& a, cudaStream_t stream) {
 
 template <class T, int D, class F>
 Geometry geometry() {
-    return {F::kBr, F::kBc, F::kWarps, F::kStages, F::kQInRegisters, Shape<T, D, F>::kSmemBytes};
+    return {F::kBr, F::kBc, F::kWarps, F::kStages, F::kQInRegisters, F::kCausalSkip, Shape<T, D, F>::kSmemBytes};
 }
 
 /// The launcher and geometry of (T, D, step), or nullptr when that instance is not built.
@@ -127,8 +136,8 @@ LaunchFn<T> find_for_d(int step, Geometry& geo) {
     switch (step) {
 #define FA_STEP(N)                                                   \
     case N:                                                          \
-        geo = geometry<T, D, typename RoadStep<D, N>::F>();          \
-        return launch<T, D, typename RoadStep<D, N>::F>;
+        geo = geometry<T, D, RoadStep<D, N>>();                      \
+        return launch<T, D, RoadStep<D, N>>;
         FA_STEP(8)
     }
     if constexpr (D == 64 || D == 128) {
@@ -146,17 +155,18 @@ LaunchFn<T> find_for_d(int step, Geometry& geo) {
 #ifdef FA_STAGE07_TUNING
         if constexpr (std::is_same_v<T, __nv_bfloat16>) {
             switch (step - kRoadSteps) {
-#define FA_CANDIDATE(I)                                                                                          \
-    case I: {                                                                                                    \
-        using F = Candidate<kCandidates[I].br, kCandidates[I].bc, kCandidates[I].warps, kCandidates[I].stages, \
-                            kCandidates[I].q_in_registers, kCandidates[I].lazy, kCandidates[I].min_blocks,      \
-                            kCandidates[I].bn>;                                                                 \
-        geo = geometry<T, D, F>();                                                                               \
-        return launch<T, D, F>;                                                                                  \
+#define FA_CANDIDATE(I)                         \
+    case I: {                                   \
+        using F = FeaturesOf<CandidateSet<I>>;  \
+        geo = geometry<T, D, F>();              \
+        return launch<T, D, F>;                 \
     }
                 FA_CANDIDATE(0) FA_CANDIDATE(1) FA_CANDIDATE(2) FA_CANDIDATE(3)
                 FA_CANDIDATE(4) FA_CANDIDATE(5) FA_CANDIDATE(6) FA_CANDIDATE(7)
 #undef FA_CANDIDATE
+                case kInOrderCandidate:
+                    geo = geometry<T, D, InOrder<RoadStep<D, 0>>>();
+                    return launch<T, D, InOrder<RoadStep<D, 0>>>;
             }
         }
 #endif
@@ -257,6 +267,8 @@ const std::vector<Step>& road() {
                              " minb" + std::to_string(c.min_blocks) + " Bn" + std::to_string(c.bn),
                          "tuning candidate (bf16 only)"});
         }
+        s.push_back({"step 0 in order", "step 0 with its query tiles in order under a causal mask (stage 06's order where its "
+                                        "rule picks it) instead of heaviest first (bf16 only)"});
 #endif
         return s;
     }();
@@ -329,7 +341,7 @@ std::string describe_config(const Problem& p, int step) {
     long long unmasked = 0, masked = 0;
     for (int t = 0; t < q_tiles; ++t) {
         int full = 0, end = 0;
-        key_tiles(t * geo.br, geo.br, geo.bc, int(p.seq_q), int(p.seq_k), p.causal, step >= kFinalStep, full, end);
+        key_tiles(t * geo.br, geo.br, geo.bc, int(p.seq_q), int(p.seq_k), p.causal, geo.causal_skip, full, end);
         unmasked += full;
         masked += end - full;
     }

@@ -14,49 +14,120 @@
 ///     m_i, l_i, P = exp2(S*scale*log2e - m_i*scale*log2e)       float32, in registers
 ///     O_w = O_w * alpha + P V_j   [rows, d]  Bc/16 x d/8 mma per 16 rows, V by ldmatrix.trans
 ///
-/// The road from the first tensor-core version to this one is a list of switches (Features);
-/// the benchmark turns them on one at a time (see the lesson's table).
+/// The road from the first tensor-core version to this one is a list of switches (FeatureSet:
+/// each step is the one before `.with_` one more idea, see attention.cu); the benchmark turns them
+/// on one at a time (see the lesson's table). The tile layouts, lane patterns, tile copy and PTX
+/// wrappers are the tensor-core building blocks of common/cuda (fa/cuda/), shared with stage 09.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
+#include "fa/cuda/fragments.cuh"
+#include "fa/cuda/layouts.hpp"
 #include "fa/cuda/ptx.cuh"
+#include "fa/cuda/tile_copy.cuh"
 #include "fa/problem.hpp"
-#include "layout.hpp"
 
 namespace fa::stage07 {
 
 //! [features]
-/// The switches of the road, each one idea of the lesson. `Features<...>` is a type so that a
-/// kernel template can take it (CUDA sources are C++17: no class-type template parameters).
+/// The switches of the road, each one idea of the lesson, as a value that reads as words: a step
+/// is the step before with one more idea switched on (`kStep2 = kStep1.with_swizzle()`, see
+/// attention.cu). The kernel template takes them as a type, Features (below), because CUDA
+/// sources are C++17: no class-type template parameters.
+struct FeatureSet {
+    int br = 64;       ///< query rows per block
+    int bc = 64;       ///< keys per K/V tile
+    int warps = 4;     ///< warps per block; each owns br / warps query rows
+    /// K/V tiles in flight: 1 loads, waits, computes; 2 or more load tile j+1 while j is computed
+    int stages = 1;
+    bool ldmatrix = false;        ///< fragments by ldmatrix, not by 32-bit shared loads
+    bool swizzle = false;         ///< XOR-swizzled shared tiles (no bank conflicts)
+    bool p_in_registers = false;  ///< P fed to P*V from registers, not shared memory
+    bool exp2 = false;            ///< exp2 with log2(e) folded into the scale (one FFMA + ex2)
+    bool causal_skip = false;     ///< skip tiles above the diagonal, mask only the diagonal
+    /// Q's fragments loaded into registers once (true), or re-read from shared memory for every
+    /// K tile (false): fewer registers, so a warp can own 32 rows and reuse each K/V fragment twice
+    bool q_in_registers = true;
+    bool lazy_rescale = false;  ///< rescale O only in tiles where some row's maximum grew
+    /// blocks that must fit on one SM at once: caps the registers per thread at 65536 / (threads x this)
+    int min_blocks_per_sm = 1;
+    /// keys per softmax step (0: bc): a K/V tile of bc keys is loaded (one barrier) and consumed bn
+    /// keys at a time, so the registers of S and P follow bn while the barriers follow bc
+    int bn = 0;
+
+    /// Fragments by `ldmatrix` (`.trans` for V).
+    constexpr FeatureSet with_ldmatrix() const { FeatureSet f = *this; f.ldmatrix = true; return f; }
+    /// XOR-swizzled shared tiles.
+    constexpr FeatureSet with_swizzle() const { FeatureSet f = *this; f.swizzle = true; return f; }
+    /// A cp.async ring of `depth` K/V tiles.
+    constexpr FeatureSet with_pipeline(int depth) const { FeatureSet f = *this; f.stages = depth; return f; }
+    /// P kept in registers as the A operand of P V.
+    constexpr FeatureSet with_p_in_registers() const { FeatureSet f = *this; f.p_in_registers = true; return f; }
+    /// exp2 with log2(e) folded into the scale.
+    constexpr FeatureSet with_exp2() const { FeatureSet f = *this; f.exp2 = true; return f; }
+    /// Query rows, keys per tile, warps, pipeline depth and where Q's fragments live: the block shape.
+    constexpr FeatureSet with_tile(int rows, int keys, int n_warps, int depth, bool q_kept_in_registers) const {
+        FeatureSet f = *this;
+        f.br = rows, f.bc = keys, f.warps = n_warps, f.stages = depth, f.q_in_registers = q_kept_in_registers;
+        return f;
+    }
+    /// Tiles above the causal diagonal skipped, only the diagonal masked.
+    constexpr FeatureSet with_causal_skip() const { FeatureSet f = *this; f.causal_skip = true; return f; }
+    /// O rescaled only when some row's maximum grew (`on`: where that measured faster).
+    constexpr FeatureSet with_lazy_rescale(bool on = true) const { FeatureSet f = *this; f.lazy_rescale = on; return f; }
+    /// A register cap: `blocks` blocks must fit on one SM.
+    constexpr FeatureSet with_min_blocks_per_sm(int blocks) const { FeatureSet f = *this; f.min_blocks_per_sm = blocks; return f; }
+    /// Softmax steps of `keys` keys inside each K/V tile.
+    constexpr FeatureSet with_softmax_step(int keys) const { FeatureSet f = *this; f.bn = keys; return f; }
+};
+
+/// A FeatureSet as the type the kernel template takes, one template parameter per member
+/// (FeaturesOf writes them; nobody types them).
 template <int Br, int Bc, int Warps, int Stages, bool Ldmatrix, bool Swizzle, bool PInRegisters, bool Exp2,
           bool CausalSkip, bool QInRegisters = true, bool LazyRescale = false, int MinBlocksPerSm = 1, int Bn = 0>
 struct Features {
     static constexpr int kBr = Br;        ///< query rows per block
     static constexpr int kBc = Bc;        ///< keys per K/V tile
     static constexpr int kWarps = Warps;  ///< warps per block; each owns kBr / kWarps query rows
-    /// K/V tiles in flight: 1 loads, waits, computes; 2 or more load tile j+1 while j is computed
-    static constexpr int kStages = Stages;
-    static constexpr bool kLdmatrix = Ldmatrix;  ///< fragments by ldmatrix, not by 32-bit shared loads
-    static constexpr bool kSwizzle = Swizzle;    ///< XOR-swizzled shared tiles (no bank conflicts)
-    static constexpr bool kPInRegisters = PInRegisters;  ///< P fed to P*V from registers, not shared memory
-    static constexpr bool kExp2 = Exp2;  ///< exp2 with log2(e) folded into the scale (one FFMA + ex2)
-    static constexpr bool kCausalSkip = CausalSkip;  ///< skip tiles above the diagonal, mask only the diagonal
-    /// Q's fragments loaded into registers once (true), or re-read from shared memory for every
-    /// K tile (false): fewer registers, so a warp can own 32 rows and reuse each K/V fragment twice
-    static constexpr bool kQInRegisters = QInRegisters;
-    /// rescale O only in tiles where some row's maximum grew (otherwise every factor is exactly 1)
-    static constexpr bool kLazyRescale = LazyRescale;
-    /// blocks that must fit on one SM at once: caps the registers per thread at 65536 / (threads x this)
-    static constexpr int kMinBlocksPerSm = MinBlocksPerSm;
-    /// keys per softmax step: a K/V tile of Bc keys is loaded (one barrier) and consumed Bn keys
-    /// at a time, so the registers of S and P follow Bn while the barriers follow Bc
-    static constexpr int kBn = Bn == 0 ? Bc : Bn;
+    static constexpr int kStages = Stages;             ///< K/V tiles in flight (FeatureSet::stages)
+    static constexpr bool kLdmatrix = Ldmatrix;        ///< FeatureSet::ldmatrix
+    static constexpr bool kSwizzle = Swizzle;          ///< FeatureSet::swizzle
+    static constexpr bool kPInRegisters = PInRegisters;  ///< FeatureSet::p_in_registers
+    static constexpr bool kExp2 = Exp2;                ///< FeatureSet::exp2
+    static constexpr bool kCausalSkip = CausalSkip;    ///< FeatureSet::causal_skip
+    static constexpr bool kQInRegisters = QInRegisters;  ///< FeatureSet::q_in_registers
+    static constexpr bool kLazyRescale = LazyRescale;  ///< FeatureSet::lazy_rescale
+    static constexpr int kMinBlocksPerSm = MinBlocksPerSm;  ///< FeatureSet::min_blocks_per_sm
+    static constexpr int kBn = Bn == 0 ? Bc : Bn;      ///< keys per softmax step (FeatureSet::bn)
     static_assert(kBc % kBn == 0, "a tile holds whole softmax steps");
 };
+
+/// The Features of `Set::kFeatures`, a constexpr FeatureSet: `FeaturesOf<RoadSet<D, 3>>`.
+template <class Set>
+using FeaturesOf = Features<Set::kFeatures.br, Set::kFeatures.bc, Set::kFeatures.warps, Set::kFeatures.stages,
+                            Set::kFeatures.ldmatrix, Set::kFeatures.swizzle, Set::kFeatures.p_in_registers,
+                            Set::kFeatures.exp2, Set::kFeatures.causal_skip, Set::kFeatures.q_in_registers,
+                            Set::kFeatures.lazy_rescale, Set::kFeatures.min_blocks_per_sm, Set::kFeatures.bn>;
 //! [features]
+
+/// Features F with the query tiles run in order under a causal mask too (stage 06's order at the
+/// shapes where its rule picks it) instead of heaviest first. Not a step of the road: the
+/// benchmark times `InOrder<step 0>` beside step 0 (a tuning candidate), which measures what the
+/// order stage 07 starts with is worth.
+template <class F>
+struct InOrder : F {
+    static constexpr bool kInOrder = true;  ///< query tiles in order, causal or not
+};
+/// Whether F runs its query tiles in order (InOrder<...>) or, under a causal mask, heaviest first.
+template <class F, class = void>
+struct RunsInOrder : std::false_type {};
+/// RunsInOrder of an InOrder<...>.
+template <class F>
+struct RunsInOrder<F, std::void_t<decltype(F::kInOrder)>> : std::bool_constant<F::kInOrder> {};
 
 /// Pointers, strides (in elements) and sizes the kernel reads; built by the host entry point.
 template <class T>
@@ -110,6 +181,8 @@ struct Shape {
     static constexpr int kTileElems = F::kBc * D;  ///< elements of one K or V tile in shared memory
     static constexpr int kQElems = F::kBr * D;     ///< elements of the Q tile
     static constexpr int kPElems = F::kPInRegisters ? 0 : F::kBr * F::kBn;  ///< elements of the P tile (0: P in registers)
+    using Tile = cuda::TileLayout<D, F::kSwizzle>;       ///< layout of the Q, K, V tiles (and of O on its way out)
+    using PTile = cuda::TileLayout<F::kBn, F::kSwizzle>;  ///< layout of the P tile (without kPInRegisters)
     /// Shared memory: Q [Br, d], then kStages x (K [Bc, d], V [Bc, d]), then P [Br, Bc] if used.
     static constexpr size_t kSmemBytes = sizeof(T) * (size_t(kQElems) + 2 * size_t(F::kStages) * kTileElems + kPElems);
 };
@@ -118,78 +191,25 @@ struct Shape {
 namespace detail {
 
 using namespace fa::cuda::ptx;
-
-/// Copies rows `[row0, row0 + kRows)` of a [n_rows, D] global matrix into a shared tile with
-/// 16-byte cp.async copies spread over the block; rows past `n_rows` are zero-filled.
-///
-/// Thread i copies chunk i % (D/8) of rows i / (D/8), then every kRowsPerPass rows further: one
-/// source pointer stepped by a fixed stride and one shared address plus immediate offsets, so
-/// the copies cost a few registers, not one 64-bit address per chunk.
-template <class T, int D, class F, int kRows>
-__device__ __forceinline__ void load_tile_gmem_to_smem(T* tile, const T* gmem, int64_t row_stride, int row0, int n_rows) {
-    using S = Shape<T, D, F>;  ///< the shape constants
-    using L = TileLayout<D, F::kSwizzle>;
-    constexpr int kRowsPerPass = S::kThreads / S::kChunksPerRow;
-    static_assert(S::kThreads % S::kChunksPerRow == 0, "a pass copies whole rows");
-    const int row = int(threadIdx.x) / S::kChunksPerRow, col = (int(threadIdx.x) % S::kChunksPerRow) * 8;
-    const T* src = gmem + int64_t(row0 + row) * row_stride + col;
-    const int64_t src_step = int64_t(kRowsPerPass) * row_stride;
-    const uint32_t dst = smem_address(tile) + uint32_t(L::offset(row, col)) * 2;
-#pragma unroll
-    for (int pass = 0; pass < (kRows + kRowsPerPass - 1) / kRowsPerPass; ++pass) {
-        const int r = row + pass * kRowsPerPass;
-        if (kRows % kRowsPerPass != 0 && r >= kRows) break;
-        const bool valid = row0 + r < n_rows;
-        // The swizzle key of a row is its index mod 8, unchanged when a pass spans a multiple of 8 rows.
-        const uint32_t dst_r = kRowsPerPass % 8 == 0 ? dst + uint32_t(pass * kRowsPerPass * D * 2)
-                                                     : smem_address(tile) + uint32_t(L::offset(r, col)) * 2;
-        cp_async_16(dst_r, valid ? src : gmem, valid);
-        src += src_step;
-    }
-}
-
-/// Byte offset, inside a [rows, kCols] tile, of the 16-byte row chunk this lane hands to
-/// ldmatrix for the fragment at the tile's origin: row `rl`, column `cl` (0 or 8).
-template <int kCols, class F>
-__device__ __forceinline__ uint32_t lane_bytes(int rl, int cl) {
-    return uint32_t(TileLayout<kCols, F::kSwizzle>::offset(rl, cl)) * 2;
-}
-
-/// Shared address of the fragment at (r0, c0) from the lane's address at the tile's origin
-/// (tile base + lane_bytes): one XOR and an immediate offset (see TileLayout::xor_bits).
-template <int kCols, class F>
-__device__ __forceinline__ uint32_t fragment_address(uint32_t lane_address, int r0, int c0) {
-    using L = TileLayout<kCols, F::kSwizzle>;
-    return (lane_address ^ L::xor_bits(c0)) + L::add_bits(r0, c0);
-}
-
-/// Lane parts of the three ldmatrix patterns (see the loaders below).
-template <int kCols, class F>
-__device__ __forceinline__ uint32_t a_lane_bytes(int lane) {  // A operand: rows 0-15, columns 0 / 8
-    return lane_bytes<kCols, F>(lane % 16, (lane / 16) * 8);
-}
-/// Lane part for K as the B operand of S = Q K^T: keys 0-7 / 8-15, features 0 / 8.
-template <int kCols, class F>
-__device__ __forceinline__ uint32_t k_lane_bytes(int lane) {
-    return lane_bytes<kCols, F>((lane / 16) * 8 + lane % 8, ((lane / 8) % 2) * 8);
-}
-/// Lane part for V as the B operand of O += P V (transposing load): keys 0-7 / 8-15, features 0 / 8.
-template <int kCols, class F>
-__device__ __forceinline__ uint32_t v_lane_bytes(int lane) {
-    return lane_bytes<kCols, F>(((lane / 8) % 2) * 8 + lane % 8, (lane / 16) * 8);
-}
+using cuda::a_lane_bytes;
+using cuda::fragment_address;
+using cuda::k_lane_bytes;
+using cuda::quad_max;
+using cuda::quad_sum;
+using cuda::v_lane_bytes;
 
 /// The A fragment (16 x 16, rows r0.., columns c0..) of a row-major shared tile with kCols
-/// columns. `lane_address` = tile address + a_lane_bytes (used with ldmatrix only).
+/// columns. `lane_address` = tile address + a_lane_bytes (used with ldmatrix only; see
+/// fa/cuda/layouts.hpp for which lane names which row).
 template <int kCols, class F>
 __device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const uint16_t* tile, uint32_t lane_address, int r0,
                                                 int c0, int lane) {
+    using L = cuda::TileLayout<kCols, F::kSwizzle>;
     if constexpr (F::kLdmatrix) {
         // Lanes 0-15 give rows r0..r0+15 at column c0 (matrices 0, 1), lanes 16-31 the same rows at c0+8.
-        ldmatrix_x4(a, fragment_address<kCols, F>(lane_address, r0, c0));
+        ldmatrix_x4(a, fragment_address<L>(lane_address, r0, c0));
     } else {
         // The fragment map of mma_m16n8k16 read element pair by element pair: four 32-bit loads.
-        using L = TileLayout<kCols, F::kSwizzle>;
         const int g = lane / 4, t = lane % 4;
         const auto at = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(tile + L::offset(row, col)); };
         a[0] = at(r0 + g, c0 + 2 * t);
@@ -205,11 +225,11 @@ __device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const uint16_t
 template <int D, class F>
 __device__ __forceinline__ void load_k_fragments(uint32_t (&b)[4], const uint16_t* k_tile, uint32_t lane_address, int n0,
                                                  int c0, int lane) {
+    using L = cuda::TileLayout<D, F::kSwizzle>;
     if constexpr (F::kLdmatrix) {
         // matrix 0: keys n0..+7, features c0..+7;  1: same keys, c0+8..;  2, 3: keys n0+8..+15
-        ldmatrix_x4(b, fragment_address<D, F>(lane_address, n0, c0));
+        ldmatrix_x4(b, fragment_address<L>(lane_address, n0, c0));
     } else {
-        using L = TileLayout<D, F::kSwizzle>;
         const int g = lane / 4, t = lane % 4;
         const auto at = [&](int row, int col) { return *reinterpret_cast<const uint32_t*>(k_tile + L::offset(row, col)); };
         b[0] = at(n0 + g, c0 + 2 * t);
@@ -225,11 +245,12 @@ __device__ __forceinline__ void load_k_fragments(uint32_t (&b)[4], const uint16_
 template <int D, class F>
 __device__ __forceinline__ void load_v_fragments(uint32_t (&b)[4], const uint16_t* v_tile, uint32_t lane_address, int k0,
                                                  int c0, int lane) {
+    using L = cuda::TileLayout<D, F::kSwizzle>;
+    //! [step_ldmatrix]
     if constexpr (F::kLdmatrix) {
         // matrix 0: keys k0..+7, features c0..+7;  1: keys k0+8..+15, c0..;  2, 3: features c0+8..
-        ldmatrix_x4_trans(b, fragment_address<D, F>(lane_address, k0, c0));
+        ldmatrix_x4_trans(b, fragment_address<L>(lane_address, k0, c0));
     } else {
-        using L = TileLayout<D, F::kSwizzle>;
         const int g = lane / 4, t = lane % 4;
         const auto pair = [&](int row, int col) {
             return uint32_t(v_tile[L::offset(row, col)]) | (uint32_t(v_tile[L::offset(row + 1, col)]) << 16);
@@ -239,17 +260,7 @@ __device__ __forceinline__ void load_v_fragments(uint32_t (&b)[4], const uint16_
         b[2] = pair(k0 + 2 * t, c0 + 8 + g);
         b[3] = pair(k0 + 2 * t + 8, c0 + 8 + g);
     }
-}
-
-/// Max and sum across the four lanes of a quad: the lanes that share a row of every fragment.
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-/// Sum across the four lanes of a quad.
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+    //! [step_ldmatrix]
 }
 
 /// What one warp keeps in registers across the K/V tiles.
@@ -274,9 +285,10 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
     const int g = lane / 4, t = lane % 4;
     // This tile's lane addresses: computed here, from the slot's base, so that the compiler
     // keeps one register per tile rather than one per fragment for the whole loop.
-    const uint32_t k_lane = smem_address(k_tile) + k_lane_bytes<D, F>(lane);
-    const uint32_t v_lane = smem_address(v_tile) + v_lane_bytes<D, F>(lane);
+    const uint32_t k_lane = smem_address(k_tile) + k_lane_bytes<typename S::Tile>(lane);
+    const uint32_t v_lane = smem_address(v_tile) + v_lane_bytes<typename S::Tile>(lane);
 
+    //! [final_scores]
     // S = Q K^T on the tensor cores: each K fragment pair is loaded once and used by every m-tile.
     float s[S::kMTiles][S::kNTiles][4];
 #pragma unroll
@@ -288,8 +300,9 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 #pragma unroll
     for (int ks = 0; ks < S::kQKSteps; ++ks) {
         uint32_t q_smem[F::kQInRegisters ? 1 : S::kMTiles][4];  // this k-step's Q fragments, when re-read
+        //! [step_q_in_registers]
         if constexpr (!F::kQInRegisters) {
-            const uint32_t q_lane = smem_address(q_tile) + a_lane_bytes<D, F>(lane);
+            const uint32_t q_lane = smem_address(q_tile) + a_lane_bytes<typename S::Tile>(lane);
 #pragma unroll
             for (int mt = 0; mt < S::kMTiles; ++mt) {
                 load_a_fragment<D, F>(q_smem[mt], q_tile, q_lane, warp_row0 + mt * 16, ks * 16, lane);
@@ -298,6 +311,7 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
                     for (int e = 0; e < 4; ++e) q_smem[mt][e] ^= 0x80008000u;
             }
         }
+        //! [step_q_in_registers]
 #pragma unroll
         for (int np = 0; np < S::kNTiles / 2; ++np) {
             uint32_t b[4];
@@ -336,6 +350,8 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
                 }
     }
 
+    //! [final_scores]
+    //! [final_softmax]
     // Online softmax, row by row (each lane holds rows g and g+8 of every m-tile).
     float alphas[S::kMTiles][2];  // each row's rescale factor exp(m_old - m_new) for this tile
     bool any_grew = false;        // some row of this lane has a new maximum
@@ -351,6 +367,7 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
             // rather than exp(-inf - -inf) = NaN.
             const float m_use = row_max == -INFINITY ? 0.0f : row_max;
             float alpha, row_sum = 0.0f;
+            //! [step_exp2]
             if constexpr (F::kExp2) {
                 // exp(scale*(s - m)) = 2^(s*scale*log2e - m*scale*log2e): one FFMA and one ex2 per score.
                 const float m_scaled = m_use * a.scale_log2;
@@ -372,12 +389,14 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
                         row_sum += s[mt][nt][e];
                     }
             }
+            //! [step_exp2]
             st.m[mt][h] = row_max;
             st.l[mt][h] = st.l[mt][h] * alpha + row_sum;  // this lane's columns; the quad sums at the end
             alphas[mt][h] = alpha;
             any_grew = any_grew || alpha != 1.0f;
         }
     }
+    //! [step_lazy_rescale]
     // O_w *= alpha, row by row: d/4 multiplies per row and lane, more than the softmax itself
     // costs when Bc is small. Once the maxima settle (after the first tiles) every alpha is
     // exactly 1 (2^0); with kLazyRescale the warp skips the multiplies unless some row's max grew.
@@ -389,7 +408,10 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 #pragma unroll
                 for (int e = 0; e < 4; ++e) st.o[mt][dt][e] *= alphas[mt][e / 2];
     }
+    //! [step_lazy_rescale]
+    //! [final_softmax]
 
+    //! [final_p]
     // P as A fragments. The accumulator layout of two neighbouring 8-key tiles of S is, element
     // for element, the A layout of one 16-key slice: round, pack, and P is ready where it is.
     uint32_t p[S::kMTiles][S::kPVSteps][4];
@@ -402,6 +424,8 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
             p[mt][kk][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
             p[mt][kk][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
         }
+    //! [final_p]
+    //! [step_p_in_registers]
     if constexpr (!F::kPInRegisters) {
         // The detour the first versions take: P to shared memory (this warp's rows only), then
         // back as A fragments, the way Q was loaded.
@@ -410,14 +434,14 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 #pragma unroll
             for (int kk = 0; kk < S::kPVSteps; ++kk) {
                 const int r = warp_row0 + mt * 16 + g, c = kk * 16 + 2 * t;
-                using PL = TileLayout<F::kBn, F::kSwizzle>;
+                using PL = typename S::PTile;
                 *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r, c)) = p[mt][kk][0];
                 *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r + 8, c)) = p[mt][kk][1];
                 *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r, c + 8)) = p[mt][kk][2];
                 *reinterpret_cast<uint32_t*>(p_tile + PL::offset(r + 8, c + 8)) = p[mt][kk][3];
             }
         __syncwarp();  // orders this warp's P stores before its own loads of P (no other warp reads these rows)
-        const uint32_t p_lane = smem_address(p_tile) + a_lane_bytes<F::kBn, F>(lane);
+        const uint32_t p_lane = smem_address(p_tile) + a_lane_bytes<typename S::PTile>(lane);
 #pragma unroll
         for (int mt = 0; mt < S::kMTiles; ++mt)
 #pragma unroll
@@ -425,7 +449,9 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
                 load_a_fragment<F::kBn, F>(p[mt][kk], p_tile, p_lane, warp_row0 + mt * 16, kk * 16, lane);
         __syncwarp();  // orders the loads of P before the next tile's stores into the same rows
     }
+    //! [step_p_in_registers]
 
+    //! [final_pv]
     // O += P V: each V fragment pair (two 8-feature tiles) is loaded once and used by every m-tile.
 #pragma unroll
     for (int kk = 0; kk < S::kPVSteps; ++kk) {
@@ -441,6 +467,7 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
             }
         }
     }
+    //! [final_pv]
 }
 //! [process_tile]
 
@@ -466,6 +493,7 @@ __host__ __device__ inline void key_tiles(int q0, int br, int bc, int seq_q, int
 //! [key_tiles]
 
 //! [kernel]
+//! [kernel_start]
 /// The whole forward pass for one query tile of one (batch, head); grid: query tiles x B x H blocks.
 template <class T, int D, class F>
 __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_forward_kernel(const Args<T> a) {
@@ -482,7 +510,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     // One flat grid (its x dimension holds 2^31 - 1 blocks; y and z only 65535): query tile
     // fastest, so the blocks running together share one head's K and V in L2.
     const int q_tile_index = int(blockIdx.x % unsigned(a.q_tiles));
-    const int q0 = (a.causal ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
+    const int q0 = (a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
     const int bh = int(blockIdx.x / unsigned(a.q_tiles)), b = bh / a.heads, h = bh % a.heads;
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh;  // [Nq, d] global
     const T* k_head = a.k + b * a.k_sb + h * a.k_sh;  // [Nk, d] global
@@ -509,8 +537,10 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     key_tiles(q0, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal, F::kCausalSkip, full, end);
 
     const auto load_kv = [&](int tile) {
-        detail::load_tile_gmem_to_smem<T, D, F, F::kBc>(reinterpret_cast<T*>(k_slot(tile)), k_head, a.k_sn, tile * F::kBc, a.seq_k);
-        detail::load_tile_gmem_to_smem<T, D, F, F::kBc>(reinterpret_cast<T*>(v_slot(tile)), v_head, a.v_sn, tile * F::kBc, a.seq_k);
+        cuda::load_tile_gmem_to_smem<F::kBc, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(k_slot(tile)), k_head, a.k_sn,
+                                                                            tile * F::kBc, a.seq_k);
+        cuda::load_tile_gmem_to_smem<F::kBc, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(v_slot(tile)), v_head, a.v_sn,
+                                                                            tile * F::kBc, a.seq_k);
     };
     const auto run_tile = [&](int tile) {
 #pragma unroll 1  // one softmax step at a time: unrolled, the compiler would interleave them and need both S tiles
@@ -527,7 +557,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     };
     const auto load_q_fragments = [&] {
         if constexpr (!F::kQInRegisters) return;  // re-read from shared memory for every tile instead
-        const uint32_t q_lane = fa::cuda::ptx::smem_address(q_tile) + detail::a_lane_bytes<D, F>(lane);
+        const uint32_t q_lane = cuda::ptx::smem_address(q_tile) + cuda::a_lane_bytes<typename S::Tile>(lane);
 #pragma unroll
         for (int mt = 0; mt < S::kMTiles; ++mt)
 #pragma unroll
@@ -539,8 +569,11 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
             }
     };
 
+    //! [kernel_start]
     if (end > 0) {  // a query tile that sees no key writes O = 0, LSE = -inf straight away
-        detail::load_tile_gmem_to_smem<T, D, F, F::kBr>(reinterpret_cast<T*>(q_tile), q_head, a.q_sn, q0, a.seq_q);
+        cuda::load_tile_gmem_to_smem<F::kBr, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(q_tile), q_head, a.q_sn, q0,
+                                                                            a.seq_q);
+        //! [step_pipeline]
         if constexpr (F::kStages == 1) {
             // No pipeline: load, wait, compute, one tile after the other.
             for (int tile = 0; tile < end; ++tile) {
@@ -575,8 +608,10 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
             fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing when the block exits
             //! [pipeline]
         }
+        //! [step_pipeline]
     }
 
+    //! [epilogue]
     // Epilogue: finish the row sums across the quad, normalize, write O (through shared memory,
     // so that global stores are whole 16-byte rows) and the LSE.
     // This warp's rows of the Q tile are free: only this warp read them (its Q fragments).
@@ -586,12 +621,12 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     for (int mt = 0; mt < S::kMTiles; ++mt) {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-            const float l = detail::quad_sum(st.l[mt][hh]);
+            const float l = cuda::quad_sum(st.l[mt][hh]);
             const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l = 0: the row saw no key, O = 0
             const int r = warp_row0 + mt * 16 + g + 8 * hh;
 #pragma unroll
             for (int dt = 0; dt < S::kDTiles; ++dt) {
-                *reinterpret_cast<uint32_t*>(o_stage + TileLayout<D, F::kSwizzle>::offset(r, dt * 8 + 2 * t)) =
+                *reinterpret_cast<uint32_t*>(o_stage + S::Tile::offset(r, dt * 8 + 2 * t)) =
                     fa::cuda::ptx::pack2<T>(st.o[mt][dt][2 * hh] * inv, st.o[mt][dt][2 * hh + 1] * inv);
             }
             const int row = q0 + r;
@@ -612,9 +647,10 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
         const int r = warp_row0 + chunk / S::kChunksPerRow, col = (chunk % S::kChunksPerRow) * 8;
         if (q0 + r < a.seq_q) {
             *reinterpret_cast<uint4*>(o_head + int64_t(q0 + r) * a.o_sn + col) =
-                *reinterpret_cast<const uint4*>(o_stage + TileLayout<D, F::kSwizzle>::offset(r, col));
+                *reinterpret_cast<const uint4*>(o_stage + S::Tile::offset(r, col));
         }
     }
+    //! [epilogue]
 }
 //! [kernel]
 

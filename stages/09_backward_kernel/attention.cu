@@ -11,61 +11,11 @@
 #include "fa/cuda/device.hpp"
 #include "fa/cuda/tensors.hpp"
 #include "fa/error.hpp"
-#include "kernel.cuh"
-#include "warp_tiled.cuh"
+#include "launch.cuh"
 
 namespace fa::stage09 {
 
 namespace {
-
-//! [tuned]
-/// The block shape for head dimension D: query rows per query block, warps (16 keys each),
-/// query columns per step, K/V fragments in registers or re-read, blocks per SM. Every thread
-/// holds dK_w and dV_w (d/2 float32 registers each) for the whole kernel, and S^T and dP^T
-/// (Bn/2 each) per step. Chosen from the compiler's register counts (`-Xptxas -v`): at d = 32
-/// and 64, Bn = 32 with K_w, V_w re-read keeps a thread under 168 registers without spills, so
-/// three blocks (12 warps) share an SM; at d = 128 dK_w and dV_w alone take 128 registers and two
-/// blocks (the shared memory allows no more) fit at 255. The alternatives timed at d = 64 (the
-/// lesson's road: K_w, V_w in registers, Bn = 16 or 64) were within -10% and +1.5% of this.
-template <int D>
-struct Tuned;
-template <>
-struct Tuned<32> {
-    using F = Features<64, 4, 32, false, 3>;
-};
-template <>
-struct Tuned<64> {
-    using F = Features<64, 4, 32, false, 3>;
-};
-template <>
-struct Tuned<128> {
-    using F = Features<64, 4, 32, false, 1>;
-};
-//! [tuned]
-
-//! [tuned_tiled]
-/// The warp-tiled kernel's shape for head dimension D: query rows, keys, warps, warps along the
-/// keys, query columns per step, blocks per SM. Each warp holds dK and dV for 32 keys and
-/// d / (Warps / KeyWarps) features. Chosen from the compiler's register counts (`-Xptxas -v`,
-/// CUDA 13.0, sm_90): at d = 32 and 64 a 128 x 128 block (8 warps, 4 x 2) takes 156 and 225
-/// registers without spills. At d = 128 the same block needs 64 registers of dK and dV per 32
-/// keys and spills 76 bytes; Br = 128 queries by Bc = 64 keys (2 x 4 warps: 32 keys by 32
-/// features of dK, dV each) fits in 255 without spills.
-template <int D>
-struct TunedTiled;
-template <>
-struct TunedTiled<32> {
-    using F = TiledFeatures<128, 128, 8, 4, 32, 1>;
-};
-template <>
-struct TunedTiled<64> {
-    using F = TiledFeatures<128, 128, 8, 4, 32, 1>;
-};
-template <>
-struct TunedTiled<128> {
-    using F = TiledFeatures<128, 64, 8, 2, 32, 1>;
-};
-//! [tuned_tiled]
 
 /// The step that runs for `step` (-1: kDefaultStep); throws for a step that does not exist.
 int resolve_step(int step) {
@@ -77,24 +27,6 @@ int resolve_step(int step) {
     return step < 0 ? kDefaultStep : step;
 }
 
-/// The shape of one instance, for the host: block counts, padding, the workspace, the report.
-struct Geometry {
-    int br, bc, warps, bn;
-    int key_warps;         // warps along the keys (step 0: all of them, 16 keys each)
-    bool kv_in_registers;  // step 0 only
-    size_t smem;
-};
-
-template <int D>
-Geometry geometry_for(int step) {
-    if (step == 0) {
-        using F = typename Tuned<D>::F;
-        return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kWarps, F::kKVInRegisters, Shape<__nv_bfloat16, D, F>::kSmemBytes};
-    }
-    using F = typename TunedTiled<D>::F;
-    return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kKeyWarps, false, TiledShape<__nv_bfloat16, D, F>::kSmemBytes};
-}
-
 Geometry geometry(int64_t d, int step) {
     step = resolve_step(step);
     switch (d) {
@@ -104,28 +36,12 @@ Geometry geometry(int64_t d, int step) {
     }
 }
 
-/// Sizes every kernel derives from the problem and the block shape.
-struct Counts {
-    int64_t batch_heads;   // B * H
-    int64_t q_blocks;      // Tr
-    int64_t k_blocks;      // Tc
-    int64_t seq_q_padded;  // Tr * Br
-};
+/// Sizes every kernel derives from the problem and the block shape of `step`.
+Counts counts(const Problem& p, int step) { return stage09::counts(p, geometry(p.head_dim, step)); }
 
-Counts counts(const Problem& p, int step) {
-    const Geometry geo = geometry(p.head_dim, step);
-    Counts c{};
-    c.batch_heads = p.batch * p.heads;
-    c.q_blocks = ceil_div(p.seq_q, geo.br);
-    c.k_blocks = ceil_div(p.seq_k, geo.bc);
-    c.seq_q_padded = c.q_blocks * geo.br;
-    return c;
-}
-
-/// Floats of Workspace::floats: L log2(e) and D (one per padded row), the dQ accumulator (d per padded row).
+/// Floats of Workspace::floats for `step`.
 int64_t workspace_floats(const Problem& p, int step) {
-    const Counts c = counts(p, step);
-    return c.batch_heads * c.seq_q_padded * (2 + p.head_dim);
+    return stage09::workspace_floats(p, geometry(p.head_dim, step));
 }
 
 template <class T>
@@ -137,93 +53,36 @@ void require_device_view(const char* name, const View4<T>& view, int64_t rows, c
     cuda::require_16_byte_rows("stage 09", name, view);
 }
 
-template <class T, int D, class F, bool kDeterministic>
-void launch_main(const Args<T>& a, int64_t blocks, cudaStream_t stream) {
-    using S = Shape<T, D, F>;
-    cuda::allow_dynamic_shared_memory<flash_backward_kernel<T, D, F, kDeterministic>>(S::kSmemBytes);
-    flash_backward_kernel<T, D, F, kDeterministic><<<unsigned(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
-    FA_CUDA_CHECK_LAUNCH("stage09 flash_backward_kernel<d=" + std::to_string(D) + ", Br=" + std::to_string(F::kBr) +
-                         ", Bc=" + std::to_string(F::kBc) + (kDeterministic ? ", deterministic>" : ">"));
-}
-
-template <class T, int D, class F, bool kDeterministic>
-void launch_tiled(const Args<T>& a, int64_t blocks, cudaStream_t stream) {
-    using S = TiledShape<T, D, F>;
-    cuda::allow_dynamic_shared_memory<flash_backward_tiled_kernel<T, D, F, kDeterministic>>(S::kSmemBytes);
-    flash_backward_tiled_kernel<T, D, F, kDeterministic><<<unsigned(blocks), S::kThreads, S::kSmemBytes, stream>>>(a);
-    FA_CUDA_CHECK_LAUNCH("stage09 flash_backward_tiled_kernel<d=" + std::to_string(D) + ", Br=" + std::to_string(F::kBr) +
-                         ", Bc=" + std::to_string(F::kBc) + (kDeterministic ? ", deterministic>" : ">"));
-}
-
-//! [run]
-/// The three kernels for one (T, D): preprocess (D_i, L_i log2 e, zeroed accumulator and turns),
-/// the main kernel, postprocess (dQ rounded to T).
+//! [run_for_d]
+/// The backward for one (T, D): the workspace (grown if needed), then stage 09's launch sequence
+/// (launch.cuh: preprocess, the main kernel of `step`, postprocess) on `stream`.
 template <class T, int D>
 void run_for_d(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<const T> o,
                View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv, bool deterministic,
                cudaStream_t stream, Workspace& ws, int step) {
+    step = resolve_step(step);
     const Geometry geo = geometry(D, step);
-    const Counts c = counts(p, step);
-    const size_t floats = size_t(workspace_floats(p, step));
+    const Counts c = stage09::counts(p, geo);
+    const size_t floats = size_t(stage09::workspace_floats(p, geo));
     if (ws.floats.size() < floats) ws.floats = cuda::DeviceBuffer<float>(floats);
     if (deterministic && ws.turns.size() < size_t(c.batch_heads * c.q_blocks)) {
         ws.turns = cuda::DeviceBuffer<int>(size_t(c.batch_heads * c.q_blocks));
     }
-    float* lse_log2 = ws.floats.data();                          // [B*H, Nq_padded]
-    float* delta = lse_log2 + c.batch_heads * c.seq_q_padded;    // [B*H, Nq_padded]
-    float* dq_accum = delta + c.batch_heads * c.seq_q_padded;    // [B*H, Nq_padded, d] (16-byte aligned: Nq_padded % 64 == 0)
-    int* turns = deterministic ? ws.turns.data() : nullptr;      // [B*H, Tr]
-    const double scale = p.softmax_scale();
-
-    PreprocessArgs<T> pre{};
-    pre.o = o.data, pre.dout = dout.data, pre.lse = lse.data;
-    pre.lse_log2 = lse_log2, pre.delta = delta, pre.dq_accum = dq_accum, pre.turns = turns;
-    pre.o_sb = o.stride[0], pre.o_sh = o.stride[1], pre.o_sn = o.stride[2];
-    pre.do_sb = dout.stride[0], pre.do_sh = dout.stride[1], pre.do_sn = dout.stride[2];
-    pre.lse_sb = lse.stride[0], pre.lse_sh = lse.stride[1], pre.lse_sn = lse.stride[2];
-    pre.rows = c.batch_heads * c.seq_q_padded;
-    pre.heads = int(p.heads), pre.seq_q = int(p.seq_q), pre.seq_q_padded = int(c.seq_q_padded), pre.br = geo.br;
-    const int64_t rows_per_block = kPrePostThreads / (D / 8);
-    backward_preprocess_kernel<T, D><<<unsigned(ceil_div(pre.rows, rows_per_block)), kPrePostThreads, 0, stream>>>(pre);
-    FA_CUDA_CHECK_LAUNCH("stage09 backward_preprocess_kernel<d=" + std::to_string(D) + ">");
-
-    Args<T> a{};
-    a.q = q.data, a.k = k.data, a.v = v.data, a.dout = dout.data, a.dk = dk.data, a.dv = dv.data;
-    a.lse_log2 = lse_log2, a.delta = delta, a.dq_accum = dq_accum, a.turns = turns;
-    a.q_sb = q.stride[0], a.q_sh = q.stride[1], a.q_sn = q.stride[2];
-    a.k_sb = k.stride[0], a.k_sh = k.stride[1], a.k_sn = k.stride[2];
-    a.v_sb = v.stride[0], a.v_sh = v.stride[1], a.v_sn = v.stride[2];
-    a.do_sb = dout.stride[0], a.do_sh = dout.stride[1], a.do_sn = dout.stride[2];
-    a.dk_sb = dk.stride[0], a.dk_sh = dk.stride[1], a.dk_sn = dk.stride[2];
-    a.dv_sb = dv.stride[0], a.dv_sh = dv.stride[1], a.dv_sn = dv.stride[2];
-    a.heads = int(p.heads), a.seq_q = int(p.seq_q), a.seq_k = int(p.seq_k), a.seq_q_padded = int(c.seq_q_padded);
-    a.q_blocks = int(c.q_blocks), a.k_blocks = int(c.k_blocks);
-    a.causal = p.causal;
-    // The scale keeps its sign: P = exp2(s * scale*log2e - L*log2e) is right for either sign, and
-    // masked entries are zeroed after the exponential. A zero scale gives uniform weights.
-    a.scale = float(scale);
-    a.scale_log2 = float(scale * 1.4426950408889634);  // log2(e)
-    const int64_t blocks = c.batch_heads * c.k_blocks;
-    if (resolve_step(step) == 0) {
-        using F = typename Tuned<D>::F;
-        deterministic ? launch_main<T, D, F, true>(a, blocks, stream) : launch_main<T, D, F, false>(a, blocks, stream);
+    const Launches<T> launches = make_launches<T, D>(p, q, k, v, o, lse, dout, dq, dk, dv, ws.floats.data(),
+                                                     deterministic ? ws.turns.data() : nullptr, geo);
+    const auto launch = [&](auto kernel, const char* name, int64_t blocks, int threads, size_t smem, const auto& args) {
+        if (smem > 0) cuda::allow_dynamic_shared_memory<decltype(kernel)::value>(smem);
+        decltype(kernel)::value<<<unsigned(blocks), unsigned(threads), smem, stream>>>(args);
+        FA_CUDA_CHECK_LAUNCH("stage09 " + std::string(name) + "<d=" + std::to_string(D) + ", step " + std::to_string(step) +
+                             (deterministic ? ", deterministic>" : ">"));
+    };
+    if (deterministic) {
+        run_kernels<T, D, true>(launches, step, launch);
     } else {
-        using F = typename TunedTiled<D>::F;
-        deterministic ? launch_tiled<T, D, F, true>(a, blocks, stream) : launch_tiled<T, D, F, false>(a, blocks, stream);
+        run_kernels<T, D, false>(launches, step, launch);
     }
-
-    PostprocessArgs<T> post{};
-    post.dq_accum = dq_accum, post.dq = dq.data;
-    post.dq_sb = dq.stride[0], post.dq_sh = dq.stride[1], post.dq_sn = dq.stride[2];
-    post.rows = c.batch_heads * p.seq_q;
-    post.heads = int(p.heads), post.seq_q = int(p.seq_q), post.seq_q_padded = int(c.seq_q_padded);
-    post.scale = float(scale);
-    const int64_t units = post.rows * (D / 8);
-    const int64_t post_blocks = std::min<int64_t>(ceil_div(units, kPrePostThreads), int64_t(1) << 16);
-    backward_postprocess_kernel<T, D><<<unsigned(post_blocks), kPrePostThreads, 0, stream>>>(post);
-    FA_CUDA_CHECK_LAUNCH("stage09 backward_postprocess_kernel<d=" + std::to_string(D) + ">");
 }
-//! [run]
+//! [run_for_d]
 
 template <class T>
 void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<const T> o,

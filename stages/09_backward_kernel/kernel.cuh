@@ -43,8 +43,9 @@
 
 #include <cuda_runtime.h>
 
-#include "../07_pipelined_fused_kernel/kernel.cuh"
+#include "fa/cuda/layouts.hpp"
 #include "fa/cuda/ptx.cuh"
+#include "fa/cuda/tile_copy.cuh"
 #include "fa/problem.hpp"
 
 namespace fa::stage09 {
@@ -183,48 +184,14 @@ struct Shape {
 
 namespace detail {
 
+// The tensor-core building blocks stages 07 and 09 share: PTX wrappers, tile layouts, lane
+// patterns and the tile copy (common/cuda/include/fa/cuda/).
 using namespace fa::cuda::ptx;
-using stage07::TileLayout;
-// Stage 07's tile copy and ldmatrix addressing (see stages/07_pipelined_fused_kernel/kernel.cuh).
-using stage07::detail::a_lane_bytes;
-using stage07::detail::fragment_address;
-using stage07::detail::k_lane_bytes;
-using stage07::detail::load_tile_gmem_to_smem;
-using stage07::detail::v_lane_bytes;
-
-/// Stage 07's Features with the `Warps` of this kernel: stage 07's tile copy
-/// (load_tile_gmem_to_smem) and its ldmatrix addressing read nothing else from it than the warp
-/// count, ldmatrix and the swizzle. Reusing them keeps one copy of the swizzle arithmetic.
-template <int Warps>
-using CopyFeatures = stage07::Features<16 * Warps, 64, Warps, 2, true, true, true, true, true>;
-
-// --------------------------------------------------------------------------------- PTX
-// Three instructions this stage adds to the wrappers of fa/cuda/ptx.cuh.
-
-/// Adds (x, y) to the two float32 at `address` (8-byte aligned, global memory) without
-/// returning anything: `red.global.add.v2.f32` on sm_90 (one request for the pair), two
-/// `red.global.add.f32` before. The additions are atomic, their order is not fixed.
-__device__ __forceinline__ void red_add_f32x2(float* address, float x, float y) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(x), "f"(y) : "memory");
-#else
-    atomicAdd(address, x);
-    atomicAdd(address + 1, y);
-#endif
-}
-
-/// `ld.global.acquire.gpu.b32`: reads a counter another block publishes; the memory operations
-/// of this thread that follow it see every write that was made visible before the counter's
-/// value was written (release/acquire at GPU scope).
-__device__ __forceinline__ int load_acquire(const int* address) {
-    int value;
-#if defined(__CUDACC__)
-    asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
-#else
-    value = __atomic_load_n(address, __ATOMIC_ACQUIRE);  // the CPU emulation of tools/warp_emulator
-#endif
-    return value;
-}
+using cuda::a_lane_bytes;
+using cuda::fragment_address;
+using cuda::k_lane_bytes;
+using cuda::TileLayout;
+using cuda::v_lane_bytes;
 
 /// Two 16-bit values of one register widened to float32 (the lower half first).
 template <class T>
@@ -372,18 +339,17 @@ __device__ __forceinline__ void process_step(WarpState<T, D, F>& st, const uint1
                                              const float* delta_slot, uint16_t* ds_tile, int q0, int c0, int kv0,
                                              const Args<T>& a, int warp, int lane) {
     using S = Shape<T, D, F>;
-    using CF = CopyFeatures<F::kWarps>;
     using LDs = TileLayout<F::kBr, true>;  // the dS^T tile: Bc rows of Br queries
     const int g = lane / 4, t = lane % 4;
     const int key_row0 = warp * 16;  // this warp's first key inside the block
 
-    // Lane addresses, one per tile and pattern (see stage 07's loaders): "a" reads 16 x 16 A
+    // Lane addresses, one per tile and pattern (fa/cuda/layouts.hpp): "a" reads 16 x 16 A
     // fragments row-major, "k" reads B fragments of rows stored one per n (non-transposed),
     // "v" reads B fragments of rows stored one per k (transposed by ldmatrix.trans).
-    const uint32_t k_a = smem_address(k_tile) + a_lane_bytes<D, CF>(lane);
-    const uint32_t v_a = smem_address(v_tile) + a_lane_bytes<D, CF>(lane);
-    const uint32_t q_b = smem_address(q_tile) + k_lane_bytes<D, CF>(lane);
-    const uint32_t do_b = smem_address(do_tile) + k_lane_bytes<D, CF>(lane);
+    const uint32_t k_a = smem_address(k_tile) + a_lane_bytes<TileLayout<D, true>>(lane);
+    const uint32_t v_a = smem_address(v_tile) + a_lane_bytes<TileLayout<D, true>>(lane);
+    const uint32_t q_b = smem_address(q_tile) + k_lane_bytes<TileLayout<D, true>>(lane);
+    const uint32_t do_b = smem_address(do_tile) + k_lane_bytes<TileLayout<D, true>>(lane);
 
     // S^T = K_w Q_i^T: keys are the rows (M), queries the columns (N), features the k-dimension.
     // Q_i stored [queries, d] is B stored column by column: plain ldmatrix, as K in the forward.
@@ -399,12 +365,12 @@ __device__ __forceinline__ void process_step(WarpState<T, D, F>& st, const uint1
 #pragma unroll
             for (int e = 0; e < 4; ++e) ka[e] = st.k[F::kKVInRegisters ? ks : 0][e];
         } else {
-            ldmatrix_x4(ka, fragment_address<D, CF>(k_a, key_row0, ks * 16));
+            ldmatrix_x4(ka, fragment_address<TileLayout<D, true>>(k_a, key_row0, ks * 16));
         }
 #pragma unroll
         for (int np = 0; np < S::kNTiles / 2; ++np) {
             uint32_t b[4];
-            ldmatrix_x4(b, fragment_address<D, CF>(q_b, c0 + np * 16, ks * 16));
+            ldmatrix_x4(b, fragment_address<TileLayout<D, true>>(q_b, c0 + np * 16, ks * 16));
             const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
             mma_m16n8k16<T>(s[2 * np], ka, b_lo, s[2 * np]);
             mma_m16n8k16<T>(s[2 * np + 1], ka, b_hi, s[2 * np + 1]);
@@ -446,12 +412,12 @@ __device__ __forceinline__ void process_step(WarpState<T, D, F>& st, const uint1
 #pragma unroll
             for (int e = 0; e < 4; ++e) va[e] = st.v[F::kKVInRegisters ? ks : 0][e];
         } else {
-            ldmatrix_x4(va, fragment_address<D, CF>(v_a, key_row0, ks * 16));
+            ldmatrix_x4(va, fragment_address<TileLayout<D, true>>(v_a, key_row0, ks * 16));
         }
 #pragma unroll
         for (int np = 0; np < S::kNTiles / 2; ++np) {
             uint32_t b[4];
-            ldmatrix_x4(b, fragment_address<D, CF>(do_b, c0 + np * 16, ks * 16));
+            ldmatrix_x4(b, fragment_address<TileLayout<D, true>>(do_b, c0 + np * 16, ks * 16));
             const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
             mma_m16n8k16<T>(dp[2 * np], va, b_lo, dp[2 * np]);
             mma_m16n8k16<T>(dp[2 * np + 1], va, b_hi, dp[2 * np + 1]);
@@ -497,18 +463,18 @@ __device__ __forceinline__ void process_step(WarpState<T, D, F>& st, const uint1
     // dV_w += P^T dO_i and dK_w += dS^T Q_i: queries are now the k-dimension. dO_i and Q_i are
     // stored [queries, d]; B needs pairs of consecutive queries of one feature: ldmatrix.trans,
     // as V in the forward. Each B fragment pair is loaded once for its two mma.
-    const uint32_t do_t = smem_address(do_tile) + v_lane_bytes<D, CF>(lane);
-    const uint32_t q_t = smem_address(q_tile) + v_lane_bytes<D, CF>(lane);
+    const uint32_t do_t = smem_address(do_tile) + v_lane_bytes<TileLayout<D, true>>(lane);
+    const uint32_t q_t = smem_address(q_tile) + v_lane_bytes<TileLayout<D, true>>(lane);
 #pragma unroll
     for (int kk = 0; kk < S::kPSteps; ++kk) {
 #pragma unroll
         for (int dpair = 0; dpair < S::kDTiles / 2; ++dpair) {
             uint32_t b[4];
-            ldmatrix_x4_trans(b, fragment_address<D, CF>(do_t, c0 + kk * 16, dpair * 16));
+            ldmatrix_x4_trans(b, fragment_address<TileLayout<D, true>>(do_t, c0 + kk * 16, dpair * 16));
             const uint32_t bv_lo[2] = {b[0], b[1]}, bv_hi[2] = {b[2], b[3]};
             mma_m16n8k16<T>(st.dv[2 * dpair], pa[kk], bv_lo, st.dv[2 * dpair]);
             mma_m16n8k16<T>(st.dv[2 * dpair + 1], pa[kk], bv_hi, st.dv[2 * dpair + 1]);
-            ldmatrix_x4_trans(b, fragment_address<D, CF>(q_t, c0 + kk * 16, dpair * 16));
+            ldmatrix_x4_trans(b, fragment_address<TileLayout<D, true>>(q_t, c0 + kk * 16, dpair * 16));
             const uint32_t bk_lo[2] = {b[0], b[1]}, bk_hi[2] = {b[2], b[3]};
             mma_m16n8k16<T>(st.dk[2 * dpair], dsa[kk], bk_lo, st.dk[2 * dpair]);
             mma_m16n8k16<T>(st.dk[2 * dpair + 1], dsa[kk], bk_hi, st.dk[2 * dpair + 1]);
@@ -527,15 +493,14 @@ template <class T, int D, class F, bool kDeterministic>
 __device__ __forceinline__ void accumulate_dq(const uint16_t* ds_tile, const uint16_t* k_tile, float* dq_block, int warp,
                                               int lane) {
     using S = Shape<T, D, F>;
-    using CF = CopyFeatures<F::kWarps>;
     const int g = lane / 4, t = lane % 4;
     // With one warp per row tile (kColSplit = 1) every warp computes all d features.
     const int row_tile = warp % S::kRowTiles, col_part = S::kColSplit == 1 ? 0 : warp / S::kRowTiles;
     // ds lane pattern: lanes 0-7 keys 0-7 / queries 0-7, 8-15 keys 0-7 / queries 8-15, 16-23
     // keys 8-15 / queries 0-7, 24-31 keys 8-15 / queries 8-15: after the transposing load,
-    // matrix i is exactly register a[i] of the A fragment of dS (the k_lane pattern of stage 07).
-    const uint32_t ds_a = smem_address(ds_tile) + k_lane_bytes<F::kBr, CF>(lane);
-    const uint32_t k_t = smem_address(k_tile) + v_lane_bytes<D, CF>(lane);
+    // matrix i is exactly register a[i] of the A fragment of dS (k_lane_element of fa/cuda/layouts.hpp).
+    const uint32_t ds_a = smem_address(ds_tile) + k_lane_bytes<TileLayout<F::kBr, true>>(lane);
+    const uint32_t k_t = smem_address(k_tile) + v_lane_bytes<TileLayout<D, true>>(lane);
     float* rows = dq_block + int64_t(row_tile * 16) * D;  // [16, d] of the accumulator
 #pragma unroll
     for (int chunk = 0; chunk < S::kColsPerWarp / S::kChunkCols; ++chunk) {
@@ -548,11 +513,11 @@ __device__ __forceinline__ void accumulate_dq(const uint16_t* ds_tile, const uin
 #pragma unroll
         for (int kk = 0; kk < F::kBc / 16; ++kk) {
             uint32_t ds[4];
-            ldmatrix_x4_trans(ds, fragment_address<F::kBr, CF>(ds_a, kk * 16, row_tile * 16));
+            ldmatrix_x4_trans(ds, fragment_address<TileLayout<F::kBr, true>>(ds_a, kk * 16, row_tile * 16));
 #pragma unroll
             for (int dpair = 0; dpair < S::kChunkCols / 16; ++dpair) {
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, fragment_address<D, CF>(k_t, kk * 16, col0 + dpair * 16));
+                ldmatrix_x4_trans(b, fragment_address<TileLayout<D, true>>(k_t, kk * 16, col0 + dpair * 16));
                 const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
                 mma_m16n8k16<T>(acc[2 * dpair], ds, b_lo, acc[2 * dpair]);
                 mma_m16n8k16<T>(acc[2 * dpair + 1], ds, b_hi, acc[2 * dpair + 1]);
@@ -573,7 +538,7 @@ __device__ __forceinline__ void accumulate_dq(const uint16_t* ds_tile, const uin
                     old.y += acc[nt][2 * hh + 1];
                     __stcg(reinterpret_cast<float2*>(p), old);
                 } else {
-                    red_add_f32x2(p, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
+                    red_global_add_v2_f32(p, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
                 }
             }
     }
@@ -614,7 +579,7 @@ template <class T>
 __device__ __forceinline__ void wait_for_turn(const Args<T>& a, int bh, int i, int j) {
     if (threadIdx.x == 0) {
         const int* turn = a.turns + int64_t(bh) * a.q_blocks + i;
-        while (load_acquire(turn) != j) __nanosleep(32);
+        while (ld_global_acquire_gpu_b32(turn) != j) __nanosleep(32);
     }
 }
 
@@ -641,8 +606,7 @@ __device__ __forceinline__ void pass_turn(const Args<T>& a, int bh, int i) {
 template <class T, int D, class F, bool kDeterministic>
 __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_backward_kernel(const Args<T> a) {
     using S = Shape<T, D, F>;
-    using CF = detail::CopyFeatures<F::kWarps>;
-    using L = stage07::TileLayout<D, true>;
+    using L = cuda::TileLayout<D, true>;  // K_j, V_j, Q_i, dO_i (and dK_j, dV_j on their way out): rows of d features
     extern __shared__ __align__(128) unsigned char smem_raw[];
     uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem_raw);  // [Bc, d]   K_j, swizzled
     uint16_t* v_tile = k_tile + S::kKVElems;                    // [Bc, d]   V_j
@@ -675,17 +639,17 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     const int i_end = a.q_blocks;
 
     const auto load_query_block = [&](int i, int slot) {
-        detail::load_tile_gmem_to_smem<T, D, CF, F::kBr>(reinterpret_cast<T*>(q_ring + slot * S::kQElems), q_head, a.q_sn,
-                                                         i * F::kBr, a.seq_q);
-        detail::load_tile_gmem_to_smem<T, D, CF, F::kBr>(reinterpret_cast<T*>(do_ring + slot * S::kQElems), do_head,
-                                                         a.do_sn, i * F::kBr, a.seq_q);
+        cuda::load_tile_gmem_to_smem<F::kBr, L, S::kThreads>(reinterpret_cast<T*>(q_ring + slot * S::kQElems), q_head,
+                                                             a.q_sn, i * F::kBr, a.seq_q);
+        cuda::load_tile_gmem_to_smem<F::kBr, L, S::kThreads>(reinterpret_cast<T*>(do_ring + slot * S::kQElems), do_head,
+                                                             a.do_sn, i * F::kBr, a.seq_q);
         detail::load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, lse_head, delta_head, i * F::kBr);
     };
 
     //! [pipeline]
     // Prologue: K_j, V_j (rows past Nk zero-filled) and the first query block, one commit group.
-    detail::load_tile_gmem_to_smem<T, D, CF, F::kBc>(reinterpret_cast<T*>(k_tile), k_head, a.k_sn, kv0, a.seq_k);
-    detail::load_tile_gmem_to_smem<T, D, CF, F::kBc>(reinterpret_cast<T*>(v_tile), v_head, a.v_sn, kv0, a.seq_k);
+    cuda::load_tile_gmem_to_smem<F::kBc, L, S::kThreads>(reinterpret_cast<T*>(k_tile), k_head, a.k_sn, kv0, a.seq_k);
+    cuda::load_tile_gmem_to_smem<F::kBc, L, S::kThreads>(reinterpret_cast<T*>(v_tile), v_head, a.v_sn, kv0, a.seq_k);
     if (i_begin < i_end) load_query_block(i_begin, 0);
     fa::cuda::ptx::cp_async_commit();
 
@@ -698,12 +662,12 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
         __syncthreads();
         if (F::kKVInRegisters && i == i_begin) {
             // K_w and V_w as A fragments, once: the same 16 keys for every query block.
-            const uint32_t k_a = fa::cuda::ptx::smem_address(k_tile) + detail::a_lane_bytes<D, CF>(lane);
-            const uint32_t v_a = fa::cuda::ptx::smem_address(v_tile) + detail::a_lane_bytes<D, CF>(lane);
+            const uint32_t k_a = fa::cuda::ptx::smem_address(k_tile) + cuda::a_lane_bytes<L>(lane);
+            const uint32_t v_a = fa::cuda::ptx::smem_address(v_tile) + cuda::a_lane_bytes<L>(lane);
 #pragma unroll
             for (int ks = 0; ks < detail::WarpState<T, D, F>::kFragSteps; ++ks) {
-                fa::cuda::ptx::ldmatrix_x4(st.k[ks], detail::fragment_address<D, CF>(k_a, warp * 16, ks * 16));
-                fa::cuda::ptx::ldmatrix_x4(st.v[ks], detail::fragment_address<D, CF>(v_a, warp * 16, ks * 16));
+                fa::cuda::ptx::ldmatrix_x4(st.k[ks], cuda::fragment_address<L>(k_a, warp * 16, ks * 16));
+                fa::cuda::ptx::ldmatrix_x4(st.v[ks], cuda::fragment_address<L>(v_a, warp * 16, ks * 16));
             }
         }
         if (i + 1 < i_end) load_query_block(i + 1, slot ^ 1);  // the slot iteration i-1 read: free since the barrier

@@ -96,13 +96,12 @@ __device__ __forceinline__ void tiled_scores(const uint16_t* k_tile, const uint1
                                              uint16_t* pt_tile, uint16_t* dst_tile, int q0, int c0, int kv0,
                                              int key_row0, const Args<T>& a, int lane) {
     using S = TiledShape<T, D, F>;
-    using CF = CopyFeatures<F::kWarps>;
     using LP = TileLayout<F::kBr, true>;  // P^T and dS^T: Bc rows of Br queries
     const int g = lane / 4, t = lane % 4;
-    const uint32_t k_a = smem_address(k_tile) + a_lane_bytes<D, CF>(lane);
-    const uint32_t v_a = smem_address(v_tile) + a_lane_bytes<D, CF>(lane);
-    const uint32_t q_b = smem_address(q_tile) + k_lane_bytes<D, CF>(lane);
-    const uint32_t do_b = smem_address(do_tile) + k_lane_bytes<D, CF>(lane);
+    const uint32_t k_a = smem_address(k_tile) + a_lane_bytes<TileLayout<D, true>>(lane);
+    const uint32_t v_a = smem_address(v_tile) + a_lane_bytes<TileLayout<D, true>>(lane);
+    const uint32_t q_b = smem_address(q_tile) + k_lane_bytes<TileLayout<D, true>>(lane);
+    const uint32_t do_b = smem_address(do_tile) + k_lane_bytes<TileLayout<D, true>>(lane);
 
     // X^T = A B^T for (A, B) = (K_w, Q_i) and (V_w, dO_i): each A fragment feeds kNTiles mma, each
     // B fragment pair kKeyTiles x 2.
@@ -117,11 +116,11 @@ __device__ __forceinline__ void tiled_scores(const uint16_t* k_tile, const uint1
         for (int ks = 0; ks < S::kKSteps; ++ks) {
             uint32_t af[S::kKeyTiles][4];
 #pragma unroll
-            for (int mt = 0; mt < S::kKeyTiles; ++mt) ldmatrix_x4(af[mt], fragment_address<D, CF>(a_lane, key_row0 + 16 * mt, ks * 16));
+            for (int mt = 0; mt < S::kKeyTiles; ++mt) ldmatrix_x4(af[mt], fragment_address<TileLayout<D, true>>(a_lane, key_row0 + 16 * mt, ks * 16));
 #pragma unroll
             for (int np = 0; np < S::kNTiles / 2; ++np) {
                 uint32_t b[4];
-                ldmatrix_x4(b, fragment_address<D, CF>(b_lane, c0 + np * 16, ks * 16));
+                ldmatrix_x4(b, fragment_address<TileLayout<D, true>>(b_lane, c0 + np * 16, ks * 16));
                 const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
 #pragma unroll
                 for (int mt = 0; mt < S::kKeyTiles; ++mt) {
@@ -190,30 +189,29 @@ template <class T, int D, class F>
 __device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccumulators<T, D, F>& dv, const uint16_t* pt_tile, const uint16_t* dst_tile, const uint16_t* q_tile,
                                            const uint16_t* do_tile, int key_row0, int col0, int lane) {
     using S = TiledShape<T, D, F>;
-    using CF = CopyFeatures<F::kWarps>;
-    const uint32_t pt_a = smem_address(pt_tile) + a_lane_bytes<F::kBr, CF>(lane);
-    const uint32_t dst_a = smem_address(dst_tile) + a_lane_bytes<F::kBr, CF>(lane);
-    const uint32_t do_t = smem_address(do_tile) + v_lane_bytes<D, CF>(lane);
-    const uint32_t q_t = smem_address(q_tile) + v_lane_bytes<D, CF>(lane);
+    const uint32_t pt_a = smem_address(pt_tile) + a_lane_bytes<TileLayout<F::kBr, true>>(lane);
+    const uint32_t dst_a = smem_address(dst_tile) + a_lane_bytes<TileLayout<F::kBr, true>>(lane);
+    const uint32_t do_t = smem_address(do_tile) + v_lane_bytes<TileLayout<D, true>>(lane);
+    const uint32_t q_t = smem_address(q_tile) + v_lane_bytes<TileLayout<D, true>>(lane);
 #pragma unroll
     for (int kk = 0; kk < S::kQSteps; ++kk) {
         uint32_t pa[S::kKeyTiles][4], dsa[S::kKeyTiles][4];
 #pragma unroll
         for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-            ldmatrix_x4(pa[mt], fragment_address<F::kBr, CF>(pt_a, key_row0 + 16 * mt, kk * 16));
-            ldmatrix_x4(dsa[mt], fragment_address<F::kBr, CF>(dst_a, key_row0 + 16 * mt, kk * 16));
+            ldmatrix_x4(pa[mt], fragment_address<TileLayout<F::kBr, true>>(pt_a, key_row0 + 16 * mt, kk * 16));
+            ldmatrix_x4(dsa[mt], fragment_address<TileLayout<F::kBr, true>>(dst_a, key_row0 + 16 * mt, kk * 16));
         }
 #pragma unroll
         for (int dpair = 0; dpair < S::kDkvTiles / 2; ++dpair) {
             uint32_t b[4];
-            ldmatrix_x4_trans(b, fragment_address<D, CF>(do_t, kk * 16, col0 + dpair * 16));
+            ldmatrix_x4_trans(b, fragment_address<TileLayout<D, true>>(do_t, kk * 16, col0 + dpair * 16));
             const uint32_t bv_lo[2] = {b[0], b[1]}, bv_hi[2] = {b[2], b[3]};
 #pragma unroll
             for (int mt = 0; mt < S::kKeyTiles; ++mt) {
                 mma_m16n8k16<T>(dv[mt][2 * dpair], pa[mt], bv_lo, dv[mt][2 * dpair]);
                 mma_m16n8k16<T>(dv[mt][2 * dpair + 1], pa[mt], bv_hi, dv[mt][2 * dpair + 1]);
             }
-            ldmatrix_x4_trans(b, fragment_address<D, CF>(q_t, kk * 16, col0 + dpair * 16));
+            ldmatrix_x4_trans(b, fragment_address<TileLayout<D, true>>(q_t, kk * 16, col0 + dpair * 16));
             const uint32_t bk_lo[2] = {b[0], b[1]}, bk_hi[2] = {b[2], b[3]};
 #pragma unroll
             for (int mt = 0; mt < S::kKeyTiles; ++mt) {
@@ -234,11 +232,10 @@ template <class T, int D, class F, bool kDeterministic>
 __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_t* k_tile, float* dq_block, int row0,
                                          int col0, int lane) {
     using S = TiledShape<T, D, F>;
-    using CF = CopyFeatures<F::kWarps>;
     constexpr int kTiles = S::kDqCols / 8;
     const int g = lane / 4, t = lane % 4;
-    const uint32_t ds_a = smem_address(dst_tile) + k_lane_bytes<F::kBr, CF>(lane);
-    const uint32_t k_t = smem_address(k_tile) + v_lane_bytes<D, CF>(lane);
+    const uint32_t ds_a = smem_address(dst_tile) + k_lane_bytes<TileLayout<F::kBr, true>>(lane);
+    const uint32_t k_t = smem_address(k_tile) + v_lane_bytes<TileLayout<D, true>>(lane);
     float acc[2][kTiles][4];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
@@ -250,11 +247,11 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
     for (int kk = 0; kk < F::kBc / 16; ++kk) {
         uint32_t ds[2][4];
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) ldmatrix_x4_trans(ds[mt], fragment_address<F::kBr, CF>(ds_a, kk * 16, row0 + 16 * mt));
+        for (int mt = 0; mt < 2; ++mt) ldmatrix_x4_trans(ds[mt], fragment_address<TileLayout<F::kBr, true>>(ds_a, kk * 16, row0 + 16 * mt));
 #pragma unroll
         for (int dpair = 0; dpair < kTiles / 2; ++dpair) {
             uint32_t b[4];
-            ldmatrix_x4_trans(b, fragment_address<D, CF>(k_t, kk * 16, col0 + dpair * 16));
+            ldmatrix_x4_trans(b, fragment_address<TileLayout<D, true>>(k_t, kk * 16, col0 + dpair * 16));
             const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
 #pragma unroll
             for (int mt = 0; mt < 2; ++mt) {
@@ -276,7 +273,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                     old.y += acc[mt][nt][2 * hh + 1];
                     __stcg(reinterpret_cast<float2*>(p), old);
                 } else {
-                    red_add_f32x2(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                    red_global_add_v2_f32(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
                 }
             }
 }
@@ -291,8 +288,7 @@ template <class T, int D, class F, bool kDeterministic>
 __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPerSm)
     flash_backward_tiled_kernel(const Args<T> a) {
     using S = TiledShape<T, D, F>;
-    using CF = detail::CopyFeatures<F::kWarps>;
-    using L = stage07::TileLayout<D, true>;
+    using L = cuda::TileLayout<D, true>;  // K_j, V_j, Q_i, dO_i (and dK_j, dV_j on their way out): rows of d features
     extern __shared__ __align__(128) unsigned char smem_raw[];
     uint16_t* k_tile = reinterpret_cast<uint16_t*>(smem_raw);  // [Bc, d]  K_j, swizzled
     uint16_t* v_tile = k_tile + S::kKVElems;                    // [Bc, d]  V_j
@@ -334,15 +330,15 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
     const int i_begin = first_query_block(j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal);
     const int i_end = a.q_blocks;
     const auto load_query_block = [&](int i, int slot) {
-        detail::load_tile_gmem_to_smem<T, D, CF, F::kBr>(reinterpret_cast<T*>(q_ring + slot * S::kQElems), q_head, a.q_sn,
-                                                         i * F::kBr, a.seq_q);
-        detail::load_tile_gmem_to_smem<T, D, CF, F::kBr>(reinterpret_cast<T*>(do_ring + slot * S::kQElems), do_head,
-                                                         a.do_sn, i * F::kBr, a.seq_q);
+        cuda::load_tile_gmem_to_smem<F::kBr, L, S::kThreads>(reinterpret_cast<T*>(q_ring + slot * S::kQElems), q_head,
+                                                             a.q_sn, i * F::kBr, a.seq_q);
+        cuda::load_tile_gmem_to_smem<F::kBr, L, S::kThreads>(reinterpret_cast<T*>(do_ring + slot * S::kQElems), do_head,
+                                                             a.do_sn, i * F::kBr, a.seq_q);
         detail::load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, lse_head, delta_head, i * F::kBr);
     };
 
-    detail::load_tile_gmem_to_smem<T, D, CF, F::kBc>(reinterpret_cast<T*>(k_tile), k_head, a.k_sn, kv0, a.seq_k);
-    detail::load_tile_gmem_to_smem<T, D, CF, F::kBc>(reinterpret_cast<T*>(v_tile), v_head, a.v_sn, kv0, a.seq_k);
+    cuda::load_tile_gmem_to_smem<F::kBc, L, S::kThreads>(reinterpret_cast<T*>(k_tile), k_head, a.k_sn, kv0, a.seq_k);
+    cuda::load_tile_gmem_to_smem<F::kBc, L, S::kThreads>(reinterpret_cast<T*>(v_tile), v_head, a.v_sn, kv0, a.seq_k);
     if (i_begin < i_end) load_query_block(i_begin, 0);
     fa::cuda::ptx::cp_async_commit();
 

@@ -2,9 +2,10 @@
 // does, lane by lane. ldmatrix: matrix m's row r comes from the address lane 8m + r gave; lane l
 // receives row l/4, elements 2(l%4) and 2(l%4)+1 (.trans: column l/4, rows 2(l%4) and 2(l%4)+1).
 // mma.m16n8k16: each lane assembles the A, B elements of its four outputs from the lanes and
-// registers that hold them (the fragment maps of stage 07's layout.hpp) and sums in float32.
+// registers that hold them (the fragment maps of fa/cuda/layouts.hpp) and sums in float32.
 // cp.async copies land when cp.async.wait_group lets them, not before: a kernel that reads a slot
-// before waiting reads what was there. ex2 is exp2 (no approximation error).
+// before waiting reads what was there. ex2 is exp2 (no approximation error). red.global.add is
+// an atomic add per float, ld.global.acquire an acquiring atomic load.
 #pragma once
 #include <cstdint>
 #include <cuda_bf16.h>
@@ -86,6 +87,11 @@ inline void cp_async_wait() {
         emu::groups.erase(emu::groups.begin());
     }
 }
+inline void red_global_add_v2_f32(float* address, float x, float y) {
+    atomicAdd(address, x);
+    atomicAdd(address + 1, y);
+}
+inline int ld_global_acquire_gpu_b32(const int* address) { return __atomic_load_n(address, __ATOMIC_ACQUIRE); }
 template <class T> inline uint32_t pack2(float lo, float hi);
 template <> inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) { return uint32_t(emu_f2bf(lo)) | (uint32_t(emu_f2bf(hi)) << 16); }
 template <> inline uint32_t pack2<__half>(float lo, float hi) { return uint32_t(emu_f2h(lo)) | (uint32_t(emu_f2h(hi)) << 16); }

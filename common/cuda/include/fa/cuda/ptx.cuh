@@ -12,7 +12,11 @@
 /// (ldmatrix and its .trans form), docs/images/pipeline.svg (cp.async groups).
 ///
 /// All of them need compute capability 8.0 or later (Ampere, Hopper): `mma.sync` with bf16,
-/// `ldmatrix` and `cp.async` arrived with sm_80.
+/// `ldmatrix` and `cp.async` arrived with sm_80. The layouts they produce, and the lane patterns
+/// that pick which rows `ldmatrix` loads, are in fa/cuda/layouts.hpp.
+///
+/// tools/warp_emulator/fa/cuda/ptx.cuh stands in for this header in the CPU test of stage 09:
+/// every wrapper there does, lane by lane, what the PTX ISA says the instruction does.
 #pragma once
 
 #include <cstdint>
@@ -118,6 +122,31 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 //! [cp_async]
+
+//! [global_sync]
+/// `red.global.add.v2.f32`: adds (x, y) to the two float32 at `address` (8-byte aligned, global
+/// memory) without returning anything, in one request for the pair; on GPUs before sm_90, which
+/// lack the vector form, two `red.global.add.f32` (atomicAdd with its result unused). The
+/// additions are atomic; their order, and so the rounding of the sum, is not fixed.
+__device__ __forceinline__ void red_global_add_v2_f32(float* address, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(x), "f"(y) : "memory");
+#else
+    atomicAdd(address, x);
+    atomicAdd(address + 1, y);
+#endif
+}
+
+/// `ld.global.acquire.gpu.b32`: reads a counter another block publishes. The memory operations of
+/// this thread that follow it see every write that was made visible before the counter's value
+/// was written (release/acquire at GPU scope): the reading side of a flag, whose writing side is
+/// `__threadfence()` then an atomic store or add.
+__device__ __forceinline__ int ld_global_acquire_gpu_b32(const int* address) {
+    int value;
+    asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(value) : "l"(address) : "memory");
+    return value;
+}
+//! [global_sync]
 
 /// Two floats rounded to 16 bits and packed into one register, `lo` in the lower half: the
 /// element order every fragment above uses.

@@ -1,0 +1,226 @@
+/// \file stages/09_backward_kernel/launch.cuh
+/// \brief Stage 09's tuned block shapes and its launch sequence: which kernels run, in which
+/// order, with which arguments and how many blocks.
+///
+/// The host entry point (attention.cu) launches them on a stream; the CPU test
+/// (tests/test_stage09_emulated.cpp) runs the very same sequence on the warp emulator
+/// (tools/warp_emulator). Both take the shapes and the arguments from here, so the test checks
+/// what the stage runs, not a copy of it.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "fa/problem.hpp"
+#include "fa/tensor.hpp"
+#include "kernel.cuh"
+#include "warp_tiled.cuh"
+
+namespace fa::stage09 {
+
+//! [tuned]
+/// The block shape for head dimension D: query rows per query block, warps (16 keys each),
+/// query columns per step, K/V fragments in registers or re-read, blocks per SM. Every thread
+/// holds dK_w and dV_w (d/2 float32 registers each) for the whole kernel, and S^T and dP^T
+/// (Bn/2 each) per step. Chosen from the compiler's register counts (`-Xptxas -v`): at d = 32
+/// and 64, Bn = 32 with K_w, V_w re-read keeps a thread under 168 registers without spills, so
+/// three blocks (12 warps) share an SM; at d = 128 dK_w and dV_w alone take 128 registers and two
+/// blocks (the shared memory allows no more) fit at 255. The alternatives timed at d = 64 (the
+/// lesson's road: K_w, V_w in registers, Bn = 16 or 64) were within -10% and +1.5% of this.
+template <int D>
+struct Tuned;
+/// Tuned for d = 32.
+template <>
+struct Tuned<32> {
+    /// the features
+    using F = Features<64, 4, 32, false, 3>;
+};
+/// Tuned for d = 64.
+template <>
+struct Tuned<64> {
+    /// the features
+    using F = Features<64, 4, 32, false, 3>;
+};
+/// Tuned for d = 128.
+template <>
+struct Tuned<128> {
+    /// the features
+    using F = Features<64, 4, 32, false, 1>;
+};
+//! [tuned]
+
+//! [tuned_tiled]
+/// The warp-tiled kernel's shape for head dimension D: query rows, keys, warps, warps along the
+/// keys, query columns per step, blocks per SM. Each warp holds dK and dV for 32 keys and
+/// d / (Warps / KeyWarps) features. Chosen from the compiler's register counts (`-Xptxas -v`,
+/// CUDA 13.0, sm_90): at d = 32 and 64 a 128 x 128 block (8 warps, 4 x 2) takes 156 and 225
+/// registers without spills. At d = 128 the same block needs 64 registers of dK and dV per 32
+/// keys and spills 76 bytes; Br = 128 queries by Bc = 64 keys (2 x 4 warps: 32 keys by 32
+/// features of dK, dV each) fits in 255 without spills.
+template <int D>
+struct TunedTiled;
+/// TunedTiled for d = 32.
+template <>
+struct TunedTiled<32> {
+    /// the features
+    using F = TiledFeatures<128, 128, 8, 4, 32, 1>;
+};
+/// TunedTiled for d = 64.
+template <>
+struct TunedTiled<64> {
+    /// the features
+    using F = TiledFeatures<128, 128, 8, 4, 32, 1>;
+};
+/// TunedTiled for d = 128.
+template <>
+struct TunedTiled<128> {
+    /// the features
+    using F = TiledFeatures<128, 64, 8, 2, 32, 1>;
+};
+//! [tuned_tiled]
+
+/// The shape of one main kernel, for the host: block counts, padding, the workspace, the report.
+struct Geometry {
+    int br;                ///< query rows per query block
+    int bc;                ///< keys per key block
+    int warps;             ///< warps per block
+    int bn;                ///< query columns per step
+    int key_warps;         ///< warps along the keys (step 0: all of them, 16 keys each)
+    bool kv_in_registers;  ///< step 0 only
+    size_t smem;           ///< dynamic shared memory of one block, bytes
+    int threads;           ///< threads per block
+};
+
+/// The geometry of the main kernel of `step` (0: warps own keys, 1: warp-tiled) at head dimension D.
+template <int D>
+Geometry geometry_for(int step) {
+    if (step == 0) {
+        using F = typename Tuned<D>::F;
+        using S = Shape<__nv_bfloat16, D, F>;
+        return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kWarps, F::kKVInRegisters, S::kSmemBytes, S::kThreads};
+    }
+    using F = typename TunedTiled<D>::F;
+    using S = TiledShape<__nv_bfloat16, D, F>;
+    return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kKeyWarps, false, S::kSmemBytes, S::kThreads};
+}
+
+/// Sizes every kernel derives from the problem and the block shape.
+struct Counts {
+    int64_t batch_heads;   ///< B * H
+    int64_t q_blocks;      ///< Tr
+    int64_t k_blocks;      ///< Tc
+    int64_t seq_q_padded;  ///< Tr * Br
+};
+
+/// The counts of `problem` for blocks of shape `geo`.
+inline Counts counts(const Problem& problem, const Geometry& geo) {
+    Counts c{};
+    c.batch_heads = problem.batch * problem.heads;
+    c.q_blocks = ceil_div(problem.seq_q, geo.br);
+    c.k_blocks = ceil_div(problem.seq_k, geo.bc);
+    c.seq_q_padded = c.q_blocks * geo.br;
+    return c;
+}
+
+/// Floats of the workspace: L log2(e) and D (one per padded row), the dQ accumulator (d per padded row).
+inline int64_t workspace_floats(const Problem& problem, const Geometry& geo) {
+    const Counts c = counts(problem, geo);
+    return c.batch_heads * c.seq_q_padded * (2 + problem.head_dim);
+}
+
+/// The three launches of one backward: each kernel's arguments and block count.
+template <class T>
+struct Launches {
+    PreprocessArgs<T> pre;     ///< backward_preprocess_kernel's arguments
+    int64_t pre_blocks;        ///< its blocks (kPrePostThreads threads each)
+    Args<T> main;              ///< the main kernel's arguments
+    int64_t main_blocks;       ///< its blocks: one per (key block, batch, head)
+    PostprocessArgs<T> post;   ///< backward_postprocess_kernel's arguments
+    int64_t post_blocks;       ///< its blocks (grid-stride)
+};
+
+//! [launches]
+/// The arguments and block counts of the three kernels for one problem. `workspace` holds
+/// workspace_floats() floats (L log2(e), then D, then the dQ accumulator, per padded row); `turns`
+/// holds B*H*Tr counters in the deterministic mode, nullptr otherwise.
+template <class T, int D>
+Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<const T> o,
+                          View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv,
+                          float* workspace, int* turns, const Geometry& geo) {
+    const Counts c = counts(p, geo);
+    float* lse_log2 = workspace;                                 // [B*H, Nq_padded]
+    float* delta = lse_log2 + c.batch_heads * c.seq_q_padded;    // [B*H, Nq_padded]
+    float* dq_accum = delta + c.batch_heads * c.seq_q_padded;    // [B*H, Nq_padded, d] (16-byte aligned: Nq_padded % 64 == 0)
+    const double scale = p.softmax_scale();
+    Launches<T> l{};
+
+    PreprocessArgs<T>& pre = l.pre;
+    pre.o = o.data, pre.dout = dout.data, pre.lse = lse.data;
+    pre.lse_log2 = lse_log2, pre.delta = delta, pre.dq_accum = dq_accum, pre.turns = turns;
+    pre.o_sb = o.stride[0], pre.o_sh = o.stride[1], pre.o_sn = o.stride[2];
+    pre.do_sb = dout.stride[0], pre.do_sh = dout.stride[1], pre.do_sn = dout.stride[2];
+    pre.lse_sb = lse.stride[0], pre.lse_sh = lse.stride[1], pre.lse_sn = lse.stride[2];
+    pre.rows = c.batch_heads * c.seq_q_padded;
+    pre.heads = int(p.heads), pre.seq_q = int(p.seq_q), pre.seq_q_padded = int(c.seq_q_padded), pre.br = geo.br;
+    l.pre_blocks = ceil_div(pre.rows, kPrePostThreads / (D / 8));
+
+    Args<T>& a = l.main;
+    a.q = q.data, a.k = k.data, a.v = v.data, a.dout = dout.data, a.dk = dk.data, a.dv = dv.data;
+    a.lse_log2 = lse_log2, a.delta = delta, a.dq_accum = dq_accum, a.turns = turns;
+    a.q_sb = q.stride[0], a.q_sh = q.stride[1], a.q_sn = q.stride[2];
+    a.k_sb = k.stride[0], a.k_sh = k.stride[1], a.k_sn = k.stride[2];
+    a.v_sb = v.stride[0], a.v_sh = v.stride[1], a.v_sn = v.stride[2];
+    a.do_sb = dout.stride[0], a.do_sh = dout.stride[1], a.do_sn = dout.stride[2];
+    a.dk_sb = dk.stride[0], a.dk_sh = dk.stride[1], a.dk_sn = dk.stride[2];
+    a.dv_sb = dv.stride[0], a.dv_sh = dv.stride[1], a.dv_sn = dv.stride[2];
+    a.heads = int(p.heads), a.seq_q = int(p.seq_q), a.seq_k = int(p.seq_k), a.seq_q_padded = int(c.seq_q_padded);
+    a.q_blocks = int(c.q_blocks), a.k_blocks = int(c.k_blocks);
+    a.causal = p.causal;
+    // The scale keeps its sign: P = exp2(s * scale*log2e - L*log2e) is right for either sign, and
+    // masked entries are zeroed after the exponential. A zero scale gives uniform weights.
+    a.scale = float(scale);
+    a.scale_log2 = float(scale * 1.4426950408889634);  // log2(e)
+    l.main_blocks = c.batch_heads * c.k_blocks;
+
+    PostprocessArgs<T>& post = l.post;
+    post.dq_accum = dq_accum, post.dq = dq.data;
+    post.dq_sb = dq.stride[0], post.dq_sh = dq.stride[1], post.dq_sn = dq.stride[2];
+    post.rows = c.batch_heads * p.seq_q;
+    post.heads = int(p.heads), post.seq_q = int(p.seq_q), post.seq_q_padded = int(c.seq_q_padded);
+    post.scale = float(scale);
+    l.post_blocks = std::min<int64_t>(ceil_div(post.rows * (D / 8), kPrePostThreads), int64_t(1) << 16);
+    return l;
+}
+//! [launches]
+
+/// A kernel as a type: `Kernel<k>::value` is `k`, so that a generic launcher receives the kernel
+/// as a compile-time constant (what fa::cuda::allow_dynamic_shared_memory takes).
+template <auto kKernel>
+struct Kernel {
+    static constexpr auto value = kKernel;  ///< the kernel
+};
+
+//! [run]
+/// The launch sequence: preprocess (D_i, L_i log2 e, zeroed accumulator and turns), the main
+/// kernel of `step`, postprocess (dQ rounded to T), in this order on one stream. `launch` is
+/// called as `launch(Kernel<k>{}, name, blocks, threads, shared_bytes, args)` for each.
+template <class T, int D, bool kDeterministic, class Launch>
+void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
+    launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
+    if (step == 0) {
+        using F = typename Tuned<D>::F;
+        using S = Shape<T, D, F>;
+        launch(Kernel<flash_backward_kernel<T, D, F, kDeterministic>>{}, "flash_backward_kernel", l.main_blocks, S::kThreads,
+               S::kSmemBytes, l.main);
+    } else {
+        using F = typename TunedTiled<D>::F;
+        using S = TiledShape<T, D, F>;
+        launch(Kernel<flash_backward_tiled_kernel<T, D, F, kDeterministic>>{}, "flash_backward_tiled_kernel", l.main_blocks,
+               S::kThreads, S::kSmemBytes, l.main);
+    }
+    launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
+}
+//! [run]
+
+}  // namespace fa::stage09
