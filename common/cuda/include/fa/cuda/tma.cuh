@@ -59,6 +59,13 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
         : "memory");
 }
 
+/// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group`: tma_store_4d() for a 2-d tensor map.
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(tensor_map_address(map)),
+                 "r"(src), "r"(c0), "r"(c1)
+                 : "memory");
+}
+
 /// `cp.async.bulk.tensor.4d.global.shared::cta.bulk_group`: stores the box at `src` in shared
 /// memory (laid out and swizzled as a load of the same map would leave it) to coordinates
 /// (c0, c1, c2, c3); elements outside the tensor are not written. Write the box with plain
