@@ -191,7 +191,7 @@ TEST_CASE("wgmma with B transposed: V stored [keys, d] (MN-major), n = 64 and 12
 int main(int argc, char** argv) {
     const std::string reason = fa::cuda::hopper_unavailable_reason();
     if (!reason.empty()) {
-        std::printf("skipped: test_hopper_wrappers %s\n", reason.c_str());
+        std::printf("skipped: test_hopper_wrappers needs a Hopper GPU (sm_90a): %s\n", reason.c_str());
         return 77;
     }
     std::printf("GPU: %s\n", fa::cuda::gpu_info().describe().c_str());

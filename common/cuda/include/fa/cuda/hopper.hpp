@@ -6,8 +6,9 @@
 
 namespace fa::cuda {
 
-/// "" when device 0 is a compute capability 9.0 GPU (Hopper: the sm_90a code of stage 11 runs
-/// there); otherwise one line saying what is missing (no GPU, or which GPU it is).
+/// "" when the current device is a compute capability 9.0 GPU (Hopper: the sm_90a code of stage
+/// 11 runs there); otherwise one line saying what is missing (no GPU, or which GPU it is and
+/// what it lacks).
 std::string hopper_unavailable_reason();
 
 }  // namespace fa::cuda
