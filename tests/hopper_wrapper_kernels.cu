@@ -11,6 +11,7 @@
 #include "fa/cuda/ptx.cuh"
 #include "fa/cuda/tensor_map.hpp"
 #include "fa/cuda/tma.cuh"
+#include "fa/cuda/warpgroup.cuh"
 #include "fa/cuda/wgmma.cuh"
 #include "fa/cuda/wgmma_layout.hpp"
 
@@ -91,6 +92,33 @@ __global__ void mbarrier_kernel(int* flags) {
         f[2] = mbarrier_try_wait_parity(bar_addr, uint32_t((p + 1) % 2));  // the next phase lacks this thread
         f[3] = 1;
     }
+}
+
+// 384 threads: the register split of stage 11's step 3 (128 x 24 + 256 x 240 <= 65536).
+__global__ void __launch_bounds__(384, 1) warp_specialization_kernel(int* codes) {
+    __shared__ int token;
+    __shared__ int exchange[256];
+    const int tid = int(threadIdx.x), group = warpgroup_index();
+    const unsigned elected = __ballot_sync(0xffffffffu, elect_one_sync());
+    int code = __popc(elected) == 1 ? 1 : 4;
+    if (group == 0) {
+        setmaxnreg_dec<24>();
+        if (tid < 32) {
+            if (tid == 0) token = 42;
+            named_barrier_arrive(2, 160);  // warp 0's write of `token` is ordered before warpgroup 1 reads it
+        }
+    } else {
+        setmaxnreg_inc<240>();
+        if (group == 1) {
+            named_barrier_sync(2, 160);  // 32 arriving (warp 0) + 128 waiting (warpgroup 1)
+            if (token != 42 && code == 1) code = 2;
+        }
+        exchange[tid - 128] = tid * 3;
+        named_barrier_sync(1, 256);  // every consumer's write is ordered before the reads below
+        const int other = (tid - 128 + 128) % 256;
+        if (exchange[other] != (other + 128) * 3 && code == 1) code = 3;
+    }
+    codes[tid] = code;
 }
 
 //! [wgmma_kernel]
@@ -239,6 +267,17 @@ std::vector<int> mbarrier_round_trip() {
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<int> h(64 * 3 * 4);
     FA_CUDA_CHECK(cudaMemcpy(h.data(), flags.data(), h.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+std::vector<int> warp_specialization_round_trip() {
+    cuda::DeviceBuffer<int> codes(384);
+    FA_CUDA_CHECK(cudaMemset(codes.data(), 0, 384 * sizeof(int)));
+    warp_specialization_kernel<<<1, 384>>>(codes.data());
+    FA_CUDA_CHECK_LAUNCH("warp_specialization_kernel");
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<int> h(384);
+    FA_CUDA_CHECK(cudaMemcpy(h.data(), codes.data(), h.size() * sizeof(int), cudaMemcpyDeviceToHost));
     return h;
 }
 

@@ -32,6 +32,15 @@ std::vector<uint16_t> tma_store_box(const std::vector<uint16_t>& matrix, std::ve
 /// whether the wait returned at all (1).
 std::vector<int> mbarrier_round_trip();
 
+/// Warp specialization's pieces in one block of three warpgroups: warpgroup 0 gives registers
+/// away (setmaxnreg.dec 24), 1 and 2 take them (setmaxnreg.inc 240); warp 0 publishes a value
+/// with bar.arrive on named barrier 2 that warpgroup 1 waits for with bar.sync; warpgroups 1 and
+/// 2 exchange values through named barrier 1; every warp counts its elect.sync winners. Returns,
+/// per thread (384), a code: 1 = all as expected, 2 = wrong value after bar.sync on barrier 2,
+/// 3 = wrong neighbour's value after barrier 1, 4 = not exactly one elected lane in the warp;
+/// 0 = the thread never got there.
+std::vector<int> warp_specialization_round_trip();
+
 /// One wgmma product D (64 x n) = A (64 x k) B (k x n), k / 16 instructions, float32 out.
 /// `a` is [64, k] row-major. `b` is [n, k] row-major (K-major B, as K for S = Q K^T) when
 /// `trans_b` is false, [k, n] row-major (MN-major B, as V for O += P V) when true. The tiles

@@ -157,6 +157,22 @@ TEST_CASE("mbarrier: arrivals complete a phase, its parity flips, the next phase
     CHECK(bad == 0);
 }
 
+TEST_CASE("setmaxnreg, named barriers and elect.sync: one producer and two consumer warpgroups") {
+    const std::vector<int> codes = warp_specialization_round_trip();
+    const char* meaning[] = {"never got there", "ok", "bar.sync 2 saw no value from bar.arrive", "bar.sync 1 exchange wrong",
+                             "not one elect.sync winner"};
+    int bad = 0;
+    std::ostringstream first;
+    for (int t = 0; t < 384; ++t) {
+        if (codes[size_t(t)] != 1 && bad++ < 8) {
+            const int c = codes[size_t(t)];
+            first << "  thread " << t << " (warpgroup " << t / 128 << "): " << (c >= 0 && c <= 4 ? meaning[c] : "?") << "\n";
+        }
+    }
+    INFO("setmaxnreg.dec 24 / .inc 240, bar.arrive / bar.sync, elect.sync: " << bad << " threads off:\n" << first.str());
+    CHECK(bad == 0);
+}
+
 TEST_CASE("wgmma SS m64n64k16: one instruction, then the k-slices of one 64-wide swizzled atom") {
     for (auto dtype : {fa::cuda::DType::BF16, fa::cuda::DType::FP16}) {
         check_product(dtype, 64, 16, false, false);
