@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(384, 1) warp_specialization_kernel(int* codes)
 // D = A B on one warpgroup. The tiles are stored with plain 16-bit stores at the swizzled
 // offsets of the host map, so this tests wgmma and the descriptors alone, not the TMA.
 template <class T, int N, bool kRS, bool kTransB>
-__global__ void __launch_bounds__(128) wgmma_kernel(const T* a, const T* b, int k, float* d_out) {
+__global__ void __launch_bounds__(128) wgmma_kernel(const T* a, const T* b, int k, int swap_offsets, float* d_out) {
     extern __shared__ unsigned char raw[];
     unsigned char* a_tile = aligned_smem(raw);                 // [64, k] swizzled, k / 64 boxes
     unsigned char* b_tile = a_tile + 64 * 128 * 2;             // [N, k] (K-major) or [k, N] (MN-major)
@@ -163,7 +163,11 @@ __global__ void __launch_bounds__(128) wgmma_kernel(const T* a, const T* b, int 
     wgmma_fence();  // the accumulators and A registers written above are ready for wgmma
     const uint32_t a_addr = smem_address(a_tile), b_addr = smem_address(b_tile);
     for (int ks = 0; ks < k / 16; ++ks) {
-        const uint64_t desc_b = kTransB ? wl::mn_major_descriptor(b_addr, k, ks) : wl::k_major_descriptor(b_addr, N, ks);
+        uint64_t desc_b = kTransB ? wl::mn_major_descriptor(b_addr, k, ks) : wl::k_major_descriptor(b_addr, N, ks);
+        if (swap_offsets) {  // the diagnostic: B's LBO and SBO exchanged
+            const wl::Descriptor f = wl::decode_descriptor(desc_b);
+            desc_b = wl::encode_descriptor(f.start_address, f.stride_byte_offset, f.leading_byte_offset, f.swizzle);
+        }
         if constexpr (kRS) {
             wgmma_m64nNk16_rs<N, T>(d, a_regs[ks], desc_b, ks > 0, kTransB);
         } else {
@@ -189,7 +193,7 @@ std::vector<T> to_half(const std::vector<float>& x) {
 }
 
 template <class T, int N, bool kRS, bool kTransB>
-std::vector<float> run_wgmma(int k, const std::vector<float>& a, const std::vector<float>& b) {
+std::vector<float> run_wgmma(int k, int swap, const std::vector<float>& a, const std::vector<float>& b) {
     cuda::DeviceBuffer<T> da(a.size()), db(b.size());
     cuda::DeviceBuffer<float> dd(size_t(64) * N);
     const std::vector<T> ha = to_half<T>(a), hb = to_half<T>(b);
@@ -198,7 +202,7 @@ std::vector<float> run_wgmma(int k, const std::vector<float>& a, const std::vect
     FA_CUDA_CHECK(cudaMemset(dd.data(), 0xFF, size_t(64) * N * sizeof(float)));  // NaN: unwritten shows
     const size_t smem = 1024 + 64 * 128 * 2 + 128 * 128 * 2;
     FA_CUDA_CHECK(cudaFuncSetAttribute(wgmma_kernel<T, N, kRS, kTransB>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    wgmma_kernel<T, N, kRS, kTransB><<<1, 128, smem>>>(da.data(), db.data(), k, dd.data());
+    wgmma_kernel<T, N, kRS, kTransB><<<1, 128, smem>>>(da.data(), db.data(), k, swap, dd.data());
     FA_CUDA_CHECK_LAUNCH("wgmma_kernel");
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> d(size_t(64) * N);
@@ -207,9 +211,10 @@ std::vector<float> run_wgmma(int k, const std::vector<float>& a, const std::vect
 }
 
 template <class T, int N>
-std::vector<float> run_wgmma_forms(int k, bool rs, bool trans_b, const std::vector<float>& a, const std::vector<float>& b) {
-    if (rs) return trans_b ? run_wgmma<T, N, true, true>(k, a, b) : run_wgmma<T, N, true, false>(k, a, b);
-    return trans_b ? run_wgmma<T, N, false, true>(k, a, b) : run_wgmma<T, N, false, false>(k, a, b);
+std::vector<float> run_wgmma_forms(int k, bool rs, bool trans_b, int swap, const std::vector<float>& a,
+                                   const std::vector<float>& b) {
+    if (rs) return trans_b ? run_wgmma<T, N, true, true>(k, swap, a, b) : run_wgmma<T, N, true, false>(k, swap, a, b);
+    return trans_b ? run_wgmma<T, N, false, true>(k, swap, a, b) : run_wgmma<T, N, false, false>(k, swap, a, b);
 }
 
 std::vector<uint16_t> copy_back(const cuda::DeviceBuffer<uint16_t>& buf, size_t n) {
@@ -282,12 +287,14 @@ std::vector<int> warp_specialization_round_trip() {
 }
 
 std::vector<float> wgmma_product(cuda::DType dtype, int n, int k, bool rs, bool trans_b, const std::vector<float>& a,
-                                 const std::vector<float>& b) {
+                                 const std::vector<float>& b, bool swap_b_offsets) {
+    const int swap = swap_b_offsets ? 1 : 0;
     if (dtype == cuda::DType::BF16) {
-        return n == 64 ? run_wgmma_forms<__nv_bfloat16, 64>(k, rs, trans_b, a, b)
-                       : run_wgmma_forms<__nv_bfloat16, 128>(k, rs, trans_b, a, b);
+        return n == 64 ? run_wgmma_forms<__nv_bfloat16, 64>(k, rs, trans_b, swap, a, b)
+                       : run_wgmma_forms<__nv_bfloat16, 128>(k, rs, trans_b, swap, a, b);
     }
-    return n == 64 ? run_wgmma_forms<__half, 64>(k, rs, trans_b, a, b) : run_wgmma_forms<__half, 128>(k, rs, trans_b, a, b);
+    return n == 64 ? run_wgmma_forms<__half, 64>(k, rs, trans_b, swap, a, b)
+                   : run_wgmma_forms<__half, 128>(k, rs, trans_b, swap, a, b);
 }
 
 }  // namespace fa::test::hopper

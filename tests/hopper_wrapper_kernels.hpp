@@ -47,7 +47,9 @@ std::vector<int> warp_specialization_round_trip();
 /// are written to shared memory by plain stores in the 128-byte-swizzled layout
 /// (wgmma_layout::tile_offset), not by the TMA. `rs`: A from registers (the RS form).
 /// Returns D [64, n] row-major, each element placed by wgmma_layout::accumulator_element.
+/// `swap_b_offsets`: a diagnostic, B's descriptor with LBO and SBO exchanged (to tell, when a
+/// product fails, whether the two offsets should be read the other way round).
 std::vector<float> wgmma_product(cuda::DType dtype, int n, int k, bool rs, bool trans_b, const std::vector<float>& a,
-                                 const std::vector<float>& b);
+                                 const std::vector<float>& b, bool swap_b_offsets = false);
 
 }  // namespace fa::test::hopper

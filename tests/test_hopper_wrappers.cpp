@@ -53,6 +53,18 @@ std::vector<float> small_values(size_t n, int seed) {
     return x;
 }
 
+// Elements of D = A B (A [64, k], B [n, k] or, transposed, [k, n]) that differ from the CPU product.
+int count_wrong(const std::vector<float>& d, const std::vector<float>& a, const std::vector<float>& b, int n, int k, bool trans_b) {
+    int bad = 0;
+    for (int i = 0; i < 64; ++i)
+        for (int j = 0; j < n; ++j) {
+            double want = 0;
+            for (int kk = 0; kk < k; ++kk) want += double(a[size_t(i * k + kk)]) * (trans_b ? b[size_t(kk * n + j)] : b[size_t(j * k + kk)]);
+            bad += !(std::fabs(d[size_t(i * n + j)] - want) <= 1e-4 * (1 + std::fabs(want)));
+        }
+    return bad;
+}
+
 void check_product(fa::cuda::DType dtype, int n, int k, bool rs, bool trans_b) {
     const std::vector<float> a = small_values(size_t(64) * k, 1), b = small_values(size_t(n) * k, 2);
     const std::vector<float> d = wgmma_product(dtype, n, k, rs, trans_b, a, b);
@@ -80,6 +92,12 @@ void check_product(fa::cuda::DType dtype, int n, int k, bool rs, bool trans_b) {
                       << (trans_b ? "MN-major [k, n], transposed (as V)" : "K-major [n, k] (as K)") << ", "
                       << fa::cuda::to_string(dtype) << ": " << bad << " of " << 64 * n << " elements differ; first ones:\n"
                       << first.str());
+    if (bad > 0) {
+        // Diagnostic: the same product with B's LBO and SBO exchanged; if that one is right, the
+        // descriptor reads the two offsets the other way round from wgmma_layout's.
+        const int swapped = count_wrong(wgmma_product(dtype, n, k, rs, trans_b, a, b, true), a, b, n, k, trans_b);
+        MESSAGE("diagnostic: with B's LBO and SBO exchanged, " << swapped << " of " << 64 * n << " elements differ");
+    }
     CHECK(bad == 0);
 }
 
