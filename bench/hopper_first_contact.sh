@@ -23,8 +23,10 @@ run() {
     shift
     printf '$ %s\n' "$*"
     timeout --signal=KILL "$limit" "$@"
-    printf '[exit %d]\n' "$?"
+    last_rc=$?
+    printf '[exit %d]\n' "$last_rc"
 }
+last_rc=0
 
 section "GPU and toolkit"
 nvidia-smi --query-gpu=name,compute_cap,clocks.sm,clocks.max.sm,driver_version --format=csv 2>&1 | head -3
@@ -60,17 +62,26 @@ section "2. each wrapper alone (TMA, mbarrier, wgmma SS / RS / transposed B)"
 run 120 env FA_CUDA_SYNC=1 "$build/tests/test_hopper_wrappers"
 
 section "3. each step on one small problem (d 64 bf16 bhnd; d 128 fp16 bnhd causal, Nq > Nk)"
+# A step that runs past its limit (a barrier that never completes) is left out of the tests below.
+steps_ok=""
 for s in 1 2 3; do
-    run 60 env FA_CUDA_SYNC=1 "$stage11" --step "$s" --heads 2 --seq-q 200 --seq-k 333 --head-dim 64
-    run 60 env FA_CUDA_SYNC=1 "$stage11" --step "$s" --heads 3 --batch 2 --seq-q 300 --seq-k 130 --head-dim 128 \
+    hung=0
+    run 30 env FA_CUDA_SYNC=1 "$stage11" --step "$s" --heads 2 --seq-q 200 --seq-k 333 --head-dim 64
+    [[ $last_rc -eq 137 ]] && hung=1
+    run 30 env FA_CUDA_SYNC=1 "$stage11" --step "$s" --heads 3 --batch 2 --seq-q 300 --seq-k 130 --head-dim 128 \
         --dtype fp16 --layout bnhd --causal
+    [[ $last_rc -eq 137 ]] && hung=1
+    [[ $hung -eq 0 ]] && steps_ok="${steps_ok:+$steps_ok,}$s"
 done
+echo "steps that finished: ${steps_ok:-none}"
 
-section "4. the stage's tests, one test case at a time"
-for tc in "*step 1 (wgmma*" "*step 2 (TMA*" "*step 3 (producer*" "*diagonal*" "*writes every output*" \
-          "*any finite scale*" "*agrees with stage 07*" "*longer sequences*" "*refuses*"; do
-    run 240 "$build/tests/test_stage11" --test-case="$tc"
-done
+section "4. the stage's tests, one test case at a time (steps ${steps_ok:-none})"
+if [[ -n "$steps_ok" ]]; then
+    for tc in "*step 1 (wgmma*" "*step 2 (TMA*" "*step 3 (producer*" "*diagonal*" "*writes every output*" \
+              "*any finite scale*" "*agrees with stage 07*" "*longer sequences*" "*refuses*"; do
+        run 120 env FA_STAGE11_STEPS="$steps_ok" "$build/tests/test_stage11" --test-case="$tc"
+    done
+fi
 
 section "5. the wgmma ceiling"
 run 120 "$build/bench/wgmma_ceiling" --target-ms 5 --repeat 20
@@ -78,7 +89,7 @@ run 120 "$build/bench/wgmma_ceiling" --target-ms 5 --repeat 20
 section "6. first timing: every step beside stage 07 (step 0), bf16, B 1 H 16 N 4096"
 for d in 64 128; do
     for causal in "" "--causal"; do
-        for s in 0 1 2 3; do
+        for s in 0 ${steps_ok//,/ }; do
             run 60 "$stage11" --step "$s" --heads 16 --seq-q 4096 --seq-k 4096 --head-dim "$d" $causal --bench \
                 --repeat 20 --reference never | grep -E '^(\$|\[exit|config|bench|rate|clock|verdict|error)|FAIL'
         done
