@@ -1,0 +1,229 @@
+// Stage 11: the Hopper kernel's instances, its entry points and the road of its features.
+#include "attention.cuh"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "../07_pipelined_fused_kernel/attention.cuh"
+#include "fa/cuda/check.hpp"
+#include "fa/cuda/hopper.hpp"
+#include "fa/cuda/tensor_map.hpp"
+#include "fa/cuda/tensors.hpp"
+#include "fa/error.hpp"
+#include "kernel.cuh"
+
+namespace fa::stage11 {
+
+namespace {
+
+//! [road]
+// The road as named values, each the one before plus one idea (see Features).
+constexpr Features kStep1{};                                    // one consumer warpgroup, wgmma, cp.async ring
+constexpr Features kStep2 = kStep1.with_tma_ring(2);            // + TMA loads on mbarriers
+constexpr Features kStep3 = kStep2.with_producer_warpgroup(2);  // + producer warpgroup, two consumers, setmaxnreg
+
+/// Step N as a type the kernel template takes.
+template <int N>
+struct StepN;
+template <>
+struct StepN<1> { static constexpr Features value = kStep1; };
+template <>
+struct StepN<2> { static constexpr Features value = kStep2; };
+template <>
+struct StepN<3> { static constexpr Features value = kStep3; };
+constexpr int kFinalStep = 3;
+//! [road]
+
+template <class T>
+using LaunchFn = void (*)(const Args<T>&, cudaStream_t);
+
+template <class T, int D, int N>
+void launch(const Args<T>& a, cudaStream_t stream) {
+    using Step = StepN<N>;
+    using S = Shape<T, D, Step>;
+    cuda::allow_dynamic_shared_memory<hopper_forward_kernel<T, D, Step>>(S::kSmemBytes);
+    hopper_forward_kernel<T, D, Step><<<unsigned(a.q_tiles) * unsigned(a.batch_heads), S::kThreads, S::kSmemBytes, stream>>>(a);
+    FA_CUDA_CHECK_LAUNCH("stage11 hopper_forward_kernel<d=" + std::to_string(D) + ", step " + std::to_string(N) + ">");
+}
+
+/// The step's features (for the host: block rows, tile size, whether tensor maps are needed).
+Features features_of(int step) { return step == 1 ? kStep1 : step == 2 ? kStep2 : kStep3; }
+
+template <class T, int N>
+size_t smem_of(int d) {
+    return d == 64 ? Shape<T, 64, StepN<N>>::kSmemBytes : Shape<T, 128, StepN<N>>::kSmemBytes;
+}
+
+template <class T>
+LaunchFn<T> find_launcher(int d, int step) {
+    switch (step * 1000 + d) {
+        case 1064: return launch<T, 64, 1>;
+        case 1128: return launch<T, 128, 1>;
+        case 2064: return launch<T, 64, 2>;
+        case 2128: return launch<T, 128, 2>;
+        case 3064: return launch<T, 64, 3>;
+        case 3128: return launch<T, 128, 3>;
+        default: return nullptr;
+    }
+}
+
+int resolve(int step) { return step < 0 ? kFinalStep : step; }
+
+template <class T>
+void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse,
+                cudaStream_t stream, int step) {
+    step = resolve(step);
+    check_supported(p, step);
+    if (step == 0) {  // the point of departure: stage 07's final kernel, on the same views
+        stage07::attention_device(p, q, k, v, o, lse, stream);
+        return;
+    }
+    const LaunchFn<T> launcher = find_launcher<T>(int(p.head_dim), step);
+    if (launcher == nullptr) throw InputError("stage 11: no kernel is built for this head dimension and step");
+    cuda::require_16_byte_rows("stage 11", "q", q);
+    cuda::require_16_byte_rows("stage 11", "k", k);
+    cuda::require_16_byte_rows("stage 11", "v", v);
+    cuda::require_16_byte_rows("stage 11", "o", o);
+    const Features f = features_of(step);
+    Args<T> a{};
+    if (f.tma) {
+        const DType dtype = std::is_same_v<T, __half> ? DType::FP16 : DType::BF16;
+        a.q_map = cuda::make_tensor_map_bhnd(q.data, dtype, p.batch, p.heads, p.seq_q, p.head_dim, q.stride[0], q.stride[1],
+                                             q.stride[2], f.br(), "stage 11 q");
+        a.k_map = cuda::make_tensor_map_bhnd(k.data, dtype, p.batch, p.heads, p.seq_k, p.head_dim, k.stride[0], k.stride[1],
+                                             k.stride[2], f.bc, "stage 11 k");
+        a.v_map = cuda::make_tensor_map_bhnd(v.data, dtype, p.batch, p.heads, p.seq_k, p.head_dim, v.stride[0], v.stride[1],
+                                             v.stride[2], f.bc, "stage 11 v");
+    }
+    a.q = q.data, a.k = k.data, a.v = v.data, a.o = o.data, a.lse = lse.data;
+    a.q_sb = q.stride[0], a.q_sh = q.stride[1], a.q_sn = q.stride[2];
+    a.k_sb = k.stride[0], a.k_sh = k.stride[1], a.k_sn = k.stride[2];
+    a.v_sb = v.stride[0], a.v_sh = v.stride[1], a.v_sn = v.stride[2];
+    a.o_sb = o.stride[0], a.o_sh = o.stride[1], a.o_sn = o.stride[2];
+    a.lse_sb = lse.stride[0], a.lse_sh = lse.stride[1], a.lse_sn = lse.stride[2];
+    a.heads = int(p.heads);
+    a.batch_heads = int(p.batch * p.heads);
+    a.q_tiles = int((p.seq_q + f.br() - 1) / f.br());
+    a.seq_q = int(p.seq_q);
+    a.seq_k = int(p.seq_k);
+    a.causal = p.causal;
+    const double scale = p.softmax_scale();
+    a.negate_s = scale < 0;
+    // A zero scale would turn the -inf of a masked score into NaN (-inf * 0); the smallest normal
+    // float gives the same uniform weights, since |s| * FLT_MIN rounds to 0 for every finite score.
+    a.scale = std::max(float(std::fabs(scale)), FLT_MIN);
+    a.scale_log2 = std::max(float(std::fabs(scale) * 1.4426950408889634), FLT_MIN);  // log2(e)
+    launcher(a, stream);
+}
+
+template <class T>
+AttentionFn host_entry_for(int step) {
+    return [step](const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v, View4<float> o,
+                  View3<float> lse) {
+        check_supported(p, resolve(step));
+        // The 16-bit copies keep the layout of the float32 views, so the kernel (and the TMA)
+        // reads either layout through its strides.
+        const Layout layout = q.stride[1] >= q.stride[2] ? Layout::BHND : Layout::BNHD;
+        cuda::DeviceTensors dev(p, q, k, v, o, lse);
+        cuda::HalfTensors<T> half(p, layout);
+        half.load(dev.q, dev.k, dev.v);
+        run_device<T>(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step);
+        cuda::convert(View4<const T>(half.o), dev.o);
+        FA_CUDA_CHECK(cudaDeviceSynchronize());
+        dev.copy_outputs_to(o, lse);
+    };
+}
+
+}  // namespace
+
+const std::vector<Step>& road() {
+    static const std::vector<Step> steps = {
+        {"stage 07", "the point of departure: stage 07's final kernel (mma.sync, cp.async, ldmatrix), on the same GPU"},
+        {"wgmma", "one consumer warpgroup of 64 query rows: S = Q K^T by wgmma from shared memory, O += P V by wgmma "
+                  "with P from registers; tiles copied by cp.async into the 128-byte swizzle, two deep"},
+        {"TMA ring", "K and V tiles loaded by the TMA (one thread) into a ring of two buffers, each on its mbarrier"},
+        {"producer warpgroup", "warp specialization: a producer warpgroup issues the TMA copies (24 registers), two "
+                               "consumer warpgroups compute (240 registers, setmaxnreg); full and empty barriers"},
+    };
+    return steps;
+}
+
+int final_step() { return kFinalStep; }
+
+const std::vector<int>& supported_head_dims() {
+    static const std::vector<int> dims{64, 128};
+    return dims;
+}
+
+std::string gpu_unavailable_reason() {
+    const std::string reason = cuda::hopper_unavailable_reason();
+    return reason.empty() ? "" : "a Hopper GPU (sm_90a): " + reason;
+}
+
+void check_supported(const Problem& p, int step) {
+    step = resolve(step);
+    const int steps = int(road().size());
+    if (step >= steps) {
+        throw InputError("--step " + std::to_string(step) + " does not exist: stage 11 has steps 0 to " + std::to_string(steps - 1));
+    }
+    if (p.head_dim != 64 && p.head_dim != 128) {
+        throw InputError("--head-dim " + std::to_string(p.head_dim) + " is not supported by stage 11: use 64, 128");
+    }
+    if (p.seq_q > (int64_t(1) << 30) || p.seq_k > (int64_t(1) << 30) || p.batch * p.heads > (int64_t(1) << 24)) {
+        throw InputError("stage 11 takes at most 2^30 query or key rows and 2^24 batch x heads (32-bit tile indices)");
+    }
+    if ((p.seq_q + 63) / 64 * p.batch * p.heads >= (int64_t(1) << 31)) {
+        throw InputError("stage 11: the problem needs more than 2^31 thread blocks");
+    }
+}
+
+void attention_device(const Problem& p, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
+                      View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o, View3<float> lse, cudaStream_t stream, int step) {
+    run_device<__nv_bfloat16>(p, q, k, v, o, lse, stream, step);
+}
+
+void attention_device(const Problem& p, View4<const __half> q, View4<const __half> k, View4<const __half> v,
+                      View4<__half> o, View3<float> lse, cudaStream_t stream, int step) {
+    run_device<__half>(p, q, k, v, o, lse, stream, step);
+}
+
+AttentionFn host_entry(DType dtype, int step) {
+    return dtype == DType::BF16 ? host_entry_for<__nv_bfloat16>(step) : host_entry_for<__half>(step);
+}
+
+void attention(const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v, View4<float> o,
+               View3<float> lse) {
+    host_entry(DType::BF16)(p, q, k, v, o, lse);
+}
+
+std::string describe_config(const Problem& p, int step) {
+    step = resolve(step);
+    check_supported(p, step);
+    if (step == 0) return "step 0 (stage 07's final kernel): " + stage07::describe_config(p);
+    const Features f = features_of(step);
+    const size_t smem = step == 1 ? smem_of<__nv_bfloat16, 1>(int(p.head_dim))
+                      : step == 2 ? smem_of<__nv_bfloat16, 2>(int(p.head_dim))
+                                  : smem_of<__nv_bfloat16, 3>(int(p.head_dim));
+    const int q_tiles = int((p.seq_q + f.br() - 1) / f.br()), k_tiles = int((p.seq_k + f.bc - 1) / f.bc);
+    long long unmasked = 0, masked = 0;
+    for (int t = 0; t < q_tiles; ++t) {
+        int full = 0, end = 0;
+        key_tiles(t * f.br(), f.br(), f.bc, int(p.seq_q), int(p.seq_k), p.causal, full, end);
+        unmasked += full;
+        masked += end - full;
+    }
+    const long long total = (long long)q_tiles * k_tiles;
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "step %d (%s): Br=%d Bc=%d, %d consumer warpgroup(s)%s, %d-slot ring loaded by %s, %zu B shared memory; "
+                  "per head %lld of %lld key tiles unmasked, %lld masked, %lld skipped",
+                  step, road()[size_t(step)].name.c_str(), f.br(), f.bc, f.consumers,
+                  f.producer ? " + 1 producer warpgroup" : "", f.stages, f.tma ? "the TMA" : "cp.async", smem, unmasked,
+                  total, masked, total - unmasked - masked);
+    return buf;
+}
+
+}  // namespace fa::stage11

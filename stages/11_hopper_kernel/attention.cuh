@@ -1,0 +1,94 @@
+/// \file stages/11_hopper_kernel/attention.cuh
+/// \brief Stage 11: stage 07's attention on Hopper's own machinery: wgmma (warpgroup matrix
+/// multiply from shared memory), the TMA (whole tiles copied by one thread, swizzled on the way,
+/// reported on mbarriers), and warp specialization (a producer warpgroup loading, consumer
+/// warpgroups computing, registers moved to them with setmaxnreg).
+///
+/// **Adds:** `wgmma.mma_async` for both products (S = Q K^T with both operands read from
+/// shared memory through descriptors; O += P V with P from registers and V read transposed),
+/// the 128-byte swizzle that TMA and wgmma share, `cp.async.bulk.tensor` loads completing on
+/// mbarriers, a producer warpgroup and `setmaxnreg`. Everything stage 07 handles is still
+/// handled: bf16 and fp16, exp2 with the folded scale, causal with masked diagonal tiles and
+/// skipped tiles beyond, any Nq and Nk (the TMA fills rows past the end with zeros), rows that
+/// see no key, both layouts (the tensor map's strides), negative scales, LSE out.
+///
+/// **Why:** on an H100, `mma.sync` reaches about 645 TFLOP/s; `wgmma` is the instruction that
+/// reaches the rest of the tensor cores' rate (cuBLAS: about 730-800), and frees the registers
+/// and issue slots that mma.sync's operands cost. SDPA's cuDNN backend uses it, and is 1.3-1.8x
+/// faster than stage 07 forward.
+///
+/// **Does not handle yet:** d other than 64 and 128; ping-pong of two consumer warpgroups,
+/// softmax overlapped with the next QK^T, persistent scheduling, the TMA-store epilogue
+/// (the next steps of the road); the backward pass.
+///
+/// **Measured:** not yet: see the lesson page (stages/11_hopper_kernel/README.md).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "fa/cuda/half.hpp"
+#include "fa/problem.hpp"
+#include "fa/road.hpp"
+#include "fa/stage.hpp"
+#include "fa/tensor.hpp"
+
+namespace fa::stage11 {
+
+using cuda::DType;
+
+/// One step of the road. Step 0 is stage 07's final kernel (mma.sync), the point of departure.
+using Step = RoadStep;
+
+/// The steps, in order; the last is the kernel attention_device() runs by default.
+const std::vector<Step>& road();
+
+/// Index of the final kernel in road().
+int final_step();
+
+/// Head dimensions every step supports (64 and 128).
+const std::vector<int>& supported_head_dims();
+
+/// Throws fa::InputError unless step `step` supports `problem` (head dimension, sizes that fit
+/// the kernel's 32-bit indices, the step number).
+void check_supported(const Problem& problem, int step);
+
+/// "" when this machine can run stage 11 (a Hopper GPU, sm_90a); otherwise one line saying why not.
+std::string gpu_unavailable_reason();
+
+/// Device entry point, bf16: queues the kernel on `stream`. All views point to device memory;
+/// q, k, v, o need a feature stride of 1, other strides that are multiples of 8 elements and
+/// 16-byte aligned starts (dense tensors in either layout have them; so does the TMA).
+///
+/// \param problem shapes, scale and causality
+/// \param q (B, H, Nq, d) on the device
+/// \param k (B, H, Nk, d) on the device
+/// \param v (B, H, Nk, d) on the device
+/// \param o (B, H, Nq, d) on the device, written
+/// \param lse (B, H, Nq) float32 on the device, written: natural-log logsumexp of the scaled scores
+/// \param stream where the kernel runs
+/// \param step which step of road() runs (default: the final kernel)
+void attention_device(const Problem& problem, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
+                      View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o, View3<float> lse, cudaStream_t stream,
+                      int step = -1);
+
+/// Device entry point, fp16 (see the bf16 overload).
+void attention_device(const Problem& problem, View4<const __half> q, View4<const __half> k, View4<const __half> v,
+                      View4<__half> o, View3<float> lse, cudaStream_t stream, int step = -1);
+
+/// A host entry point with the float32 signature every stage shares: q, k, v are copied to the
+/// device and rounded to `dtype` there, step `step` runs, o is widened back to float32.
+AttentionFn host_entry(DType dtype, int step = -1);
+
+/// host_entry(DType::BF16) with the final kernel.
+void attention(const Problem& problem, View4<const float> q, View4<const float> k, View4<const float> v,
+               View4<float> o, View3<float> lse);
+
+/// Block shape, warpgroups, ring depth, loads, shared memory and tile counts, in one line.
+std::string describe_config(const Problem& problem, int step = -1);
+
+}  // namespace fa::stage11
