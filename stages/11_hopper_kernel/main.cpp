@@ -66,7 +66,14 @@ int main(int argc, char** argv) {
         return g_dtype == fa::cuda::DType::BF16 ? bench_half<__nv_bfloat16>(p, in, opt) : bench_half<__half>(p, in, opt);
     };
     spec.after_bench = fa::cuda::print_tensor_core_report;
-    spec.checked_against.push_back({"stage 07 (mma.sync, bf16)", fa::stage07::attention, {}});
+    // Stage 07 in the same precision: the rule's limits are those of --dtype, so the earlier stage
+    // must round as this one does.
+    spec.checked_against.push_back({"stage 07 (mma.sync, same --dtype)",
+                                    [](const fa::Problem& p, fa::View4<const float> q, fa::View4<const float> k,
+                                       fa::View4<const float> v, fa::View4<float> o, fa::View3<float> lse) {
+                                        fa::stage07::host_entry(g_dtype)(p, q, k, v, o, lse);
+                                    },
+                                    {}});
     // The CPU check where it costs at most about as much as the float64 reference (the GPU stage
     // 07 checks every size).
     spec.checked_against.push_back({"stage 04 (CPU tiling)", fa::stage04::attention, [](const fa::Problem& p) {
