@@ -24,17 +24,23 @@ namespace {
 constexpr Features kStep1{};                                    // one consumer warpgroup, wgmma, cp.async ring
 constexpr Features kStep2 = kStep1.with_tma_ring(2);            // + TMA loads on mbarriers
 constexpr Features kStep3 = kStep2.with_producer_warpgroup(2);  // + producer warpgroup, two consumers, setmaxnreg
+constexpr Features kStep4 = kStep3.with_ping_pong(3);           // + consumers take turns on the tensor cores
+constexpr Features kStep5 = kStep4.with_softmax_overlap();      // + softmax of S_j under P_{j-1} V_{j-1}
+constexpr Features kStep6 = kStep5.with_heaviest_first_grid();  // + causal: every head's heaviest tiles first
+constexpr Features kStep7 = kStep6.with_tma_store();            // + O leaves through shared memory and the TMA
+
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7};  // [0]: unused (stage 07)
+constexpr int kLastStep = 7;
 
 /// Step N as a type the kernel template takes.
 template <int N>
-struct StepN;
-template <>
-struct StepN<1> { static constexpr Features value = kStep1; };
-template <>
-struct StepN<2> { static constexpr Features value = kStep2; };
-template <>
-struct StepN<3> { static constexpr Features value = kStep3; };
-constexpr int kFinalStep = 3;
+struct StepN {
+    static constexpr Features value = kSteps[N];
+};
+
+/// The step attention_device() runs by default: the one expected fastest. The road table
+/// (docs/results/) is what says whether it is.
+constexpr int kDefaultStep = 7;
 //! [road]
 
 template <class T>
@@ -50,27 +56,45 @@ void launch(const Args<T>& a, cudaStream_t stream) {
 }
 
 /// The step's features (for the host: block rows, tile size, whether tensor maps are needed).
-Features features_of(int step) { return step == 1 ? kStep1 : step == 2 ? kStep2 : kStep3; }
+Features features_of(int step) { return kSteps[step >= 1 && step <= kLastStep ? step : 1]; }
+
+template <int N>
+size_t smem_of(int d) {
+    return d == 64 ? Shape<__nv_bfloat16, 64, StepN<N>>::kSmemBytes : Shape<__nv_bfloat16, 128, StepN<N>>::kSmemBytes;
+}
+
+size_t smem_of_step(int step, int d) {
+    switch (step) {
+        case 1: return smem_of<1>(d);
+        case 2: return smem_of<2>(d);
+        case 3: return smem_of<3>(d);
+        case 4: return smem_of<4>(d);
+        case 5: return smem_of<5>(d);
+        case 6: return smem_of<6>(d);
+        default: return smem_of<7>(d);
+    }
+}
 
 template <class T, int N>
-size_t smem_of(int d) {
-    return d == 64 ? Shape<T, 64, StepN<N>>::kSmemBytes : Shape<T, 128, StepN<N>>::kSmemBytes;
+LaunchFn<T> launcher_for(int d) {
+    return d == 64 ? launch<T, 64, N> : d == 128 ? launch<T, 128, N> : nullptr;
 }
 
 template <class T>
 LaunchFn<T> find_launcher(int d, int step) {
-    switch (step * 1000 + d) {
-        case 1064: return launch<T, 64, 1>;
-        case 1128: return launch<T, 128, 1>;
-        case 2064: return launch<T, 64, 2>;
-        case 2128: return launch<T, 128, 2>;
-        case 3064: return launch<T, 64, 3>;
-        case 3128: return launch<T, 128, 3>;
+    switch (step) {
+        case 1: return launcher_for<T, 1>(d);
+        case 2: return launcher_for<T, 2>(d);
+        case 3: return launcher_for<T, 3>(d);
+        case 4: return launcher_for<T, 4>(d);
+        case 5: return launcher_for<T, 5>(d);
+        case 6: return launcher_for<T, 6>(d);
+        case 7: return launcher_for<T, 7>(d);
         default: return nullptr;
     }
 }
 
-int resolve(int step) { return step < 0 ? kFinalStep : step; }
+int resolve(int step) { return step < 0 ? kDefaultStep : step; }
 
 template <class T>
 void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse,
@@ -97,6 +121,10 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
                                              k.stride[2], f.bc, "stage 11 k");
         a.v_map = cuda::make_tensor_map_bhnd(v.data, dtype, p.batch, p.heads, p.seq_k, p.head_dim, v.stride[0], v.stride[1],
                                              v.stride[2], f.bc, "stage 11 v");
+        if (f.tma_store) {  // one [64, 64] box per consumer warpgroup and 64 columns
+            a.o_map = cuda::make_tensor_map_bhnd(o.data, dtype, p.batch, p.heads, p.seq_q, p.head_dim, o.stride[0], o.stride[1],
+                                                 o.stride[2], 64, "stage 11 o");
+        }
     }
     a.q = q.data, a.k = k.data, a.v = v.data, a.o = o.data, a.lse = lse.data;
     a.q_sb = q.stride[0], a.q_sh = q.stride[1], a.q_sn = q.stride[2];
@@ -147,11 +175,19 @@ const std::vector<Step>& road() {
         {"TMA ring", "K and V tiles loaded by the TMA (one thread) into a ring of two buffers, each on its mbarrier"},
         {"producer warpgroup", "warp specialization: a producer warpgroup issues the TMA copies (24 registers), two "
                                "consumer warpgroups compute (240 registers, setmaxnreg); full and empty barriers"},
+        {"ping-pong", "the two consumer warpgroups take turns on the tensor cores (named barriers): one's softmax runs "
+                      "under the other's GEMMs; each turn issues S_j and P_{j-1} V_{j-1}; a three-slot ring"},
+        {"softmax overlap", "inside a warpgroup: S_j and P_{j-1} V_{j-1} in two wgmma-groups, the softmax of S_j "
+                            "starts when the first is done and runs under the second"},
+        {"heaviest first", "causal: blocks ordered tile by tile across all heads, so every head's heaviest query "
+                           "tiles run in the first wave and only light ones in the last"},
+        {"TMA store", "the epilogue: O rounded into shared memory (where Q was) and written by TMA stores, [64, 64] "
+                      "boxes; LSE stored directly"},
     };
     return steps;
 }
 
-int final_step() { return kFinalStep; }
+int final_step() { return kDefaultStep; }
 
 const std::vector<int>& supported_head_dims() {
     static const std::vector<int> dims{64, 128};
@@ -204,9 +240,7 @@ std::string describe_config(const Problem& p, int step) {
     check_supported(p, step);
     if (step == 0) return "step 0 (stage 07's final kernel): " + stage07::describe_config(p);
     const Features f = features_of(step);
-    const size_t smem = step == 1 ? smem_of<__nv_bfloat16, 1>(int(p.head_dim))
-                      : step == 2 ? smem_of<__nv_bfloat16, 2>(int(p.head_dim))
-                                  : smem_of<__nv_bfloat16, 3>(int(p.head_dim));
+    const size_t smem = smem_of_step(step, int(p.head_dim));
     const int q_tiles = int((p.seq_q + f.br() - 1) / f.br()), k_tiles = int((p.seq_k + f.bc - 1) / f.bc);
     long long unmasked = 0, masked = 0;
     for (int t = 0; t < q_tiles; ++t) {
@@ -218,11 +252,13 @@ std::string describe_config(const Problem& p, int step) {
     const long long total = (long long)q_tiles * k_tiles;
     char buf[512];
     std::snprintf(buf, sizeof buf,
-                  "step %d (%s): Br=%d Bc=%d, %d consumer warpgroup(s)%s, %d-slot ring loaded by %s, %zu B shared memory; "
-                  "per head %lld of %lld key tiles unmasked, %lld masked, %lld skipped",
+                  "step %d (%s): Br=%d Bc=%d, %d consumer warpgroup(s)%s, %d-slot ring loaded by %s%s%s%s%s, %zu B shared "
+                  "memory; per head %lld of %lld key tiles unmasked, %lld masked, %lld skipped",
                   step, road()[size_t(step)].name.c_str(), f.br(), f.bc, f.consumers,
-                  f.producer ? " + 1 producer warpgroup" : "", f.stages, f.tma ? "the TMA" : "cp.async", smem, unmasked,
-                  total, masked, total - unmasked - masked);
+                  f.producer ? " + 1 producer warpgroup" : "", f.stages, f.tma ? "the TMA" : "cp.async",
+                  f.ping_pong ? ", ping-pong" : "", f.overlap ? ", softmax under P V" : "",
+                  f.heaviest_first_grid && p.causal ? ", heaviest tiles first across heads" : "",
+                  f.tma_store ? ", O by TMA store" : "", smem, unmasked, total, masked, total - unmasked - masked);
     return buf;
 }
 

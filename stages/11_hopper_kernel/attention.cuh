@@ -17,9 +17,12 @@
 /// and issue slots that mma.sync's operands cost. SDPA's cuDNN backend uses it, and is 1.3-1.8x
 /// faster than stage 07 forward.
 ///
-/// **Does not handle yet:** d other than 64 and 128; ping-pong of two consumer warpgroups,
-/// softmax overlapped with the next QK^T, persistent scheduling, the TMA-store epilogue
-/// (the next steps of the road); the backward pass.
+/// **Then:** ping-pong (the consumer warpgroups take turns on the tensor cores, named barriers),
+/// the softmax of one tile under the previous tile's P V inside a warpgroup, the heaviest causal
+/// tiles of every head first, and the epilogue through shared memory and a TMA store.
+///
+/// **Does not handle yet:** d other than 64 and 128; a persistent grid with a tile scheduler;
+/// a shape per d (three consumer warpgroups at d = 64); the backward pass.
 ///
 /// **Measured:** not yet: see the lesson page (stages/11_hopper_kernel/README.md).
 #pragma once
@@ -44,10 +47,11 @@ using cuda::DType;
 /// One step of the road. Step 0 is stage 07's final kernel (mma.sync), the point of departure.
 using Step = RoadStep;
 
-/// The steps, in order; the last is the kernel attention_device() runs by default.
+/// The steps, in order.
 const std::vector<Step>& road();
 
-/// Index of the final kernel in road().
+/// The step attention_device() runs by default: the one expected fastest (the road table in
+/// docs/results/ says whether it is).
 int final_step();
 
 /// Head dimensions every step supports (64 and 128).

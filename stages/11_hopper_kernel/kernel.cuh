@@ -12,7 +12,11 @@
 ///
 /// The road (Features): step 1 loads tiles with cp.async as stage 07 did; step 2 lets the TMA
 /// load them into a ring of buffers on mbarriers; step 3 gives the loads to a producer
-/// warpgroup and the registers to the consumers (setmaxnreg).
+/// warpgroup and the registers to the consumers (setmaxnreg); step 4 makes the consumer
+/// warpgroups take turns on the tensor cores (ping-pong), so one's softmax runs under the
+/// other's GEMMs; step 5 overlaps a warpgroup's own softmax with its previous P V; step 6 runs
+/// the heaviest causal query tiles of every head first; step 7 writes O through shared memory
+/// with a TMA store.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +46,10 @@ struct Features {
     bool producer = false;   ///< a producer warpgroup issues the loads; the consumers only compute
     int producer_registers = 24;   ///< with `producer`: registers per thread the producer keeps (setmaxnreg.dec)
     int consumer_registers = 240;  ///< with `producer`: registers per thread of a consumer (setmaxnreg.inc)
+    bool ping_pong = false;  ///< consumer warpgroups take turns issuing their GEMMs (named barriers)
+    bool overlap = false;    ///< with `ping_pong`: a warpgroup's softmax of tile j runs under its own P_{j-1} V_{j-1}
+    bool heaviest_first_grid = false;  ///< causal: blocks ordered by query tile first, so every head's heaviest tiles start first
+    bool tma_store = false;  ///< O goes through shared memory and leaves with a TMA store
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
     /// reports on an mbarrier; a ring `stages` deep.
@@ -60,6 +68,40 @@ struct Features {
         f.consumers = consumer_groups;
         return f;
     }
+    /// Step 4: ping-pong. The loop of a consumer warpgroup is rotated so that the GEMMs between
+    /// two of its softmaxes (P_{j-1} V_{j-1}, then S_j = Q K_j^T) are issued together, in a
+    /// *turn*; named barriers pass the turn from warpgroup to warpgroup, so while one issues
+    /// its GEMMs the others compute their softmax. A warpgroup now holds two tiles at a time
+    /// (K_j and V_{j-1}), so the ring grows to `ring_stages` slots to keep the TMA ahead.
+    constexpr Features with_ping_pong(int ring_stages) const {
+        Features f = *this;
+        f.ping_pong = true;
+        f.stages = ring_stages;
+        return f;
+    }
+    /// Step 5: inside a warpgroup, S_j and P_{j-1} V_{j-1} are committed as two wgmma-groups;
+    /// the softmax of S_j starts when the first is done (wait_group 1) and runs while the tensor
+    /// cores still compute P_{j-1} V_{j-1}; O is rescaled and P_j written after the second.
+    constexpr Features with_softmax_overlap() const {
+        Features f = *this;
+        f.overlap = true;
+        return f;
+    }
+    /// Step 6: under a causal mask, block i runs query tile `i / (B H)` of head `i % (B H)`
+    /// counted from the last: every head's heaviest tiles start in the first wave, and the last
+    /// wave holds only light ones (stage 07 and steps 1-5 go head by head).
+    constexpr Features with_heaviest_first_grid() const {
+        Features f = *this;
+        f.heaviest_first_grid = true;
+        return f;
+    }
+    /// Step 7: the epilogue writes O, normalized and rounded, into the warpgroup's rows of the Q
+    /// tile (Q is no longer read), and one thread stores each 64 x 64 box with the TMA.
+    constexpr Features with_tma_store() const {
+        Features f = *this;
+        f.tma_store = true;
+        return f;
+    }
     constexpr int br() const { return 64 * consumers; }                      ///< query rows per block
     constexpr int threads() const { return 128 * (consumers + (producer ? 1 : 0)); }  ///< threads per block
 };
@@ -71,6 +113,7 @@ struct Args {
     CUtensorMap q_map;  ///< (B, H, Nq, d) boxes [Br, 64] (TMA steps only)
     CUtensorMap k_map;  ///< (B, H, Nk, d) boxes [Bc, 64]
     CUtensorMap v_map;  ///< (B, H, Nk, d) boxes [Bc, 64]
+    CUtensorMap o_map;  ///< (B, H, Nq, d) boxes [64, 64] (the TMA-store epilogue only)
     const T* q;  ///< (B, H, Nq, d): row n of head (b, h) at q + b*q_sb + h*q_sh + n*q_sn
     const T* k;  ///< (B, H, Nk, d)
     const T* v;  ///< (B, H, Nk, d)
@@ -99,6 +142,10 @@ struct Shape {
     static_assert(sizeof(T) == 2, "wgmma operands are 16-bit here");
     static_assert(D == 64 || D == 128, "d is 64 or 128 (whole 64-column swizzled boxes; the S and O accumulators fit)");
     static_assert(kF.bc % 16 == 0 && kF.bc >= 16 && kF.bc <= 256, "Bc is a wgmma N for S and a multiple of P V's k");
+    static_assert(!kF.ping_pong || kF.producer, "ping-pong passes turns between consumer warpgroups of a producer step");
+    static_assert(!kF.overlap || kF.ping_pong, "the overlap inside a warpgroup is written on the rotated loop of ping-pong");
+    static_assert(!kF.tma_store || kF.producer, "the TMA-store epilogue synchronizes one consumer warpgroup at a time");
+    static_assert(kF.consumers <= 4, "named barriers: 1..4 pass the turns, 5..8 order the epilogues");
     static constexpr int kBr = kF.br();            ///< query rows per block
     static constexpr int kBc = kF.bc;              ///< keys per tile
     static constexpr int kThreads = kF.threads();  ///< threads per block
@@ -162,29 +209,45 @@ struct ConsumerState {
     float l[2];      ///< running sum of P over this thread's columns of those rows
 };
 
-//! [consume_tile]
-/// One K/V tile for one consumer warpgroup: S = Q_c K_j^T, the online softmax, O_c += P V_j.
-/// `q_tile`: shared address of this warpgroup's 64 rows of Q; `k_tile`, `v_tile`: the slot.
-/// kMask: compare every key with its row's visible end (diagonal tiles and the last tile).
-template <class T, int D, class Step, bool kMask>
-__device__ __forceinline__ void consume_tile(ConsumerState<D>& st, uint32_t q_desc_base, uint32_t k_tile, uint32_t v_tile,
-                                             int row_lo, int kv0, const Args<T>& a, int thread) {
-    using S = Shape<T, D, Step>;
-    constexpr int kBc = S::kBc;
-    const int t = (thread % 32) % 4;
+/// Named barriers (0 is __syncthreads'): consumer warpgroup c waits for its turn on
+/// kTurnBarrier + c, and orders its epilogue's shared-memory writes on kEpilogueBarrier + c.
+constexpr uint32_t kTurnBarrier = 1;
+constexpr uint32_t kEpilogueBarrier = 5;
 
-    // S = Q K^T: d/16 wgmma, each 64 x Bc x 16, both operands K-major from shared memory.
-    float s[kBc / 2];
-    wgmma_fence();  // the registers of s are free for the wgmma to write
+//! [gemms]
+/// Issues S = Q_c K_j^T (not committed): d/16 wgmma, each 64 x Bc x 16, both operands K-major
+/// from shared memory (SS). `s` belongs to the tensor cores until the group is waited for.
+template <class T, int D, class Step>
+__device__ __forceinline__ void issue_s(float (&s)[Shape<T, D, Step>::kBc / 2], uint32_t q_rows, uint32_t k_tile) {
+    using S = Shape<T, D, Step>;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
-        wgmma_m64nNk16_ss<kBc, T>(s, wl::k_major_descriptor(q_desc_base, S::kBr, ks) , wl::k_major_descriptor(k_tile, kBc, ks),
-                                  ks > 0, false);
+        wgmma_m64nNk16_ss<S::kBc, T>(s, wl::k_major_descriptor(q_rows, S::kBr, ks), wl::k_major_descriptor(k_tile, S::kBc, ks),
+                                     ks > 0, false);
     }
-    wgmma_commit_group();
-    wgmma_wait_group<0>();  // S is in registers
-    warpgroup_fence_operands(s);
+}
 
+/// Issues O_c += P V_j (not committed): Bc/16 wgmma, each 64 x d x 16; P from registers (RS),
+/// V [keys, d] as B stored MN-major (read transposed).
+template <class T, int D, class Step>
+__device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[Shape<T, D, Step>::kBc / 16][4], uint32_t v_tile) {
+    using S = Shape<T, D, Step>;
+#pragma unroll
+    for (int kk = 0; kk < S::kBc / 16; ++kk) wgmma_m64nNk16_rs<D, T>(o, p[kk], wl::mn_major_descriptor(v_tile, S::kBc, kk), true, true);
+}
+//! [gemms]
+
+//! [softmax]
+/// The online softmax of one tile of scores, in place: `s` (this thread's part of S_ij) becomes
+/// exp2(S*scale*log2e - m_new*scale*log2e); m_i and l_i are updated, and `alpha` receives the
+/// factor O must be rescaled by (rescale_o). O itself is not touched, so this may run while a
+/// wgmma still accumulates into O (step 5).
+/// kMask: compare every key with its row's visible end (diagonal tiles and the last tile).
+template <class T, int D, class Step, bool kMask>
+__device__ __forceinline__ void online_softmax(ConsumerState<D>& st, float (&s)[Shape<T, D, Step>::kBc / 2], float (&alpha)[2],
+                                               int row_lo, int kv0, const Args<T>& a, int thread) {
+    constexpr int kBc = Shape<T, D, Step>::kBc;
+    const int t = (thread % 32) % 4;
     if (a.negate_s) {  // scale < 0: S * scale = (-S) * |scale|, and flipping a sign is exact
 #pragma unroll
         for (int i = 0; i < kBc / 2; ++i) s[i] = -s[i];
@@ -202,9 +265,7 @@ __device__ __forceinline__ void consume_tile(ConsumerState<D>& st, uint32_t q_de
                     if (kv0 + 8 * i + 2 * t + e >= visible) s[4 * i + 2 * h + e] = -INFINITY;
         }
     }
-
-    // Online softmax, row by row: a quad (4 lanes) holds a whole row of S.
-    float alpha[2];
+    // Row by row: a quad (4 lanes) holds a whole row of S.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         float row_max = st.m[h];
@@ -226,25 +287,51 @@ __device__ __forceinline__ void consume_tile(ConsumerState<D>& st, uint32_t q_de
         st.m[h] = row_max;
         st.l[h] = st.l[h] * alpha[h] + row_sum;  // this lane's columns; the quad sums at the end
     }
+}
+
+/// O_c *= alpha, row by row (registers 4i + 2h + e belong to row pair h).
+template <int D>
+__device__ __forceinline__ void rescale_o(ConsumerState<D>& st, const float (&alpha)[2]) {
 #pragma unroll
     for (int i = 0; i < D / 8; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) st.o[4 * i + e] *= alpha[e / 2];
+}
 
-    // P as the A operand: the accumulator of 16 keys is, register for register, the A layout
-    // of one k-slice (wgmma_layout::accumulator_index_for_a): round and pack in place.
-    uint32_t p[kBc / 16][4];
+/// P as the A operand: the accumulator of 16 keys is, register for register, the A layout of
+/// one k-slice (wgmma_layout::accumulator_index_for_a): round and pack, no shuffle.
+template <class T, int kBc>
+__device__ __forceinline__ void pack_p(const float (&s)[kBc / 2], uint32_t (&p)[kBc / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) p[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+//! [softmax]
 
-    // O += P V: Bc/16 wgmma, each 64 x d x 16; V [keys, d] is B stored MN-major (transposed).
+//! [consume_tile]
+/// One K/V tile for one consumer warpgroup, one thing after the other: S = Q_c K_j^T, the
+/// online softmax, O_c += P V_j. `q_rows`: shared address of this warpgroup's 64 rows of Q;
+/// `k_tile`, `v_tile`: the slot.
+template <class T, int D, class Step, bool kMask>
+__device__ __forceinline__ void consume_tile(ConsumerState<D>& st, uint32_t q_rows, uint32_t k_tile, uint32_t v_tile,
+                                             int row_lo, int kv0, const Args<T>& a, int thread) {
+    constexpr int kBc = Shape<T, D, Step>::kBc;
+    float s[kBc / 2];
+    wgmma_fence();  // the registers of s are free for the wgmma to write
+    issue_s<T, D, Step>(s, q_rows, k_tile);
+    wgmma_commit_group();
+    wgmma_wait_group<0>();  // S is in registers
+    warpgroup_fence_operands(s);
+
+    float alpha[2];
+    online_softmax<T, D, Step, kMask>(st, s, alpha, row_lo, kv0, a, thread);
+    rescale_o(st, alpha);
+    uint32_t p[kBc / 16][4];
+    pack_p<T, kBc>(s, p);
+
     wgmma_fence();  // O was rescaled and P written by ordinary instructions
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-        wgmma_m64nNk16_rs<D, T>(st.o, p[kk], wl::mn_major_descriptor(v_tile, kBc, kk), true, true);
-    }
+    issue_pv<T, D, Step>(st.o, p, v_tile);
     wgmma_commit_group();
     wgmma_wait_group<0>();  // O is in registers, and the K and V slots are no longer read
     warpgroup_fence_operands(st.o);
@@ -297,6 +384,143 @@ __device__ __forceinline__ void consume_tiles(ConsumerState<D>& st, uint32_t q_t
     }
 }
 
+//! [consume_pipelined]
+/// Steps 4 and 5: the loop of consume_tiles, rotated so that the GEMMs between two softmaxes of
+/// this warpgroup, S_j = Q K_j^T and P_{j-1} V_{j-1}, are issued together in one *turn*:
+///
+///     turn: S_0                          softmax 0
+///     turn: S_1, P_0 V_0                 softmax 1     (step 5: while P_0 V_0 still runs)
+///     ...
+///     turn: P_{end-1} V_{end-1}
+///
+/// Warpgroup c waits on named barrier kTurnBarrier + c before issuing, and opens the next
+/// warpgroup's barrier once its wgmma are issued: the tensor cores take the warpgroups' GEMMs in
+/// turn, and each one's softmax runs while the next one's GEMMs keep the tensor cores busy.
+/// Every consumer takes end + 1 turns, so the turns stay matched.
+template <class T, int D, class Step, class Ready, class Done>
+__device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, uint32_t q_rows, unsigned char* kv_ring, int full,
+                                                        int end, int row_lo, const Args<T>& a, int thread, int consumer,
+                                                        Ready slot_ready, Done slot_done) {
+    using S = Shape<T, D, Step>;
+    constexpr Features kF = S::kF;
+    constexpr int kBc = S::kBc;
+    constexpr uint32_t kPair = 256;  // threads per turn barrier: the waiting warpgroup and the one that opens it
+    const auto k_tile = [&](int tile) { return smem_address(kv_ring + 2 * (tile % kF.stages) * S::kKVBytes); };
+    const auto v_tile = [&](int tile) { return k_tile(tile) + uint32_t(S::kKVBytes); };
+    const uint32_t my_turn = kTurnBarrier + uint32_t(consumer);
+    const uint32_t next_turn = kTurnBarrier + uint32_t((consumer + 1) % kF.consumers);
+    // This warpgroup's GEMMs wait until the previous warpgroup has issued its own.
+    const auto turn_begin = [&] { named_barrier_sync(my_turn, kPair); };
+    // Issued: the next warpgroup may issue. The last turn of the last warpgroup opens nothing,
+    // so no barrier is left half-arrived when the block ends.
+    const auto turn_end = [&](bool last) {
+        if (!(last && consumer == kF.consumers - 1)) named_barrier_arrive(next_turn, kPair);
+    };
+    const auto softmax = [&](float (&s)[kBc / 2], float (&alpha)[2], int tile) {
+        if (tile < full) {
+            online_softmax<T, D, Step, false>(st, s, alpha, row_lo, tile * kBc, a, thread);
+        } else {
+            online_softmax<T, D, Step, true>(st, s, alpha, row_lo, tile * kBc, a, thread);
+        }
+    };
+
+    float s[kBc / 2];       // S_j, then P_j in float32
+    uint32_t p[kBc / 16][4];  // P_{j-1}, the A operand of the turn's P V
+    float alpha[2];
+    if (consumer == 0) named_barrier_arrive(my_turn, kPair);  // warpgroup 0 takes the first turn
+
+    slot_ready(0);
+    turn_begin();
+    wgmma_fence();  // s is free for the wgmma to write
+    issue_s<T, D, Step>(s, q_rows, k_tile(0));
+    wgmma_commit_group();
+    turn_end(false);
+    wgmma_wait_group<0>();  // S_0 is in registers
+    warpgroup_fence_operands(s);
+    softmax(s, alpha, 0);
+    rescale_o(st, alpha);  // O is 0; kept so that every tile does the same
+    pack_p<T, kBc>(s, p);
+
+    for (int tile = 1; tile < end; ++tile) {
+        slot_ready(tile);
+        turn_begin();
+        wgmma_fence();  // O was rescaled, P and s written by ordinary instructions
+        issue_s<T, D, Step>(s, q_rows, k_tile(tile));
+        wgmma_commit_group();  // group 1: S_j
+        issue_pv<T, D, Step>(st.o, p, v_tile(tile - 1));
+        wgmma_commit_group();  // group 2: P_{j-1} V_{j-1}
+        turn_end(false);
+        //! [overlap]
+        if constexpr (kF.overlap) {
+            wgmma_wait_group<1>();  // S_j is in registers; P_{j-1} V_{j-1} may still run
+        } else {
+            wgmma_wait_group<0>();  // both are done
+        }
+        warpgroup_fence_operands(s);
+        float alpha_j[2];
+        softmax(s, alpha_j, tile);  // touches s, m_i, l_i: not O, not p
+        if constexpr (kF.overlap) wgmma_wait_group<0>();  // P_{j-1} V_{j-1} is done: O and p are free
+        //! [overlap]
+        warpgroup_fence_operands(st.o);
+        slot_done(tile - 1);  // K_{j-1} and V_{j-1} are no longer read
+        rescale_o(st, alpha_j);
+        pack_p<T, kBc>(s, p);
+    }
+
+    turn_begin();
+    wgmma_fence();  // O was rescaled and P written by ordinary instructions
+    issue_pv<T, D, Step>(st.o, p, v_tile(end - 1));
+    wgmma_commit_group();
+    turn_end(true);
+    wgmma_wait_group<0>();  // O is complete
+    warpgroup_fence_operands(st.o);
+    slot_done(end - 1);
+}
+//! [consume_pipelined]
+
+//! [tma_store]
+/// Step 7's epilogue: normalizes O and rounds it into this warpgroup's 64 rows of the Q tile,
+/// swizzled as the TMA would load them (Q is no longer read: the last S = Q K^T has finished),
+/// then one thread stores each [64, 64] box with the TMA, which leaves out the rows past Nq.
+/// LSE goes straight to global memory, one float per row.
+template <class T, int D, class Step>
+__device__ __forceinline__ void write_output_tma(ConsumerState<D>& st, const Args<T>& a, int b, int h, int q0, int consumer,
+                                                 unsigned char* q_tile, int thread) {
+    using S = Shape<T, D, Step>;
+    const int warp = thread / 32, g = (thread % 32) / 4, t = (thread % 32) % 4;
+    unsigned char* rows = q_tile + consumer * 64 * wl::kSwizzleBytes;  // row 64c of box 0; box k is k * Br * 128 further
+    fence_proxy_async();  // the wgmma's reads of these Q rows (async proxy) come before the plain stores below
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const float l = quad_sum(st.l[hh]);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l = 0: the row saw no key, O = 0
+        const int r = 16 * warp + g + 8 * hh;           // row in the warpgroup's 64
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i) {
+            const int col = 8 * i + 2 * t;
+            // A warp's 32 lanes write 8 rows x 16 bytes; the swizzle puts them in 32 distinct banks.
+            *reinterpret_cast<uint32_t*>(rows + (col / 64) * S::kBr * wl::kSwizzleBytes + wl::swizzle128_offset(r, col % 64)) =
+                pack2<T>(st.o[4 * i + 2 * hh] * inv, st.o[4 * i + 2 * hh + 1] * inv);
+        }
+        const int row = q0 + 64 * consumer + r;
+        if (t == 0 && row < a.seq_q) {
+            // LSE = ln(sum_j exp(scale*s_j)) = m*|scale| + ln(l), natural-log units.
+            a.lse[b * a.lse_sb + h * a.lse_sh + row * a.lse_sn] = l > 0.0f ? st.m[hh] * a.scale + logf(l) : -INFINITY;
+        }
+    }
+    fence_proxy_async();  // this thread's plain stores are visible to the TMA (the async proxy) ...
+    named_barrier_sync(kEpilogueBarrier + uint32_t(consumer), 128);  // ... and every thread of the warpgroup has written
+    if (thread == 0) {
+#pragma unroll
+        for (int box = 0; box < D / 64; ++box) {
+            tma_store_4d(&a.o_map, smem_address(rows + box * S::kBr * wl::kSwizzleBytes), 64 * box, q0 + 64 * consumer, h, b);
+        }
+        bulk_commit_group();
+        bulk_wait_group_read<0>();  // the boxes have been read: shared memory may go away with the block
+    }
+}
+//! [tma_store]
+
 }  // namespace detail
 
 //! [kernel]
@@ -315,9 +539,15 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
     const auto bar = [&](int i) { return fa::cuda::ptx::smem_address(barriers + i); };
 
     // Causal problems start with the last query tiles: they see the most keys.
-    const int q_tile_index = int(blockIdx.x % unsigned(a.q_tiles));
+    //! [grid_order]
+    // Head by head (each head's tiles from the heaviest), or, from step 6 under a causal mask,
+    // tile by tile across all heads: the first wave takes every head's heaviest tiles.
+    const bool across_heads = kF.heaviest_first_grid && a.causal;
+    const int q_tile_index = int(across_heads ? blockIdx.x / unsigned(a.batch_heads) : blockIdx.x % unsigned(a.q_tiles));
+    const int bh = int(across_heads ? blockIdx.x % unsigned(a.batch_heads) : blockIdx.x / unsigned(a.q_tiles));
+    //! [grid_order]
     const int q0 = (a.causal ? a.q_tiles - 1 - q_tile_index : q_tile_index) * S::kBr;
-    const int bh = int(blockIdx.x / unsigned(a.q_tiles)), b = bh / a.heads, h = bh % a.heads;
+    const int b = bh / a.heads, h = bh % a.heads;
     const int thread = int(threadIdx.x);
     int full, end;
     key_tiles(q0, S::kBr, S::kBc, a.seq_q, a.seq_k, a.causal, full, end);
@@ -449,21 +679,29 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
             }
             fa::cuda::ptx::setmaxnreg_inc<kF.consumer_registers>();  // the consumers get the registers back
             fa::cuda::ptx::mbarrier_wait_parity(bar(0), 0);          // Q has landed
-            detail::consume_tiles<T, D, Step>(
-                st, q_rows, kv_ring, full, end, row_lo, a, thread,
-                [&](int tile) {
-                    fa::cuda::ptx::mbarrier_wait_parity(bar(1 + tile % kF.stages), uint32_t((tile / kF.stages) & 1));
-                },
-                [&](int tile) {
-                    // This thread's wgmma on the slot have completed (wait_group 0 in consume_tile).
-                    fa::cuda::ptx::mbarrier_arrive(bar(1 + kF.stages + tile % kF.stages));
-                });
+            const auto slot_full = [&](int tile) {
+                fa::cuda::ptx::mbarrier_wait_parity(bar(1 + tile % kF.stages), uint32_t((tile / kF.stages) & 1));
+            };
+            const auto slot_empty = [&](int tile) {
+                // This thread's wgmma on the slot have completed (a wait_group 0 came first).
+                fa::cuda::ptx::mbarrier_arrive(bar(1 + kF.stages + tile % kF.stages));
+            };
+            if constexpr (!kF.ping_pong) {
+                detail::consume_tiles<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, slot_full, slot_empty);
+            } else {
+                detail::consume_tiles_pipelined<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, consumer, slot_full,
+                                                            slot_empty);
+            }
             //! [step3_roles]
         }
     } else if constexpr (kF.producer) {
         if (thread < 128) return;  // no key for any row: the producer has nothing to load
     }
-    detail::write_output<T, D>(st, a, b, h, row_lo, ct);
+    if constexpr (kF.tma_store) {
+        detail::write_output_tma<T, D, Step>(st, a, b, h, q0, consumer, q_tile, ct);
+    } else {
+        detail::write_output<T, D>(st, a, b, h, row_lo, ct);
+    }
 }
 //! [kernel]
 
