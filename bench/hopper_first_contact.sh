@@ -1,30 +1,45 @@
 #!/usr/bin/env bash
 # Stage 11 on a Hopper GPU, from the smallest piece up: the host maps, each wrapper alone, each
-# step of the kernel on one small problem (with a synchronizing check after every launch), the
-# stage's tests, the wgmma ceiling, then a first timing of every step beside stage 07. Every
+# step of the kernel on one small problem (with a synchronizing check after every launch), a
+# timing of the steps beside stage 07, the stage's tests, the wgmma ceiling. Every
 # command has a time limit, so a barrier that never completes shows as a timeout (exit 137)
 # naming the command, and the rest still runs.
 #
 # Usage: bench/hopper_first_contact.sh [build-dir] (default build-gpu; configured here when it
 # has no build.ninja, and the Hopper targets built). JOBS sets the build's parallelism (default:
 # all cores); SKIP_BUILD=1 runs executables built elsewhere (laid out as in a build directory).
-# The output is long: tee it into a file.
+# STEPS lists the steps to check (default: every step of the road); TIMED the steps to time
+# beside stage 07 (default: 0 and 3 on). BUDGET (seconds, default 170) bounds the whole run: a
+# command that would start past it is skipped and says so, and a command's limit never runs past
+# it. The output is long: tee it into a file.
 set -u
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
 jobs=${JOBS:-$(nproc)}
+budget=${BUDGET:-170}
+all_steps=${STEPS:-1 2 3 4 5 6 7 8}
+timed=${TIMED:-0 3 4 5 6 7 8}
+SECONDS=0
 targets="test_hopper_layouts test_hopper_wrappers test_stage11 stage11_hopper_kernel wgmma_ceiling"
 stage11="$build/stages/11_hopper_kernel/stage11_hopper_kernel"
 
 section() { printf '\n=== %s\n' "$*"; }
-# run SECONDS COMMAND...: runs it with a time limit and prints its exit code.
+# run SECONDS COMMAND...: runs it with a time limit (cut to what is left of the budget) and
+# prints its exit code; past the budget it runs nothing and says so (exit 125).
 run() {
     local limit=$1
     shift
+    local left=$((budget - SECONDS))
+    if ((left < 3)); then
+        printf '$ %s\n[skipped: the %d-second budget is spent]\n' "$*" "$budget"
+        last_rc=125
+        return
+    fi
+    ((limit > left)) && limit=$left
     printf '$ %s\n' "$*"
     timeout --signal=KILL "$limit" "$@"
     last_rc=$?
-    printf '[exit %d]\n' "$last_rc"
+    printf '[exit %d, %d s into the run]\n' "$last_rc" "$SECONDS"
 }
 last_rc=0
 
@@ -50,7 +65,10 @@ if command -v cuobjdump >/dev/null; then
         /HGMMA/ { hg[f]++ } /HMMA/ { hm[f]++ } /UTMALDG/ { tma[f]++ }
         END { for (k in hg) print k ": " hg[k] " HGMMA"; for (k in hm) print k ": " hm[k] " HMMA";
               for (k in tma) print k ": " tma[k] " UTMALDG" }'
-    cuobjdump -res-usage "$stage11" 2>/dev/null | grep -A1 'stage11' | grep -v '^--' | cut -c1-160 | head -24
+    # Registers per kernel (the launch allocation; setmaxnreg moves them between warpgroups), one line each.
+    cuobjdump -res-usage "$stage11" 2>/dev/null | grep -A1 'stage11' | grep -v '^--' | paste - - |
+        sed -E 's/.*kernelI([^L]*)Li([0-9]+)E.*StepNILi([0-9]+)E.*REG:([0-9]+).*SHARED:([0-9]+).*LOCAL:([0-9]+).*/\1 d=\2 step \3: REG \4, LOCAL \5 (spills)/' |
+        sed -E 's/^[0-9]+__?//' | sort -t' ' -k3n | head -40
 else
     echo "cuobjdump not found"
 fi
@@ -64,7 +82,7 @@ run 120 env FA_CUDA_SYNC=1 "$build/tests/test_hopper_wrappers"
 section "3. each step on one small problem (d 64 bf16 bhnd; d 128 fp16 bnhd causal, Nq > Nk)"
 # A step that runs past its limit (a barrier that never completes) is left out of the tests below.
 steps_ok=""
-for s in 1 2 3; do
+for s in $all_steps; do
     hung=0
     run 30 env FA_CUDA_SYNC=1 "$stage11" --step "$s" --heads 2 --seq-q 200 --seq-k 333 --head-dim 64
     [[ $last_rc -eq 137 ]] && hung=1
@@ -75,23 +93,29 @@ for s in 1 2 3; do
 done
 echo "steps that finished: ${steps_ok:-none}"
 
-section "4. the stage's tests, one test case at a time (steps ${steps_ok:-none})"
-if [[ -n "$steps_ok" ]]; then
-    for tc in "*step 1 (wgmma*" "*step 2 (TMA*" "*step 3 (producer*" "*diagonal*" "*writes every output*" \
-              "*any finite scale*" "*agrees with stage 07*" "*longer sequences*" "*refuses*"; do
-        run 120 env FA_STAGE11_STEPS="$steps_ok" "$build/tests/test_stage11" --test-case="$tc"
-    done
-fi
-
-section "5. the wgmma ceiling"
-run 120 "$build/bench/wgmma_ceiling" --target-ms 5 --repeat 20
-
-section "6. first timing: every step beside stage 07 (step 0), bf16, B 1 H 16 N 4096"
+section "4. timing: steps $timed (those that finished) beside stage 07 (step 0), bf16, B 1 H 16 N 4096"
 for d in 64 128; do
     for causal in "" "--causal"; do
-        for s in 0 ${steps_ok//,/ }; do
-            run 60 "$stage11" --step "$s" --heads 16 --seq-q 4096 --seq-k 4096 --head-dim "$d" $causal --bench \
+        for s in $timed; do
+            [[ $s != 0 && ",$steps_ok," != *",$s,"* ]] && continue
+            run 30 "$stage11" --step "$s" --heads 16 --seq-q 4096 --seq-k 4096 --head-dim "$d" $causal --bench \
                 --repeat 20 --reference never | grep -E '^(\$|\[exit|config|bench|rate|clock|verdict|error)|FAIL'
         done
     done
 done
+
+section "5. the stage's tests, one test case at a time, while the budget lasts (steps ${steps_ok:-none})"
+if [[ -n "$steps_ok" ]]; then
+    # The new steps' own cases first, then the cases every step goes through.
+    for tc in "*step 4 (ping-pong*" "*step 5 (softmax*" "*step 6 (heaviest*" "*step 7 (TMA-store*" "*step 8 (three*" \
+              "*road: every step*" \
+              "*diagonal*" "*writes every output*" "*any finite scale*" "*longer sequences*" "*refuses*" \
+              "*agrees with stage 07*" "*step 1 (wgmma*" "*step 2 (TMA*" "*step 3 (producer*"; do
+        run 120 env FA_STAGE11_STEPS="$steps_ok" "$build/tests/test_stage11" --test-case="$tc"
+    done
+fi
+
+section "6. the wgmma ceiling"
+run 30 "$build/bench/wgmma_ceiling" --target-ms 5 --repeat 20
+
+section "done in $SECONDS s (budget $budget s)"

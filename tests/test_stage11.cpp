@@ -127,14 +127,22 @@ TEST_CASE("stage 11 step 7 (TMA-store epilogue) matches the float64 reference, b
     }
 }
 
+TEST_CASE("stage 11 step 8 (three consumer warpgroups at d = 64) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
+    if (!under_test(8)) return;
+    for (const test::Case& c : test::standard_cases({64, 128})) {
+        check_case(c, DType::BF16, 8);
+        check_case(c, DType::FP16, 8);
+    }
+}
+
 TEST_CASE("stage 11's road: every step has a test case above, and the default step is on the road") {
     // A new step needs its own test case (a failure then names the step): update this count with it.
-    CHECK(stage11::road().size() == 8);
+    CHECK(stage11::road().size() == 9);
     CHECK(stage11::final_step() >= 1);
     CHECK(stage11::final_step() < int(stage11::road().size()));
 }
 
-TEST_CASE("stage 11 handles the diagonal wherever it falls against its 64/128-row and 128-key tiles") {
+TEST_CASE("stage 11 handles the diagonal wherever it falls against its 64/128/192-row and 128-key tiles") {
     const int64_t sizes[][2] = {{128, 128}, {129, 128}, {128, 129}, {191, 257}, {257, 191}, {300, 64},
                                 {64, 300},  {1, 500},   {500, 1},   {2, 3},     {383, 389}};
     for (int step : steps_under_test()) {

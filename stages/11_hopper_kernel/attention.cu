@@ -28,9 +28,10 @@ constexpr Features kStep4 = kStep3.with_ping_pong(3);           // + consumers t
 constexpr Features kStep5 = kStep4.with_softmax_overlap();      // + softmax of S_j under P_{j-1} V_{j-1}
 constexpr Features kStep6 = kStep5.with_heaviest_first_grid();  // + causal: every head's heaviest tiles first
 constexpr Features kStep7 = kStep6.with_tma_store();            // + O leaves through shared memory and the TMA
+constexpr Features kStep8 = kStep7.with_three_consumers_at_d64();  // + d = 64: three consumers, Br = 192
 
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7};  // [0]: unused (stage 07)
-constexpr int kLastStep = 7;
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8};  // [0]: stage 07
+constexpr int kLastStep = 8;
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -40,7 +41,7 @@ struct StepN {
 
 /// The step attention_device() runs by default: the one expected fastest. The road table
 /// (docs/results/) is what says whether it is.
-constexpr int kDefaultStep = 7;
+constexpr int kDefaultStep = 8;
 //! [road]
 
 template <class T>
@@ -55,8 +56,9 @@ void launch(const Args<T>& a, cudaStream_t stream) {
     FA_CUDA_CHECK_LAUNCH("stage11 hopper_forward_kernel<d=" + std::to_string(D) + ", step " + std::to_string(N) + ">");
 }
 
-/// The step's features (for the host: block rows, tile size, whether tensor maps are needed).
-Features features_of(int step) { return kSteps[step >= 1 && step <= kLastStep ? step : 1]; }
+/// The step's features at head dimension d (for the host: block rows, tile size, whether tensor
+/// maps are needed).
+Features features_of(int step, int d) { return kSteps[step >= 1 && step <= kLastStep ? step : 1].at_head_dim(d); }
 
 template <int N>
 size_t smem_of(int d) {
@@ -71,7 +73,8 @@ size_t smem_of_step(int step, int d) {
         case 4: return smem_of<4>(d);
         case 5: return smem_of<5>(d);
         case 6: return smem_of<6>(d);
-        default: return smem_of<7>(d);
+        case 7: return smem_of<7>(d);
+        default: return smem_of<8>(d);
     }
 }
 
@@ -90,6 +93,7 @@ LaunchFn<T> find_launcher(int d, int step) {
         case 5: return launcher_for<T, 5>(d);
         case 6: return launcher_for<T, 6>(d);
         case 7: return launcher_for<T, 7>(d);
+        case 8: return launcher_for<T, 8>(d);
         default: return nullptr;
     }
 }
@@ -111,7 +115,7 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
     cuda::require_16_byte_rows("stage 11", "k", k);
     cuda::require_16_byte_rows("stage 11", "v", v);
     cuda::require_16_byte_rows("stage 11", "o", o);
-    const Features f = features_of(step);
+    const Features f = features_of(step, int(p.head_dim));
     Args<T> a{};
     if (f.tma) {
         const DType dtype = std::is_same_v<T, __half> ? DType::FP16 : DType::BF16;
@@ -183,6 +187,8 @@ const std::vector<Step>& road() {
                            "tiles run in the first wave and only light ones in the last"},
         {"TMA store", "the epilogue: O rounded into shared memory (where Q was) and written by TMA stores, [64, 64] "
                       "boxes; LSE stored directly"},
+        {"d64 shape", "at d = 64, three consumer warpgroups (Br = 192, 160 registers each) take turns; d = 128 as "
+                      "step 7"},
     };
     return steps;
 }
@@ -239,7 +245,7 @@ std::string describe_config(const Problem& p, int step) {
     step = resolve(step);
     check_supported(p, step);
     if (step == 0) return "step 0 (stage 07's final kernel): " + stage07::describe_config(p);
-    const Features f = features_of(step);
+    const Features f = features_of(step, int(p.head_dim));
     const size_t smem = smem_of_step(step, int(p.head_dim));
     const int q_tiles = int((p.seq_q + f.br() - 1) / f.br()), k_tiles = int((p.seq_k + f.bc - 1) / f.bc);
     long long unmasked = 0, masked = 0;

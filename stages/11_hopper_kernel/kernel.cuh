@@ -50,6 +50,8 @@ struct Features {
     bool overlap = false;    ///< with `ping_pong`: a warpgroup's softmax of tile j runs under its own P_{j-1} V_{j-1}
     bool heaviest_first_grid = false;  ///< causal: blocks ordered by query tile first, so every head's heaviest tiles start first
     bool tma_store = false;  ///< O goes through shared memory and leaves with a TMA store
+    int consumers_d64 = 0;   ///< at d = 64: consumer warpgroups (0: `consumers`)
+    int consumer_registers_d64 = 0;  ///< at d = 64 with `consumers_d64`: registers per consumer thread
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
     /// reports on an mbarrier; a ring `stages` deep.
@@ -102,6 +104,26 @@ struct Features {
         f.tma_store = true;
         return f;
     }
+    /// Step 8: a shape for d = 64, where a tile's GEMMs are half as long as at d = 128 and the
+    /// softmax as long: three consumer warpgroups (Br = 192) take turns, so two softmaxes hide
+    /// under each one's GEMMs, and a K/V tile serves 192 query rows; 160 registers each
+    /// (24 + 3 x 160 <= 512 per lane of the register file). d = 128 keeps two (its O alone is
+    /// 64 registers).
+    constexpr Features with_three_consumers_at_d64() const {
+        Features f = *this;
+        f.consumers_d64 = 3;
+        f.consumer_registers_d64 = 160;
+        return f;
+    }
+    /// The switches as they apply at head dimension `d` (the d = 64 shape of step 8).
+    constexpr Features at_head_dim(int d) const {
+        Features f = *this;
+        if (d == 64 && consumers_d64 > 0) {
+            f.consumers = consumers_d64;
+            f.consumer_registers = consumer_registers_d64;
+        }
+        return f;
+    }
     constexpr int br() const { return 64 * consumers; }                      ///< query rows per block
     constexpr int threads() const { return 128 * (consumers + (producer ? 1 : 0)); }  ///< threads per block
 };
@@ -138,7 +160,7 @@ struct Args {
 /// Shape constants of one kernel instance.
 template <class T, int D, class Step>
 struct Shape {
-    static constexpr Features kF = Step::value;  ///< the step's switches
+    static constexpr Features kF = Step::value.at_head_dim(D);  ///< the step's switches at this d
     static_assert(sizeof(T) == 2, "wgmma operands are 16-bit here");
     static_assert(D == 64 || D == 128, "d is 64 or 128 (whole 64-column swizzled boxes; the S and O accumulators fit)");
     static_assert(kF.bc % 16 == 0 && kF.bc >= 16 && kF.bc <= 256, "Bc is a wgmma N for S and a multiple of P V's k");
@@ -146,6 +168,8 @@ struct Shape {
     static_assert(!kF.overlap || kF.ping_pong, "the overlap inside a warpgroup is written on the rotated loop of ping-pong");
     static_assert(!kF.tma_store || kF.producer, "the TMA-store epilogue synchronizes one consumer warpgroup at a time");
     static_assert(kF.consumers <= 4, "named barriers: 1..4 pass the turns, 5..8 order the epilogues");
+    static_assert(!kF.producer || kF.producer_registers + kF.consumers * kF.consumer_registers <= 512,
+                  "setmaxnreg: the warpgroups' registers fit the register file (64 K per SM, 512 per lane of a warpgroup)");
     static constexpr int kBr = kF.br();            ///< query rows per block
     static constexpr int kBc = kF.bc;              ///< keys per tile
     static constexpr int kThreads = kF.threads();  ///< threads per block
