@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
                "16-bit type of the inputs and of O: bf16 (range of float32, 8 significant bits) or fp16 (11 bits, max 65504)")
             ->check(CLI::IsMember({"bf16", "fp16"}))
             ->default_str("bf16");
-        app.add_option("--step", g_step, fa::road_help(fa::stage11::road()))->check(CLI::Range(0, int(fa::stage11::road().size()) - 1));
+        app.add_option("--step", g_step, fa::road_help(fa::stage11::road(), fa::stage11::final_step()))->check(CLI::Range(0, int(fa::stage11::road().size()) - 1));
     };
     spec.precision = [] { return g_dtype == fa::cuda::DType::BF16 ? fa::Precision::BFloat16 : fa::Precision::Float16; };
     spec.bench = [](const fa::Problem& p, const fa::Inputs& in, const fa::CommonOptions& opt) {
