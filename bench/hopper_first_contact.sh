@@ -67,8 +67,8 @@ if command -v cuobjdump >/dev/null; then
               for (k in tma) print k ": " tma[k] " UTMALDG" }'
     # Registers per kernel (the launch allocation; setmaxnreg moves them between warpgroups), one line each.
     cuobjdump -res-usage "$stage11" 2>/dev/null | grep -A1 'stage11' | grep -v '^--' | paste - - |
-        sed -E 's/.*kernelI([^L]*)Li([0-9]+)E.*StepNILi([0-9]+)E.*REG:([0-9]+).*SHARED:([0-9]+).*LOCAL:([0-9]+).*/\1 d=\2 step \3: REG \4, LOCAL \5 (spills)/' |
-        sed -E 's/^[0-9]+__?//' | sort -t' ' -k3n | head -40
+        sed -E 's/.*kernelI([^L]*)Li([0-9]+)E.*StepNILi([0-9]+)E.*REG:([0-9]+).*LOCAL:([0-9]+).*/step \3 d=\2 \1: REG \4, LOCAL \5 (spill bytes)/' |
+        sed -E 's/ [0-9]+__?([a-z])/ \1/' | sort -t' ' -k2n -k3,3 | head -40
 else
     echo "cuobjdump not found"
 fi

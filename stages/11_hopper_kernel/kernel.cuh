@@ -485,7 +485,10 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
         softmax(s, alpha_j, tile);  // touches s, m_i, l_i: not O, not p
         if constexpr (kF.overlap) wgmma_wait_group<0>();  // P_{j-1} V_{j-1} is done: O and p are free
         //! [overlap]
+        // O and P_j are computed from values read after the wait: neither is written while
+        // P_{j-1} V_{j-1} may still read p and accumulate into O.
         warpgroup_fence_operands(st.o);
+        warpgroup_fence_operands(s);
         slot_done(tile - 1);  // K_{j-1} and V_{j-1} are no longer read
         rescale_o(st, alpha_j);
         pack_p<T, kBc>(s, p);
