@@ -243,10 +243,9 @@ struct ConsumerState {
     float l[2];      ///< running sum of P over this thread's columns of those rows
 };
 
-/// Named barriers (0 is __syncthreads'): consumer warpgroup c waits for its turn on
-/// kTurnBarrier + c, and orders its epilogue's shared-memory writes on kEpilogueBarrier + c.
-constexpr uint32_t kTurnBarrier = 1;
-constexpr uint32_t kEpilogueBarrier = 5;
+// Named barriers (0 is __syncthreads').
+constexpr uint32_t kTurnBarrier = 1;      ///< consumer warpgroup c waits for its turn on named barrier kTurnBarrier + c
+constexpr uint32_t kEpilogueBarrier = 5;  ///< consumer warpgroup c orders its epilogue's shared-memory writes on kEpilogueBarrier + c
 
 //! [gemms]
 /// Issues S = Q_c K_j^T (not committed): d/16 wgmma, each 64 x Bc x 16, both operands K-major
