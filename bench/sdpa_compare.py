@@ -422,6 +422,8 @@ def print_round_ratios(args, round_idx, gpu_name, date):
                     cells = []
                     for a, b in pairs:
                         st = round_ratio(round_idx, a, b, (t, n, d, int(c)))
+                        if st is None and b == "stage07":  # stage 07 not timed: step 0 of stage 11's road is its kernel
+                            st = round_ratio(round_idx, a, "stage11_step0", (t, n, d, int(c)))
                         cells.append("-" if st is None else f"{st[0]:.2f} [{st[1]:.2f}, {st[2]:.2f}]")
                         if st is not None and ((a, b) not in worst or st[0] < worst[(a, b)][0]):
                             worst[(a, b)] = (st[0], st[1], st[2], t, d, n, c)
