@@ -76,11 +76,21 @@ struct Args {
     const T* v;  ///< (B, H, Nk, d)
     T* o;        ///< (B, H, Nq, d)
     float* lse;  ///< (B, H, Nq)
-    int64_t q_sb, q_sh, q_sn;  ///< strides of q (the feature stride is 1)
-    int64_t k_sb, k_sh, k_sn;  ///< strides of k
-    int64_t v_sb, v_sh, v_sn;  ///< strides of v
-    int64_t o_sb, o_sh, o_sn;  ///< strides of o
-    int64_t lse_sb, lse_sh, lse_sn;  ///< strides of lse
+    int64_t q_sb;  ///< batch stride of q (the feature stride is 1)
+    int64_t q_sh;  ///< head stride of q
+    int64_t q_sn;  ///< row stride of q
+    int64_t k_sb;  ///< batch stride of k
+    int64_t k_sh;  ///< head stride of k
+    int64_t k_sn;  ///< row stride of k
+    int64_t v_sb;  ///< batch stride of v
+    int64_t v_sh;  ///< head stride of v
+    int64_t v_sn;  ///< row stride of v
+    int64_t o_sb;  ///< batch stride of o
+    int64_t o_sh;  ///< head stride of o
+    int64_t o_sn;  ///< row stride of o
+    int64_t lse_sb;  ///< batch stride of lse
+    int64_t lse_sh;  ///< head stride of lse
+    int64_t lse_sn;  ///< row stride of lse
     int heads;        ///< H
     int batch_heads;  ///< B * H
     int q_tiles;      ///< query tiles per (batch, head): ceil(Nq / Br)
@@ -105,8 +115,8 @@ struct Shape {
     static constexpr int kQBytes = kBr * D * 2;    ///< the Q tile
     static constexpr int kKVBytes = kBc * D * 2;   ///< one K (or V) tile
     static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "every tile starts on a 1024-byte boundary (the swizzle's atom)");
+    static constexpr int kBarrierBytes = 8 * (1 + 2 * kF.stages);  ///< the mbarriers: Q's, and a full and an empty one per slot
     /// Shared memory: 1024 bytes of slack to align, Q, then stages x (K, V), then the barriers.
-    static constexpr int kBarrierBytes = 8 * (1 + 2 * kF.stages);
     static constexpr size_t kSmemBytes = 1024 + size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + kBarrierBytes;
 };
 

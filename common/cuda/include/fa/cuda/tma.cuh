@@ -31,7 +31,7 @@ __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(tensor_map_address(map)) : "memory");
 }
 
-/// `cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes`: loads the box
+/// <tt>cp.async.bulk.tensor.2d.shared\::cluster.global.mbarrier\::complete_tx\::bytes</tt>: loads the box
 /// at element coordinates (c0, c1) of a 2-d tensor map into shared memory at `dst`; its bytes
 /// count down the transactions of mbarrier `bar`.
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1) {
@@ -59,14 +59,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
         : "memory");
 }
 
-/// `cp.async.bulk.tensor.2d.global.shared::cta.bulk_group`: tma_store_4d() for a 2-d tensor map.
+/// <tt>cp.async.bulk.tensor.2d.global.shared\::cta.bulk_group</tt>: tma_store_4d() for a 2-d tensor map.
 __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
     asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(tensor_map_address(map)),
                  "r"(src), "r"(c0), "r"(c1)
                  : "memory");
 }
 
-/// `cp.async.bulk.tensor.4d.global.shared::cta.bulk_group`: stores the box at `src` in shared
+/// <tt>cp.async.bulk.tensor.4d.global.shared\::cta.bulk_group</tt>: stores the box at `src` in shared
 /// memory (laid out and swizzled as a load of the same map would leave it) to coordinates
 /// (c0, c1, c2, c3); elements outside the tensor are not written. Write the box with plain
 /// stores, then fence_proxy_async() and a barrier, then one thread stores; complete with
