@@ -26,6 +26,14 @@
 // other, and two sums the exact gradients obey). These guard against gross errors only; the
 // tolerances that decide correctness live in the tests. A failed check is marked, the sweep goes
 // on, and the exit code is 1.
+//
+// Stage 11 (--stages 11, the Hopper kernel; built for sm_90a, timed only on a Hopper GPU) runs in
+// the same 16-bit types on the same rounded inputs as stage 07: its final kernel (rows "stage11")
+// or any steps of its road (--steps11: rows "stage11_step<i>", step 0 being stage 07's final
+// kernel, the road's point of departure). Every stage 11 row is checked on the device against
+// stage 07's final kernel in the same type at the same point: O by its largest difference (a few
+// roundings of the 16-bit type, scaled by the largest |O|) and its relative L2 error, LSE by its
+// largest difference. On another GPU the stage 11 rows are skipped with one line saying why.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -44,6 +52,10 @@
 #include "../stages/06_causal_masking/attention.cuh"
 #include "../stages/07_pipelined_fused_kernel/attention.cuh"
 #include "../stages/09_backward_kernel/attention.cuh"
+#ifdef FA_HAVE_STAGE11
+#include "../stages/11_hopper_kernel/attention.cuh"
+#include "fa/cuda/hopper.hpp"
+#endif
 #include "fa/counts.hpp"
 #include "fa/cuda/check.hpp"
 #include "fa/cuda/device.hpp"
@@ -76,23 +88,33 @@ constexpr double kStage09DvSumRel = 1e-2;
 constexpr double kStage09DkSumRatio = 5e-2;
 // dO of the stage 09 points: normal, standard deviation 1, from its own seed (q, k, v use 1234).
 constexpr uint64_t kDoutSeed = 4321;
+// Stage 11 against stage 07's final kernel, both in the same 16-bit type from the same rounded
+// inputs: each rounds O once to 16 bits (at most one unit in the last place apart, 2u |O|) and
+// rounds P to 16 bits before P V (about u per weight, mostly cancelling). Eight unit roundoffs u of
+// the type times the largest |O| (at least 1) is well above that and below what a lost tile or a
+// wrong mask does to the rows it touches; the relative L2 bound is stage 07's gross one.
+constexpr double kStage11MaxAbsUnits = 8;
+constexpr double kStage11RelL2 = kStage07GrossRelL2;
+// The LSE of both: float32 sums of the same exponentials in another order (about 1e-6 here).
+constexpr double kStage11LseMaxAbs = 1e-2;
 
 struct Record {
     std::string impl;       // "stage05", "stage06", "stage07" (the final kernel), "stage07_step<i>",
-                            // "stage09", "stage09_deterministic", "stage09_step<i>"
+                            // "stage09", "stage09_deterministic", "stage09_step<i>", "stage11" (the
+                            // final kernel), "stage11_step<i>"
     std::string pass = "forward";  // "forward"; stage 09 also "backward" and "fwd+bwd"
     std::string label;      // how the progress line names it; the impl when empty
     std::string dtype;      // "fp32", "bf16", "fp16"
-    int step = -1;          // stage 07: index into fa::stage07::road(); -1 for the float32 stages
-    std::string step_name;  // stage 07 or, with --road05, stage 05: road()[step].name
+    int step = -1;          // stage 07 (11): index into fa::stage07::road() (stage11::road()); -1 for the float32 stages
+    std::string step_name;  // stage 07, 11 or, with --road05, stage 05: road()[step].name
     fa::Problem problem;
     double median_ms = 0, min_ms = 0, max_ms = 0, tflops = 0;
     int sm_clock_mhz = -1;
     double heavy_first_ms = -1;  // stage 06, causal: the same run with the query tiles heaviest first
     double in_order_ms = -1;     // stage 06, causal: and in order
     std::string check;           // "ok", "BAD", or "" when not checked
-    // Stage 07: against stage 06. Stage 09's backward rows: deterministic against atomic, the
-    // worst of dq, dk, dv.
+    // Stage 07: against stage 06. Stage 11: O against stage 07's final kernel. Stage 09's backward
+    // rows: deterministic against atomic, the worst of dq, dk, dv.
     double check_max_abs = -1, check_rel_l2 = -1;
     double dv_sum_rel = -1, dk_sum_ratio = -1;  // stage 09's backward rows: the two sums of the guard
 };
@@ -148,11 +170,12 @@ double max_abs_diff(const float* a, const float* b, int64_t n) {
     return worst;
 }
 
-// The stage 07 steps --steps names: indices into road(), or every step for "all" / "road".
-// Throws fa::InputError naming the bad value and the steps there are.
-std::vector<int> resolve_steps(const std::vector<std::string>& args) {
-    const auto& road = fa::stage07::road();
-    if (args.empty()) return {fa::stage07::final_step()};
+// The steps an option (--steps for stage 07, --steps11 for stage 11) names: indices into the
+// stage's road, or every step for "all" / "road"; the final kernel when none is named. Throws
+// fa::InputError naming the bad value and the steps there are.
+std::vector<int> resolve_steps(const std::vector<std::string>& args, const std::vector<fa::RoadStep>& road, int final_step,
+                               const std::string& option, const std::string& stage) {
+    if (args.empty()) return {final_step};
     std::vector<int> steps;
     for (const std::string& a : args) {
         if (a == "all" || a == "road") {
@@ -169,7 +192,7 @@ std::vector<int> resolve_steps(const std::vector<std::string>& args) {
         if (used != a.size() || step < 0 || step >= int(road.size())) {
             std::string list;
             for (size_t i = 0; i < road.size(); ++i) list += "\n  " + std::to_string(i) + " " + road[i].name;
-            throw fa::InputError("--steps " + a + " is not a step of stage 07: use all, road, or numbers from 0 to " +
+            throw fa::InputError(option + " " + a + " is not a step of stage " + stage + ": use all, road, or numbers from 0 to " +
                                  std::to_string(road.size() - 1) + ":" + list);
         }
         steps.push_back(step);
@@ -340,13 +363,14 @@ Stage09Check check_stage09(const fa::Problem& p, const HalfBackward<T>& g, float
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"flashcourse bench_gpu: GPU stages 05, 06 (float32), 07 (bf16, fp16) and 09 (the backward after stage "
-                 "07's forward, bf16, fp16) over a sweep of shapes, timed with CUDA events"};
+    CLI::App app{"flashcourse bench_gpu: GPU stages 05, 06 (float32), 07 (bf16, fp16), 09 (the backward after stage "
+                 "07's forward, bf16, fp16) and 11 (the Hopper kernel, bf16, fp16) over a sweep of shapes, timed with CUDA events"};
     std::vector<int64_t> sizes{512, 1024, 2048, 4096, 8192, 16384};
     std::vector<int64_t> head_dims{64, 128};
     std::vector<std::string> stages{"05", "06", "07"};
     std::vector<std::string> dtypes{"bf16", "fp16"};
     std::vector<std::string> step_args;
+    std::vector<std::string> step11_args;
     bool road05 = false;
     std::vector<int> steps09;
     std::string causal_mode = "both";
@@ -355,18 +379,25 @@ int main(int argc, char** argv) {
     bool check = true;
     bool schedule_ablation = true;
     double mma_ceiling_tflops = 0;
+    double wgmma_ceiling_tflops = 0;
     std::string json_path = "bench_gpu.json", csv_path = "bench_gpu.csv";
     app.add_option("--sizes", sizes, "sequence lengths N (Nq = Nk)")->capture_default_str();
     app.add_option("--head-dims", head_dims, "head dimensions d")->capture_default_str();
     app.add_option("--stages", stages,
                    "stages to time: 05, 06 (float32), 07 (bf16/fp16), 09 (bf16/fp16: stage 07's forward, stage 09's "
-                   "backward with atomic and deterministic dQ, and the two as one pair)")
-        ->check(CLI::IsMember({"05", "06", "07", "09"}))
+                   "backward with atomic and deterministic dQ, and the two as one pair), 11 (bf16/fp16: the Hopper "
+                   "kernel, on an sm_90 GPU only, checked against stage 07's final kernel)")
+        ->check(CLI::IsMember({"05", "06", "07", "09", "11"}))
         ->capture_default_str();
-    app.add_option("--dtypes", dtypes, "16-bit types stages 07 and 09 run in")->check(CLI::IsMember({"bf16", "fp16"}))->capture_default_str();
+    app.add_option("--dtypes", dtypes, "16-bit types stages 07, 09 and 11 run in")->check(CLI::IsMember({"bf16", "fp16"}))->capture_default_str();
     app.add_option("--steps", step_args,
                    "stage 07 steps to time: indices into its road (see stage07 --help), or all / road for every step, "
                    "with the tuning candidates of a -DFA_STAGE07_TUNING=ON build (default: the final kernel)");
+    app.add_option("--steps11", step11_args,
+                   "with stage 11: steps of its road to time (see stage11_hopper_kernel --help), as numbers "
+                   "(comma-separated or not), or all / road for every step; 0 is stage 07's final kernel. Rows "
+                   "stage11_step<i>, the final kernel's row stage11 (default: the final kernel alone)")
+        ->delimiter(',');
     app.add_flag("--road05", road05,
                  "with stage 05: time every step of its road (see stage05 --help), each checked against the final "
                  "kernel's output; rows stage05_step<i>, the final kernel's row stage05");
@@ -389,13 +420,19 @@ int main(int argc, char** argv) {
     app.add_option("--mma-ceiling-tflops", mma_ceiling_tflops,
                    "the mma.sync bf16 rate mma_ceiling measured: stage 07 points then print their fraction of it")
         ->check(CLI::NonNegativeNumber);
+    app.add_option("--wgmma-ceiling-tflops", wgmma_ceiling_tflops,
+                   "the dense wgmma bf16 rate wgmma_ceiling measured: stage 11 points then print their fraction of it")
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--json", json_path, "where to write the results as JSON")->capture_default_str();
     app.add_option("--csv", csv_path, "where to write the results as CSV")->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
-    std::vector<int> steps07;
+    std::vector<int> steps07, steps11;
     try {
-        steps07 = resolve_steps(step_args);
+        steps07 = resolve_steps(step_args, fa::stage07::road(), fa::stage07::final_step(), "--steps", "07");
+#ifdef FA_HAVE_STAGE11
+        steps11 = resolve_steps(step11_args, fa::stage11::road(), fa::stage11::final_step(), "--steps11", "11");
+#endif
     } catch (const fa::InputError& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return fa::kExitBadInput;
@@ -412,6 +449,17 @@ int main(int argc, char** argv) {
     const bool has06 = std::count(stages.begin(), stages.end(), "06") > 0;
     const bool has07 = std::count(stages.begin(), stages.end(), "07") > 0;
     const bool has09 = std::count(stages.begin(), stages.end(), "09") > 0;
+    // Stage 11 runs where it was built and the GPU has Hopper's instructions; otherwise one line says why not.
+    bool has11 = std::count(stages.begin(), stages.end(), "11") > 0;
+#ifdef FA_HAVE_STAGE11
+    const std::string no_hopper = fa::cuda::hopper_unavailable_reason();
+#else
+    const std::string no_hopper = "this build has no stage 11 (it is built with CUDA, for sm_90a)";
+#endif
+    if (has11 && !no_hopper.empty()) {
+        std::printf("skipped    stage 11: it needs a Hopper GPU (sm_90a): %s\n", no_hopper.c_str());
+        has11 = false;
+    }
     std::vector<bool> causal_values;
     if (causal_mode != "yes") causal_values.push_back(false);
     if (causal_mode != "no") causal_values.push_back(true);
@@ -430,6 +478,19 @@ int main(int argc, char** argv) {
         for (int s : steps07) std::printf(" %d (%s)", s, road[size_t(s)].name.c_str());
         std::printf("%s\n", int(road.size()) > fa::stage07::final_step() + 1 ? "; tuning build" : "");
     }
+#ifdef FA_HAVE_STAGE11
+    const auto& road11 = fa::stage11::road();
+    if (has11) {
+        std::printf("stage 11   %s; steps:", [&] {
+            std::string s;
+            for (const std::string& t : dtypes) s += (s.empty() ? "" : " and ") + t;
+            return s;
+        }().c_str());
+        for (int s : steps11) std::printf(" %d (%s)", s, road11[size_t(s)].name.c_str());
+        std::printf("; each checked against stage 07 step %d (%s) in its type\n", fa::stage07::final_step(),
+                    road[size_t(fa::stage07::final_step())].name.c_str());
+    }
+#endif
     if (has09) {
         std::printf("stage 09   forward: stage 07 step %d (%s); backward: dQ by atomics and deterministic; "
                     "fwd+bwd: the two timed as one pair\n",
@@ -455,7 +516,7 @@ int main(int argc, char** argv) {
     std::vector<Record> records;
     size_t points = sizes.size() * head_dims.size() * causal_values.size() *
                     ((has05 ? (road05 ? size_t(fa::stage05::final_step()) + 1 : 1) : 0) + (has06 ? 1 : 0) + (has07 ? dtypes.size() * steps07.size() : 0) +
-                     (has09 ? dtypes.size() * (4 + 2 * steps09.size()) : 0));
+                     (has09 ? dtypes.size() * (4 + 2 * steps09.size()) : 0) + (has11 ? dtypes.size() * steps11.size() : 0));
     size_t done = 0;
     bool any_bad = false;
     std::set<std::string> skipped;  // (stage, dtype, step, d) already reported as unsupported
@@ -478,7 +539,12 @@ int main(int argc, char** argv) {
         std::printf("[%3zu/%3zu] %-15s %-4s d=%-3lld N=%-5lld B=%-2lld H=%-2lld %-10s %9.3f ms  %6.2f TFLOP/s", done, points,
                     (r.label.empty() ? r.impl : r.label).c_str(), r.dtype.c_str(), (long long)p.head_dim, (long long)p.seq_q, (long long)p.batch,
                     (long long)p.heads, p.causal ? "causal" : "non-causal", r.median_ms, r.tflops);
-        if (r.step >= 0 && r.dtype != "fp32" && mma_ceiling_tflops > 0) std::printf("  %4.1f%% of mma", 100.0 * r.tflops / mma_ceiling_tflops);
+        const bool hopper_row = r.impl.rfind("stage11", 0) == 0 && r.step != 0;  // step 0 is stage 07's mma.sync kernel
+        if (r.step >= 0 && r.dtype != "fp32" && hopper_row && wgmma_ceiling_tflops > 0) {
+            std::printf("  %4.1f%% of wgmma", 100.0 * r.tflops / wgmma_ceiling_tflops);
+        } else if (r.step >= 0 && r.dtype != "fp32" && !hopper_row && mma_ceiling_tflops > 0) {
+            std::printf("  %4.1f%% of mma", 100.0 * r.tflops / mma_ceiling_tflops);
+        }
         std::printf("  (min %.3f, max %.3f; SM %d MHz)%s\n", r.min_ms, r.max_ms, r.sm_clock_mhz,
                     r.step >= 0 ? ("  step " + std::to_string(r.step) + " " + r.step_name).c_str() : "");
         std::fflush(stdout);
@@ -590,6 +656,66 @@ int main(int argc, char** argv) {
         }
     };
 
+#ifdef FA_HAVE_STAGE11
+    // Stage 11 at one point in one 16-bit type (`in`: stage 07's HalfTensors of that type, `lse`:
+    // the point's float32 LSE): each step asked for, timed, then run again into an O and LSE
+    // poisoned with NaN and compared with stage 07's final kernel, which runs first into the same
+    // tensors (its O widened into `o_ref`, its LSE copied into `lse_ref`; both null: no check).
+    // `o32`: a float32 scratch of O's shape, dense (B, H, N, d).
+    const auto stage11_points = [&](const fa::Problem& p, const std::string& t, const auto& in, const fa::View3<float>& lse,
+                                    float* o_ref, float* lse_ref, const fa::View4<float>& o32) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(in.o.data)>>;
+        const fa::View4<float> o_ref_view = fa::make_view(o_ref, p.batch, p.heads, p.seq_q, p.head_dim, fa::Layout::BHND);
+        const size_t lse_bytes = size_t(p.lse_elems()) * sizeof(float);
+        const double unit = std::is_same_v<T, __nv_bfloat16> ? 1.0 / 256 : 1.0 / 2048;  // unit roundoff u: 2^-8, 2^-11
+        double o_scale = -1;  // the largest |O| of stage 07's output (at least 1); -1 until it ran
+        for (int step : steps11) {
+            const auto launch = [&](cudaStream_t stream) {
+                fa::stage11::attention_device(p, in.q, in.k, in.v, in.o, lse, stream, step);
+            };
+            const std::string key = "stage11 " + t + " step " + std::to_string(step) + " d=" + std::to_string(p.head_dim);
+            if (!supported(key, launch)) continue;
+            const bool final_kernel = step == fa::stage11::final_step();
+            Record r = make_record(final_kernel ? "stage11" : "stage11_step" + std::to_string(step), t, p,
+                                   fa::cuda::time_on_gpu(launch, warmup, repeat));
+            r.step = step;
+            r.step_name = road11[size_t(step)].name;
+            ++done;
+            print_point(r);
+            if (o_ref != nullptr) {
+                if (o_scale < 0) {  // stage 07's final kernel at this point, once for every step
+                    fa::stage07::attention_device(p, in.q, in.k, in.v, in.o, lse, nullptr);
+                    fa::cuda::convert(fa::View4<const T>(in.o), o_ref_view);
+                    FA_CUDA_CHECK(cudaMemcpy(lse_ref, lse.data, lse_bytes, cudaMemcpyDeviceToDevice));
+                    FA_CUDA_CHECK(cudaDeviceSynchronize());
+                    o_scale = 1;
+                    for (float x : to_host(o_ref, p.q_elems())) o_scale = std::max(o_scale, double(std::fabs(x)));
+                }
+                // A fresh run into outputs poisoned with NaN, so an element this step forgets is not
+                // hidden by what the timed runs (or stage 07) left there.
+                FA_CUDA_CHECK(cudaMemset(in.o.data, 0xff, size_t(p.q_elems()) * sizeof(T)));
+                FA_CUDA_CHECK(cudaMemset(lse.data, 0xff, lse_bytes));
+                launch(nullptr);
+                fa::cuda::convert(fa::View4<const T>(in.o), o32);
+                FA_CUDA_CHECK(cudaDeviceSynchronize());
+                const fa::Metrics m = fa::compare(to_host(o32.data, p.q_elems()), to_host(o_ref, p.q_elems()));
+                const double lse_diff = max_abs_diff(lse.data, lse_ref, p.lse_elems());
+                const double limit = kStage11MaxAbsUnits * unit * o_scale;
+                const bool ok = m.nonfinite == 0 && m.max_abs <= limit && m.rel_l2 <= kStage11RelL2 && lse_diff <= kStage11LseMaxAbs;
+                r.check = ok ? "ok" : "BAD";
+                r.check_max_abs = m.max_abs;
+                r.check_rel_l2 = m.rel_l2;
+                any_bad = any_bad || !ok;
+                std::printf("          vs stage 07 (%s): O max_abs %.2e (limit %.2e), rel_l2 %.2e; LSE max_abs %.2e%s%s\n", t.c_str(),
+                            m.max_abs, limit, m.rel_l2, lse_diff,
+                            m.nonfinite ? (", " + std::to_string(m.nonfinite) + " NaN/inf").c_str() : "", ok ? "" : "  BAD");
+            }
+            std::fflush(stdout);
+            records.push_back(std::move(r));
+        }
+    };
+#endif
+
     try {
         for (int64_t d : head_dims) {
             for (int64_t n : sizes) {
@@ -602,8 +728,11 @@ int main(int argc, char** argv) {
                 // A second float32 output: stage 05's final kernel while its road or stage 06 runs, stage 07's widened result.
                 fa::cuda::DeviceBuffer<float> o_other(size_t(p.q_elems()));
                 const fa::View4<float> o_other_view = fa::make_view(o_other.data(), p.batch, p.heads, p.seq_q, p.head_dim, fa::Layout::BHND);
+                // Stage 11's reference: stage 07's final kernel's O (widened to float32) and LSE at each point.
+                fa::cuda::DeviceBuffer<float> o11_ref(has11 && check ? size_t(p.q_elems()) : 0);
+                fa::cuda::DeviceBuffer<float> lse11_ref(has11 && check ? size_t(p.lse_elems()) : 0);
                 HalfInputs half;
-                for (const std::string& t : has07 || has09 ? dtypes : std::vector<std::string>{}) {
+                for (const std::string& t : has07 || has09 || has11 ? dtypes : std::vector<std::string>{}) {
                     if (t == "bf16") {
                         half.bf16.emplace(p, fa::Layout::BHND);
                         half.bf16->load(dev.q, dev.k, dev.v);
@@ -774,6 +903,17 @@ int main(int argc, char** argv) {
                         }
                     }
 
+#ifdef FA_HAVE_STAGE11
+                    // ---- stage 11: every dtype and step asked for, checked against stage 07's final kernel.
+                    for (const std::string& t : has11 ? dtypes : std::vector<std::string>{}) {
+                        if (t == "bf16") {
+                            stage11_points(p, t, *half.bf16, dev.lse, o11_ref.data(), lse11_ref.data(), o_other_view);
+                        } else {
+                            stage11_points(p, t, *half.fp16, dev.lse, o11_ref.data(), lse11_ref.data(), o_other_view);
+                        }
+                    }
+#endif
+
                     // ---- stage 09: stage 07's forward, the backward in both dQ modes, the pair; the guard.
                     for (const std::string& t : has09 ? dtypes : std::vector<std::string>{}) {
                         if (t == "bf16") {
@@ -810,7 +950,20 @@ int main(int argc, char** argv) {
         json << "    {\"step\": " << i << ", \"name\": " << json_string(road[i].name) << ", \"idea\": " << json_string(road[i].idea)
              << "}" << (i + 1 < road.size() ? ",\n" : "\n");
     }
-    json << "  ],\n  \"results\": [\n";
+    json << "  ],\n";
+#ifdef FA_HAVE_STAGE11
+    // Stage 11's road, when its rows are here: what each of its step numbers means.
+    if (has11) {
+        json << "  \"stage11_final_step\": " << fa::stage11::final_step() << ",\n  \"stage11_road\": [\n";
+        for (size_t i = 0; i < road11.size(); ++i) {
+            json << "    {\"step\": " << i << ", \"name\": " << json_string(road11[i].name) << ", \"idea\": " << json_string(road11[i].idea)
+                 << "}" << (i + 1 < road11.size() ? ",\n" : "\n");
+        }
+        json << "  ],\n";
+    }
+#endif
+    if (wgmma_ceiling_tflops > 0) json << "  \"wgmma_ceiling_tflops\": " << wgmma_ceiling_tflops << ",\n";
+    json << "  \"results\": [\n";
     // The first twelve columns are those of the first sweeps; the page generator reads them by name.
     // Later columns are added at the end: `pass` (forward, backward, fwd+bwd) came with stage 09.
     csv << "impl,dtype,B,H,N,d,causal,median_ms,tflops,gpu,sm_clock_mhz,date,step,step_name,min_ms,max_ms,check,check_max_abs,"

@@ -10,12 +10,20 @@
 #              newcomer.txt records the machine, the compilers, the date and every verdict. Run it
 #              in every session that changes build files or GPU code.
 #   newcomer_test  the README's second command (scripts/test.sh) in that copy: newcomer_test.txt
-#   build      configure (stage 07's tuning candidates on, warnings as errors) and build what the
-#              other steps need
+#   build      configure (stage 07's tuning candidates on unless TUNING=OFF, warnings as errors)
+#              and build what the other steps need, stage 11's targets always among them
+#              (stage11_hopper_kernel, wgmma_ceiling, test_stage11, test_hopper_wrappers)
 #   test       the whole CTest suite (builds everything)
+#   test11     the tests of stage 11 and of Hopper's wrappers alone (ctest -R 'hopper|stage11': the
+#              host maps, each wrapper, every step's tests, the stage's run and command line)
 #   sanitize   compute-sanitizer memcheck, racecheck, synccheck, initcheck on stages 05, 06, 07, 09
-#              (SANITIZE_STAGES="05 06 07 09" picks which)
-#   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates
+#              (SANITIZE_STAGES="05 06 07 09" picks which; 11 adds stage 11: tails, Nq != Nk both
+#              ways, causal rows that see no key, bnhd, fp16, d 64 and 128, at every step of its
+#              road, the number of steps read from stage11_hopper_kernel --help; what the tool
+#              says about an instruction it does not support is recorded in the summary;
+#              SANITIZE11_STEPS="1 3" picks steps, SANITIZE_TOOLS="memcheck racecheck" tools)
+#   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates; wgmma_ceiling:
+#              dense wgmma bf16/fp16 (on a Hopper GPU)
 #   road05     stage 05, every step of its road (float32), d 64/128, N 1024/4096, non-causal, each
 #              checked against the final kernel: road05/road05.csv and road05_table.txt
 #   road       stage 07, every step of its road and every tuning candidate, bf16, d 64/128,
@@ -31,12 +39,18 @@
 #              gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
 #   sweep      every stage beside every SDPA backend, the full grid (as the committed data)
 #   quick      the same at two sizes (QUICK_SIZES), 10 runs each; QUICK_STAGES="05 06 07 09" adds
-#              stage 09 beside SDPA's backward
+#              stage 09 beside SDPA's backward, 11 stage 11 beside SDPA cuDNN and flash
+#   road11     stage 11, every step of its road (step 0: stage 07's final kernel), bf16, d 64/128,
+#              N 1024/4096/16384 (ROAD11_SIZES), causal and not, beside SDPA flash and cuDNN, each
+#              step checked against stage 07's final kernel: road11/road11.csv and
+#              stage11_road_table.txt
 #   ncu        Nsight Compute on the stage 05 kernel
 #   ncu05road  Nsight Compute on every step of stage 05's road, d 64, N 2048: memory throughput,
 #              bank conflicts, occupancy, registers, instructions: ncu_stage05_road.txt
 #   ncu07      Nsight Compute on the stage 07 final kernel, d 64 and 128, N 4096
 #   ncu07road  shared-memory bank conflicts of road steps 1 (ldmatrix) and 2 (swizzle), d 64, N 4096
+#   ncu11      Nsight Compute on stage 11's default kernel, bf16, d 64 and 128, N 4096, non-causal:
+#              tensor-pipe use (wgmma), stall reasons, registers: ncu_stage11_d64/d128
 #   ncu09      Nsight Compute on stage 09's main backward kernel (atomic dQ), bf16, d 64 and 128,
 #              N 4096, and the time of each of the backward's three kernels; the same report of the
 #              warp-tiled kernel (step 1): ncu_stage09_tiled_d64/d128
@@ -47,7 +61,9 @@
 # (a call cut short still returns the steps it finished); the summary says how long each step
 # took. The Debian packages CMake needs (Eigen, CLI11, doctest) are unpacked from .deps/ when
 # present. Each call starts a fresh /tmp/fa-session; the build folder ($BUILD, default build-gpu)
-# is kept, so `build` is quick when the machine still holds it.
+# is kept, so `build` is quick when the machine still holds it. The comparisons with SDPA run the
+# whole sequence (ours, then SDPA) ROUNDS times (default 3) and report each ratio's median over
+# the rounds with its min and max.
 set -u -o pipefail
 OUT=${OUT:-/tmp/fa-out}
 WORK=/tmp/fa-session
@@ -57,10 +73,12 @@ RESULTS=$WORK/results
 KERNEL07=${KERNEL07:-flash_forward_kernel}  # stage 07's kernel, as Nsight Compute filters it
 KERNEL09=${KERNEL09:-flash_backward_kernel}  # stage 09's main kernel (between its pre- and postprocessing)
 KERNEL09_TILED=flash_backward_tiled_kernel    # stage 09's step 1 (bench_gpu --steps09 1)
+KERNEL11=${KERNEL11:-hopper_forward_kernel}  # stage 11's kernel (every step but 0)
 STAGE05=$BUILD/stages/05_shared_memory_kernel/stage05_shared_memory_kernel
 STAGE06=$BUILD/stages/06_causal_masking/stage06_causal_masking
 STAGE07=$BUILD/stages/07_pipelined_fused_kernel/stage07_pipelined_fused_kernel
 STAGE09=$BUILD/stages/09_backward_kernel/stage09_backward_kernel
+STAGE11=$BUILD/stages/11_hopper_kernel/stage11_hopper_kernel
 rm -rf "$WORK" && mkdir -p "$LOGS" "$RESULTS" "$OUT"
 STEPS=("$@")
 status=0
@@ -69,6 +87,7 @@ note() { printf '\n===== %s =====\n' "$*" | tee -a "$LOGS/summary.txt"; }
 record() { echo "$*" | tee -a "$LOGS/summary.txt"; }
 
 # The ninja targets the chosen steps need: everything when the tests run (they cover every target).
+# Stage 11's executable, its tests and the wgmma ceiling come with any list.
 build_targets() {
     local s targets=()
     for s in "${STEPS[@]}"; do
@@ -77,10 +96,14 @@ build_targets() {
             sanitize | lessons)
                 targets+=(stage05_shared_memory_kernel stage06_causal_masking stage07_pipelined_fused_kernel stage09_backward_kernel) ;;
             ceiling) targets+=(mma_ceiling) ;;
-            road | road05 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09) targets+=(bench_gpu mma_ceiling) ;;
+            test11) targets+=(test_hopper_layouts make_npy_inputs) ;;
+            road | road05 | road11 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu11)
+                targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
-    [ ${#targets[@]} -eq 0 ] || printf '%s\n' "${targets[@]}" | sort -u
+    [ ${#targets[@]} -eq 0 ] && return 0
+    targets+=(stage11_hopper_kernel wgmma_ceiling test_stage11 test_hopper_wrappers)
+    printf '%s\n' "${targets[@]}" | sort -u
 }
 
 step_build() {
@@ -89,12 +112,14 @@ step_build() {
     unpack_deps
     [ -d /tmp/deps/usr ] && prefix=(-DCMAKE_PREFIX_PATH=/tmp/deps/usr)
     # FA_STAGE07_TUNING adds stage 07's candidate tile shapes as extra steps: the road step times them.
-    cmake -S . -B "$BUILD" -G Ninja "${prefix[@]}" -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF -DFA_STAGE07_TUNING=ON -DFA_WERROR=ON \
+    # TUNING=OFF leaves them out (a shorter build, when the session does not run `road`).
+    cmake -S . -B "$BUILD" -G Ninja "${prefix[@]}" -DCMAKE_CUDA_ARCHITECTURES=90 -DFA_BUILD_DOCS=OFF \
+        -DFA_STAGE07_TUNING="${TUNING:-ON}" -DFA_WERROR=ON \
         >"$LOGS/configure.log" 2>&1 || { record "configure FAILED"; tail -30 "$LOGS/configure.log"; return 1; }
     mapfile -t targets < <(build_targets)
     ninja -C "$BUILD" -j16 -k 0 "${targets[@]}" >"$LOGS/build.log" 2>&1 \
         || { record "build FAILED (some targets)"; grep -B2 -A12 -m3 "error" "$LOGS/build.log"; }
-    record "build ok (${targets[*]:-all targets})"
+    record "build ok (${targets[*]:-all targets}; stage 07 tuning candidates ${TUNING:-ON})"
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version,temperature.gpu,power.draw --format=csv | tee -a "$LOGS/summary.txt"
     # Registers, shared memory and local memory (spills) of every kernel instance.
     if [ -x "$BUILD/bench/bench_gpu" ]; then
@@ -104,6 +129,7 @@ step_build() {
         kernel_resources "stage 07" "$KERNEL07"
         kernel_resources "stage 09" "$KERNEL09"
         kernel_resources "stage 09 step 1" "$KERNEL09_TILED"
+        kernel_resources "stage 11" "$KERNEL11"
     fi
     return 0
 }
@@ -182,6 +208,12 @@ step_test() {
     tail -25 "$LOGS/ctest.log" | tee -a "$LOGS/summary.txt"
 }
 
+step_test11() {
+    note "ctest: stage 11 and Hopper's wrappers"
+    ctest --test-dir "$BUILD" --output-on-failure -R 'hopper|stage11' -j4 >"$LOGS/ctest11.log" 2>&1 || status=1
+    grep -E "Test +#|tests passed|tests failed|Skipped|Failed" "$LOGS/ctest11.log" | tail -25 | tee -a "$LOGS/summary.txt"
+}
+
 # Small problems with tails, Nq != Nk, rows and whole query tiles that see no key.
 sanitize_cases=(
     "--seq-q 77 --seq-k 93 --heads 2 --head-dim 32"
@@ -213,6 +245,32 @@ sanitize_cases09=(
 sanitize_cases05_road=(
     "--seq-q 130 --seq-k 77 --heads 2 --head-dim 64 --causal --step"
 )
+# Stage 11 (every step from 1: step 0 is stage 07's kernel, sanitized with stage 07): tails (200,
+# 333, 77, 93 are not multiples of the 64- and 128-row tiles), Nq < Nk and Nq > Nk, causal with
+# Nq > Nk (the first 133, resp. 53, query rows see no key), bnhd, fp16, d 64 and 128.
+sanitize_cases11=(
+    "--seq-q 200 --seq-k 333 --heads 2 --head-dim 64"
+    "--seq-q 333 --seq-k 200 --head-dim 128 --causal"
+    "--seq-q 130 --seq-k 77 --heads 2 --head-dim 64 --causal --layout bnhd"
+    "--seq-q 200 --seq-k 333 --batch 2 --head-dim 128 --layout bnhd --dtype fp16"
+    "--seq-q 77 --seq-k 93 --head-dim 64 --causal --dtype fp16"
+)
+
+# The last step of stage 11's road, from the range its --help gives --step ("[0 - N]"); when the
+# help does not say, the first step the executable refuses with exit 2 (a bad option), less one.
+stage11_last_step() {
+    local n s rc
+    n=$("$STAGE11" --help 2>/dev/null | grep -- '--step' | grep -oE '\[0 - [0-9]+\]' | grep -oE '[0-9]+\]' | tr -d ']' | head -1)
+    if [ -n "$n" ]; then echo "$n"; return 0; fi
+    for s in $(seq 1 64); do
+        "$STAGE11" --step "$s" --seq-q 64 --seq-k 64 --head-dim 64 --reference never >/dev/null 2>&1
+        rc=$?
+        if [ "$rc" -eq 2 ]; then echo $((s - 1)); return 0; fi
+        if [ "$rc" -eq 77 ]; then echo 0; return 0; fi  # no Hopper GPU: nothing to sanitize
+    done
+    echo 64
+}
+
 step_sanitize() {
     note "compute-sanitizer"
     local exe tool args cases
@@ -226,17 +284,33 @@ step_sanitize() {
             09) exe=$STAGE09 cases=()
                 local c
                 for c in "${sanitize_cases09[@]}"; do cases+=("$c --step 0" "$c --step 1"); done ;;
+            11) exe=$STAGE11 cases=()
+                local last c s
+                last=$(stage11_last_step)
+                record "stage 11: road steps 1 to $last (from $(basename "$STAGE11") --help)${SANITIZE11_STEPS:+; this call: steps $SANITIZE11_STEPS}"
+                for s in ${SANITIZE11_STEPS:-$(seq 1 "$last")}; do
+                    for c in "${sanitize_cases11[@]}"; do cases+=("$c --step $s"); done
+                done ;;
             *) record "FAIL  sanitize: no stage $stage"; status=1; continue ;;
         esac
-        for tool in memcheck racecheck synccheck initcheck; do
+        for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
             local log="$LOGS/sanitize_stage${stage}_${tool}.log"
             for args in "${cases[@]}"; do
+                local one="$WORK/sanitize_one.log" rc
                 # shellcheck disable=SC2046,SC2086  # $args is a list of options
-                if timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 $( [ "$tool" = memcheck ] && echo --leak-check full ) \
-                    "$exe" $args --reference never >>"$log" 2>&1; then
+                timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 $( [ "$tool" = memcheck ] && echo --leak-check full ) \
+                    "$exe" $args --reference never >"$one" 2>&1
+                rc=$?
+                cat "$one" >>"$log"
+                if [ "$rc" -eq 0 ]; then
                     record "ok    $tool $(basename "$exe") $args"
+                elif [ "$rc" -eq 77 ]; then
+                    record "skip  $tool $(basename "$exe") $args: $(grep -m1 -i 'skip\|needs' "$one")"
                 else
-                    record "FAIL  $tool $(basename "$exe") $args (see $(basename "$log"))"
+                    record "FAIL  $tool $(basename "$exe") $args (exit $rc; see $(basename "$log"))"
+                    # What the tool said (an instruction it does not support, an error it found), not only the verdict.
+                    grep -m4 -iE "not supported|unsupported|cannot|ERROR|Invalid|Race|Barrier|Uninitialized" "$one" \
+                        | sed 's/^/      /' | tee -a "$LOGS/summary.txt"
                     status=1
                 fi
             done
@@ -246,14 +320,20 @@ step_sanitize() {
 }
 
 step_ceiling() {
-    note "ceilings: mma.sync m16n8k16 bf16/fp16, ex2.approx, fp32 FMA"
+    note "ceilings: mma.sync m16n8k16 bf16/fp16, ex2.approx, fp32 FMA; wgmma m64n256k16 bf16/fp16"
     "$BUILD/bench/mma_ceiling" --json "$RESULTS/mma_ceiling.jsonl" 2>&1 | tee "$RESULTS/mma_ceiling.txt" | tee -a "$LOGS/summary.txt" \
         || status=1
+    # Stage 11's ceiling; exit 77 on a GPU without wgmma (recorded, not a failure).
+    "$BUILD/bench/wgmma_ceiling" --json "$RESULTS/wgmma_ceiling.jsonl" >"$RESULTS/wgmma_ceiling.txt" 2>&1
+    local rc=$?
+    tee -a "$LOGS/summary.txt" <"$RESULTS/wgmma_ceiling.txt"
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || status=1
 }
 
-# What sdpa_compare.py needs to reuse this session's ceiling rather than measure it again.
+# What sdpa_compare.py needs to reuse this session's ceilings rather than measure them again.
 ceiling_args() {
     if [ -s "$RESULTS/mma_ceiling.jsonl" ]; then echo --mma-ceiling-json "$RESULTS/mma_ceiling.jsonl"; fi
+    if [ -s "$RESULTS/wgmma_ceiling.jsonl" ]; then echo --wgmma-ceiling-json "$RESULTS/wgmma_ceiling.jsonl"; fi
 }
 
 # Runs sdpa_compare.py with "$@", its log in $LOGS/$1.log, and copies its tables to the summary.
@@ -262,7 +342,8 @@ compare() {
     local name=$1 dir=$2
     shift 2
     # shellcheck disable=SC2046
-    PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py --bench-exe "$BUILD/bench/bench_gpu" --out-dir "$dir" $(ceiling_args) "$@" \
+    PYTHONUNBUFFERED=1 python3 bench/sdpa_compare.py --bench-exe "$BUILD/bench/bench_gpu" --out-dir "$dir" $(ceiling_args) \
+        --rounds "${ROUNDS:-3}" "$@" \
         >"$LOGS/$name.log" 2>&1 || { status=1; record "sdpa_compare.py $name FAILED:"; tail -20 "$LOGS/$name.log" | tee -a "$LOGS/summary.txt"; }
     # The points that failed their check and the kernels that were skipped, then the tables (after
     # the first empty line: bench_gpu and the SDPA progress print none).
@@ -274,6 +355,13 @@ step_road() {
     note "road: stage 07, every step and tuning candidate, bf16, beside SDPA flash and cuDNN"
     # shellcheck disable=SC2086  # ROAD_SIZES is a list
     compare road "$RESULTS/road" --stages 07 --dtypes bf16 --steps all --sizes ${ROAD_SIZES:-1024 4096 16384} \
+        --head-dims 64 128 --repeat 20 --warmup 3
+}
+
+step_road11() {
+    note "road11: stage 11, every step of its road, bf16, beside stage 07, SDPA flash and cuDNN"
+    # shellcheck disable=SC2086  # ROAD11_SIZES is a list
+    compare road11 "$RESULTS/road11" --stages 11 --dtypes bf16 --steps11 all --sizes ${ROAD11_SIZES:-1024 4096 16384} \
         --head-dims 64 128 --repeat 20 --warmup 3
 }
 
@@ -365,7 +453,7 @@ ncu_text() {
 }
 
 # Drops bench_gpu's own lines from a profiled run's output (its timings under replays mean nothing).
-strip_bench() { grep -v -E '^\[ *[0-9]+/ *[0-9]+\]|^(gpu|method|wrote|stage 0[79]) |^ +(vs|skipped|stage 0|forward \+ backward|guard:)'; }
+strip_bench() { grep -v -E '^\[ *[0-9]+/ *[0-9]+\]|^(gpu|method|wrote|stage 0[79]|stage 11|skipped) |^ +(vs|skipped|stage 0|forward \+ backward|guard:)'; }
 
 step_ncu() {
     note "ncu: stage 05 kernel, B=4 N=4096, d=64 (H=32) and d=128 (H=16), one launch each"
@@ -456,6 +544,7 @@ NCUROAD_METRICS=(
 # (one stage, one shape, one step, one dtype).
 ncu_one() {
     local kernel=$1 name=$2
+    local -n ncu_set=${NCU_METRICS:-NCU07_METRICS}  # which counters: NCU_METRICS names the array
     shift 2
     local bench=("$BUILD/bench/bench_gpu" --repeat 1 --warmup 0 --check false --json /tmp/ncu.json --csv /tmp/ncu.csv "$@")
     mkdir -p "$WORK/ncu-rep"
@@ -468,7 +557,7 @@ ncu_one() {
         "${sections[@]}" "${bench[@]}" >>"$LOGS/$name.log" 2>&1 || { status=1; tail -5 "$LOGS/$name.log"; }
     ncu_text "$WORK/ncu-rep/$name.ncu-rep" >"$RESULTS/$name.txt" 2>&1
     timeout 300 ncu --clock-control none -k "regex:$kernel" --launch-count 1 \
-        --metrics "$(known_metrics "${NCU07_METRICS[@]}" 2>>"$LOGS/$name.log")" \
+        --metrics "$(known_metrics "${ncu_set[@]}" 2>>"$LOGS/$name.log")" \
         "${bench[@]}" 2>&1 | strip_bench >"$RESULTS/${name}_metrics.txt" || status=1
 }
 
@@ -489,6 +578,53 @@ step_ncu07() {
             "$RESULTS/ncu_stage07_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
         grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|ldgsts|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
             "$RESULTS/ncu_stage07_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
+    done
+}
+
+# Stage 11's counters: the tensor pipe as wgmma drives it (and as mma.sync would, to see that none
+# of it is left), the special-function pipe (exp2), registers and occupancy, shared-memory traffic,
+# the stall reasons (a warp waiting on an mbarrier or a wgmma shows as long scoreboard or wait).
+NCU11_METRICS=(
+    gpu__time_duration.sum
+    sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
+    sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+    sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
+    launch__registers_per_thread
+    launch__occupancy_limit_registers
+    launch__occupancy_limit_shared_mem
+    sm__warps_active.avg.pct_of_peak_sustained_active
+    l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum
+    l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum
+    dram__bytes_read.sum
+    smsp__inst_executed.sum
+    smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_membar_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_sleeping_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_selected_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
+    smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio
+)
+
+step_ncu11() {
+    note "ncu11: stage 11's default kernel, bf16, N=4096 non-causal, d=64 (B=4 H=32) and d=128 (B=4 H=16), one launch each"
+    local d
+    for d in 64 128; do
+        # The first launch of the kernel is bench_gpu's untimed run of the final step.
+        NCU_METRICS=NCU11_METRICS ncu_one "$KERNEL11" "ncu_stage11_d$d" --stages 11 --dtypes bf16 --sizes 4096 --head-dims "$d" \
+            --causal no
+        record "-- d=$d"
+        grep -E "$KERNEL11|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Dynamic Shared|Block Limit" \
+            "$RESULTS/ncu_stage11_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
+        grep -E "gmma|hmma|pipe_xu|registers|occupancy_limit|local_op|stalled_(barrier|membar|long|short|mio|math|wait|sleeping)" \
+            "$RESULTS/ncu_stage11_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
+        grep -h "does not know" "$LOGS/ncu_stage11_d$d.log" 2>/dev/null | sort -u | tee -a "$LOGS/summary.txt"
     done
 }
 
@@ -604,7 +740,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test sanitize ceiling road05 road sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu11 lessons"
         status=2
         continue
     fi

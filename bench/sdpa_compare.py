@@ -10,6 +10,7 @@ a time with torch.nn.attention.sdpa_kernel, on the same shapes:
   for stages 05/06 (float32)  efficient and math in fp32 (flash and cudnn have no fp32 kernel:
                               recorded as unsupported), and flash and cudnn in bf16 for scale
   for stage 07 (--dtypes)     flash and cudnn in each of bf16 and fp16
+  for stage 11 (--dtypes)     the same: the Hopper kernel is held against cuDNN above all
   for stage 09 (--dtypes)     the same forward, and flash and cudnn in each of bf16 and fp16:
                               the backward alone (torch.autograd.grad(o, (q, k, v), do,
                               retain_graph=True) after one forward) and forward + backward timed
@@ -33,12 +34,23 @@ Writes to OUT_DIR:
                                  the final kernel), beside SDPA flash
   stage07_sweep_table.txt,       the printed tables of stage 07 and stage 09 against SDPA
   stage09_sweep_table.txt
+  stage11_sweep_table.txt        stage 11 against SDPA cuDNN and flash and stage 07, per dtype
+  ratios_over_rounds.txt         with several rounds: each ratio's median over rounds, min and max
+  road11.csv, road11.json,       when several stage 11 steps were timed (--steps11): each step's
+  stage11_road_table.txt         TFLOP/s, its gain over the step before and its ratio to cuDNN
   mma_ceiling.jsonl              what mma_ceiling measured
+  wgmma_ceiling.jsonl            what wgmma_ceiling measured (with stage 11)
   bench_gpu.csv, bench_gpu.json  bench_gpu's own output
 and prints the tables: float32 stages against SDPA efficient, stage 07 against SDPA flash and
 cuDNN per dtype (with the worst ratio), the road, and stage 07 + 09 against SDPA flash and cuDNN
 forward + backward (with the backward alone and the deterministic backward beside it). The exit
 code is 1 when a bench_gpu point failed its check (the files are written all the same).
+
+Ratios come from runs interleaved in one process: the whole sequence (bench_gpu, then SDPA) runs
+--rounds times (default 3). Each point's row in the files is that of the round with the median
+time; ratios_over_rounds.txt (stages 07 and 11) gives each ratio the targets name as its median over
+the rounds, each taken between the two timings of one round, with its min and max. bench_gpu.csv
+and bench_gpu.json are the last round's.
 """
 import argparse
 import contextlib
@@ -54,8 +66,11 @@ CSV_COLUMNS = ["impl", "dtype", "B", "H", "N", "d", "causal", "median_ms", "tflo
                "step", "step_name", "min_ms", "max_ms", "check", "check_max_abs", "check_rel_l2", "note", "pass"]
 ROAD_COLUMNS = ["kind", "impl", "step", "step_name", "idea", "dtype", "d", "N", "causal", "tflops", "median_ms", "gain", "gain_over",
                 "vs_flash", "pct_of_mma", "gpu", "sm_clock_mhz", "date"]
+# Stage 11's road: the same columns, with the ratio to cuDNN (its target) and the fraction of the
+# wgmma ceiling (step 0, stage 07's mma.sync kernel, keeps its fraction of the mma.sync one).
+ROAD11_COLUMNS = ROAD_COLUMNS[:-3] + ["vs_cudnn", "pct_of_wgmma", "check"] + ROAD_COLUMNS[-3:]
 FP32_STAGES = ("05", "06")
-HALF_STAGES = ("07", "09")  # the stages that run in --dtypes, beside SDPA flash and cuDNN in the same types
+HALF_STAGES = ("07", "09", "11")  # the stages that run in --dtypes, beside SDPA flash and cuDNN in the same types
 # FLOPs of each pass as a multiple of the forward's: five products of 2*N*N*d per head to the
 # forward's two, recomputing S included (fa::attention_flops_backward, fa::attention_flops_fwd_bwd).
 PASS_FLOPS = {"forward": 1.0, "backward": 2.5, "fwd+bwd": 3.5}
@@ -119,7 +134,26 @@ def run_mma_ceiling(args):
     return bf16, ceilings
 
 
-def run_bench_gpu(args, ceiling, out_json, out_csv):
+def run_wgmma_ceiling(args):
+    """The dense wgmma bf16 rate (A and B in shared memory, as S = Q K^T reads them) in TFLOP/s, or None."""
+    if args.wgmma_ceiling_tflops is not None:
+        return args.wgmma_ceiling_tflops
+    path = args.wgmma_ceiling_json
+    if path is None:
+        exe = os.path.join(os.path.dirname(os.path.abspath(args.bench_exe)), "wgmma_ceiling")
+        if not os.path.exists(exe):
+            print(f"no wgmma_ceiling at {exe}: the stage 11 figures go without their fraction of the ceiling", flush=True)
+            return None
+        path = os.path.join(args.out_dir, "wgmma_ceiling.jsonl")
+        cmd = [exe, "--json", path]
+        print("running", " ".join(cmd), flush=True)
+        if subprocess.run(cmd).returncode != 0:  # 77 on a GPU without wgmma
+            print("wgmma_ceiling did not run: the stage 11 figures go without their fraction of the ceiling", flush=True)
+            return None
+    return read_ceiling(path).get("wgmma_ss_bf16", {}).get("value")
+
+
+def run_bench_gpu(args, ceiling, out_json, out_csv, wgmma=None):
     """Runs bench_gpu; returns its JSON and whether every point passed its check."""
     cmd = [args.bench_exe, "--stages", *args.stages, "--sizes", *map(str, args.sizes), "--head-dims",
            *map(str, args.head_dims), "--causal", args.causal, "--tokens", str(args.tokens), "--width", str(args.width),
@@ -133,6 +167,11 @@ def run_bench_gpu(args, ceiling, out_json, out_csv):
             cmd += ["--mma-ceiling-tflops", f"{ceiling:.1f}"]
     if "09" in args.stages and args.steps09:
         cmd += ["--steps09", *map(str, args.steps09)]
+    if "11" in args.stages:
+        if args.steps11:
+            cmd += ["--steps11", *args.steps11]
+        if wgmma:
+            cmd += ["--wgmma-ceiling-tflops", f"{wgmma:.1f}"]
     if not args.check:
         cmd += ["--check", "false"]
     print("running", " ".join(cmd), flush=True)
@@ -330,6 +369,73 @@ def index(rows, pass_="forward"):
             if r.get("tflops") not in (None, "") and pass_of(r) == pass_}
 
 
+def median_rows(rounds):
+    """One row per point from several rounds' lists of rows: the row whose median_ms is the median
+    of the rounds' (the lower middle one for an even count); a point no round timed keeps its first
+    row (with its note). The order is the first round's."""
+    def key(r):
+        return (r["impl"], r["dtype"], int(r["B"]), int(r["H"]), int(r["N"]), int(r["d"]), int(r["causal"]), pass_of(r))
+
+    by_key = {}
+    for rows in rounds:
+        for r in rows:
+            by_key.setdefault(key(r), []).append(r)
+    out, seen = [], set()
+    for rows in rounds:
+        for r in rows:
+            k = key(r)
+            if k in seen:
+                continue
+            seen.add(k)
+            timed = sorted((x for x in by_key[k] if x.get("median_ms") not in (None, "")), key=lambda x: float(x["median_ms"]))
+            out.append(timed[(len(timed) - 1) // 2] if timed else by_key[k][0])
+    return out
+
+
+def round_ratio(round_idx, a, b, key):
+    """(median, min, max, rounds) of a / b (TFLOP/s) over the rounds in which both were timed, or None."""
+    xs = sorted(x for x in (ratio(i.get((a, *key)), i.get((b, *key))) for i in round_idx) if x is not None)
+    if not xs:
+        return None
+    n = len(xs)
+    med = xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+    return med, xs[0], xs[-1], n
+
+
+def print_round_ratios(args, round_idx, gpu_name, date):
+    """Per point and dtype, each ratio the targets name as its median over the rounds with min and
+    max (each ratio taken between the two timings of one round); then the worst median."""
+    pairs = []
+    if "07" in args.stages:
+        pairs += [("stage07", "sdpa_flash"), ("stage07", "sdpa_cudnn")]
+    if "11" in args.stages:
+        pairs += [("stage11", "sdpa_cudnn"), ("stage11", "sdpa_flash"), ("stage11", "stage07")]
+    short = {"stage07": "07", "stage11": "11", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}
+    worst = {}
+    print()
+    print(f"{gpu_name}, {date}: ratios over {len(round_idx)} rounds (ours, then SDPA, in each round): median [min, max]")
+    print(f"{'dtype':>5} {'d':>4} {'N':>6} {'causal':>7} " + " ".join(f"{short[a] + '/' + short[b]:>19}" for a, b in pairs))
+    for t in args.dtypes:
+        for d in args.head_dims:
+            for n in args.sizes:
+                for c in causal_values(args.causal):
+                    cells = []
+                    for a, b in pairs:
+                        st = round_ratio(round_idx, a, b, (t, n, d, int(c)))
+                        if st is None and b == "stage07":  # stage 07 not timed: step 0 of stage 11's road is its kernel
+                            st = round_ratio(round_idx, a, "stage11_step0", (t, n, d, int(c)))
+                        cells.append("-" if st is None else f"{st[0]:.2f} [{st[1]:.2f}, {st[2]:.2f}]")
+                        if st is not None and ((a, b) not in worst or st[0] < worst[(a, b)][0]):
+                            worst[(a, b)] = (st[0], st[1], st[2], t, d, n, c)
+                    if any(x != "-" for x in cells):
+                        print(f"{t:>5} {d:>4} {n:>6} {str(c):>7} " + " ".join(f"{x:>19}" for x in cells))
+    if worst:
+        print()
+    for (a, b), (med, lo, hi, t, d, n, c) in worst.items():
+        print(f"worst median {a} / {b} ratio over rounds: {med:.2f} [{lo:.2f}, {hi:.2f}] ({t}, d={d}, N={n}, "
+              f"{'causal' if c else 'non-causal'})")
+
+
 def fmt(r, key="tflops", digits=1):
     return f"{float(r[key]):.{digits}f}" if r else "-"
 
@@ -473,7 +579,7 @@ def road_rows(args, bench, idx, ceiling):
     final = bench.get("stage07_final_step")
     by_step = {}
     for r in bench["results"]:
-        if r.get("step") is not None and r["dtype"] in args.dtypes:
+        if r.get("step") is not None and r["dtype"] in args.dtypes and not r["impl"].startswith("stage11"):
             by_step[(r["step"], r["dtype"], r["N"], r["d"], int(r["causal"]))] = r
     out = []
     shapes = sorted({k[1:] for k in by_step}, key=lambda k: (k[0] != "bf16", k[0], k[2], k[1], k[3]))
@@ -546,17 +652,133 @@ def print_road(args, rows):
               f"the final kernel reaches x{worst:.2f} of the fastest at worst")
 
 
+def print_stage11_tables(args, idx, rows, wgmma, gpu_name, date, round_idx=()):
+    """Stage 11's final kernel against SDPA cuDNN and flash and stage 07's final kernel, one table
+    per dtype, then the worst ratio to each. With several rounds, 11/cudnn is also given as its
+    median over the rounds with min and max (the last columns)."""
+    several = len(round_idx) > 1
+    worst = {}  # label -> (ratio, dtype, d, N, causal), the lowest seen
+    for t in args.dtypes:
+        print()
+        print(f"{gpu_name}, {date}: stage 11 in {t}, TFLOP/s (target: 11 / cudnn >= 1.0)"
+              + (f"; wgmma bf16 ceiling {wgmma:.0f} TFLOP/s" if wgmma else ""))
+        print(f"{'d':>4} {'N':>6} {'causal':>7} {'stage11':>8} {'stage07':>8} {'flash':>8} {'cudnn':>8} {'11/cudnn':>9} "
+              f"{'11/flash':>9} {'11/07':>7} {'% wgmma':>8}"
+              + (f" {'11/cudnn over %d rounds' % len(round_idx):>26}" if several else ""))
+        for d in args.head_dims:
+            for n in args.sizes:
+                for c in causal_values(args.causal):
+                    s11, s7, fl, cu = (idx.get((i, t, n, d, int(c))) for i in ("stage11", "stage07", "sdpa_flash", "sdpa_cudnn"))
+                    if s7 is None:  # stage 07 not timed in this run: step 0 of stage 11's road is the same kernel
+                        s7 = idx.get(("stage11_step0", t, n, d, int(c)))
+                    rc, rf, r7 = ratio(s11, cu), ratio(s11, fl), ratio(s11, s7)
+                    for label, x in (("stage11 / sdpa_cudnn", rc), ("stage11 / sdpa_flash", rf), ("stage11 / stage07", r7)):
+                        if x is not None and (label not in worst or x < worst[label][0]):
+                            worst[label] = (x, t, d, n, c)
+                    pct = 100 * float(s11["tflops"]) / wgmma if s11 and wgmma else None
+                    bad = "  BAD" if s11 and s11.get("check") == "BAD" else ""
+                    spread = ""
+                    if several:
+                        st = round_ratio(round_idx, "stage11", "sdpa_cudnn", (t, n, d, int(c)))
+                        spread = f" {'-' if st is None else '%.2f [%.2f, %.2f]' % st[:3]:>26}"
+                        if st is not None and ("stage11 / sdpa_cudnn, median over rounds" not in worst
+                                               or st[0] < worst["stage11 / sdpa_cudnn, median over rounds"][0]):
+                            worst["stage11 / sdpa_cudnn, median over rounds"] = (st[0], t, d, n, c)
+                    print(f"{d:>4} {n:>6} {str(c):>7} {fmt(s11):>8} {fmt(s7):>8} {fmt(fl):>8} {fmt(cu):>8} {rfmt(rc):>9} "
+                          f"{rfmt(rf):>9} {rfmt(r7):>7} {rfmt(pct, 1, '%'):>8}{spread}{bad}")
+        refused = sorted({(r["impl"], r["N"], r["d"], r["causal"], r["note"]) for r in rows
+                          if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == t and pass_of(r) == "forward"
+                          and r.get("note")})
+        for impl, n, d, c, note in refused:
+            print(f"  {impl} {t} d={d} N={n} {'causal' if c else 'non-causal'}: {note}")
+    if worst:
+        print()
+    for label, (x, t, d, n, c) in worst.items():
+        print(f"worst {label} ratio: {x:.2f} ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
+
+
+def road11_rows(args, bench, idx, ceiling, wgmma):
+    """One row per stage 11 step and shape (its gain over the step before, its ratio to cuDNN and
+    flash); and SDPA cuDNN and flash at each shape."""
+    road = {s["step"]: s for s in bench.get("stage11_road", [])}
+    by_step = {}
+    for r in bench["results"]:
+        if r["impl"].startswith("stage11") and r["dtype"] in args.dtypes:
+            by_step[(r["step"], r["dtype"], r["N"], r["d"], int(r["causal"]))] = r
+    out = []
+    shapes = sorted({k[1:] for k in by_step}, key=lambda k: (k[0] != "bf16", k[0], k[2], k[1], k[3]))
+    for t, n, d, c in shapes:
+        flash, cudnn = idx.get(("sdpa_flash", t, n, d, c)), idx.get(("sdpa_cudnn", t, n, d, c))
+        steps = sorted(k[0] for k in by_step if k[1:] == (t, n, d, c))
+        for i, step in enumerate(steps):
+            r = by_step[(step, t, n, d, c)]
+            prev = by_step.get((steps[i - 1], t, n, d, c)) if i > 0 else None
+            tf = float(r["tflops"])
+            out.append(dict(kind="road", impl=r["impl"], step=step, step_name=r.get("step_name", ""),
+                            idea=road.get(step, {}).get("idea", ""), dtype=t, d=d, N=n, causal=c, tflops=tf,
+                            median_ms=r["median_ms"], gain=ratio(r, prev) if prev else "",
+                            gain_over=steps[i - 1] if prev else "", vs_flash=ratio(r, flash) if flash else "",
+                            vs_cudnn=ratio(r, cudnn) if cudnn else "",
+                            pct_of_mma=100 * tf / ceiling if ceiling and step == 0 else "",
+                            pct_of_wgmma=100 * tf / wgmma if wgmma and step != 0 else "", check=r.get("check", ""),
+                            gpu=bench["gpu"], sm_clock_mhz=r["sm_clock_mhz"], date=bench["date"]))
+        for name, sd in (("cudnn", cudnn), ("flash", flash)):
+            if sd:
+                out.append(dict(kind="sdpa", impl="sdpa_" + name, step="", step_name="SDPA " + name,
+                                idea=f"PyTorch SDPA, {name} backend", dtype=t, d=d, N=n, causal=c, tflops=float(sd["tflops"]),
+                                median_ms=sd["median_ms"], gain="", gain_over="", vs_flash=ratio(sd, flash) if flash else "",
+                                vs_cudnn=ratio(sd, cudnn) if cudnn else "", pct_of_mma="",
+                                pct_of_wgmma=100 * float(sd["tflops"]) / wgmma if wgmma else "", check="",
+                                gpu=sd["gpu"], sm_clock_mhz=sd["sm_clock_mhz"], date=sd["date"]))
+    return out
+
+
+def print_road11(args, rows):
+    """Stage 11's road in bf16 (or the first dtype timed): for each N, a row per step and a column
+    per (d, causal) with TFLOP/s, the gain over the step before and the ratio to cuDNN; then the
+    steps that made something slower."""
+    dtype = "bf16" if any(r["dtype"] == "bf16" for r in rows) else rows[0]["dtype"]
+    rows = [r for r in rows if r["dtype"] == dtype]
+    for n in sorted({r["N"] for r in rows}):
+        cols = sorted({(r["d"], r["causal"]) for r in rows if r["N"] == n})
+        cell = {(r["kind"], r["step"], r["step_name"], r["d"], r["causal"]): r for r in rows if r["N"] == n}
+        print()
+        print(f"stage 11's road, {dtype}, N={n}: TFLOP/s (x gain over the step before; /cudnn)")
+        print(f"{'step':>4} {'name':<20} " + " ".join(f"{'d=%d %s' % (d, 'causal' if c else 'full'):>24}" for d, c in cols))
+        for kind in ("road", "sdpa"):
+            for step, name in sorted({(r["step"], r["step_name"]) for r in rows if r["kind"] == kind and r["N"] == n},
+                                     key=lambda s: (str(s[0]).zfill(3), s[1])):
+                cells = []
+                for d, c in cols:
+                    r = cell.get((kind, step, name, d, c))
+                    if r is None:
+                        text = "-"
+                    else:
+                        text = "%.1f" % r["tflops"] + (" x%.2f" % r["gain"] if r["gain"] != "" else "")
+                        text += " /%.2f" % r["vs_cudnn"] if r["vs_cudnn"] != "" and kind == "road" else ""
+                        text += " BAD" if r.get("check") == "BAD" else ""
+                    cells.append(f"{text:>24}")
+                print(f"{str(step):>4} {name:<20} " + " ".join(cells))
+    for r in rows:
+        if r["kind"] == "road" and r["gain"] != "" and r["gain"] < 1.0:
+            print(f"  slower: step {r['step']} ({r['step_name']}) x{r['gain']:.2f} at d={r['d']} N={r['N']} "
+                  f"{'causal' if r['causal'] else 'non-causal'}")
+
+
 # ----------------------------------------------------------------------------- main
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bench-exe", required=True, help="path to the bench_gpu executable")
     parser.add_argument("--out-dir", default=os.path.join(here, "..", "docs", "results"))
-    parser.add_argument("--stages", nargs="+", default=["05", "06", "07"], choices=["05", "06", "07", "09"],
-                        help="09: stage 07's forward and stage 09's backward, beside SDPA's backward")
+    parser.add_argument("--stages", nargs="+", default=["05", "06", "07"], choices=["05", "06", "07", "09", "11"],
+                        help="09: stage 07's forward and stage 09's backward, beside SDPA's backward; 11: the Hopper "
+                        "kernel (sm_90 only), beside SDPA cuDNN and flash and stage 07")
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"],
-                        help="16-bit types of stages 07 and 09 and of the SDPA flash/cudnn rows beside them")
+                        help="16-bit types of stages 07, 09 and 11 and of the SDPA flash/cudnn rows beside them")
     parser.add_argument("--steps", nargs="+", default=[], help="stage 07 steps (bench_gpu --steps): numbers, all or road")
+    parser.add_argument("--steps11", nargs="+", default=[],
+                        help="stage 11 steps (bench_gpu --steps11): numbers, all or road; several give road11.csv")
     parser.add_argument("--steps09", type=int, nargs="+", default=[],
                         help="stage 09 main kernels timed beside the default one (bench_gpu --steps09)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
@@ -566,6 +788,9 @@ def main():
     parser.add_argument("--width", type=int, default=2048, help="H * d")
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times the whole sequence (our kernels, then SDPA) runs; each point's row is that of the "
+                        "round with the median time, and ratios are reported as the median over rounds with min and max")
     parser.add_argument("--check", type=lambda s: s.lower() not in ("0", "false", "no"), default=True,
                         help="bench_gpu's checks of every point (true/false)")
     parser.add_argument("--sdpa", type=lambda s: s.lower() not in ("0", "false", "no"), default=True,
@@ -573,17 +798,19 @@ def main():
     parser.add_argument("--mma-ceiling-exe", help="mma_ceiling executable (default: beside bench_gpu)")
     parser.add_argument("--mma-ceiling-json", help="read the ceiling from this mma_ceiling --json output instead of running it")
     parser.add_argument("--mma-ceiling-tflops", type=float, help="the mma.sync bf16 ceiling, given instead of measured")
-    parser.add_argument("--road-n", type=int, default=4096, help="the N of the printed road table")
+    parser.add_argument("--wgmma-ceiling-json", help="read the wgmma ceiling from this wgmma_ceiling --json output instead of "
+                        "running it")
+    parser.add_argument("--wgmma-ceiling-tflops", type=float, help="the dense wgmma bf16 ceiling, given instead of measured")
+    parser.add_argument("--road-n", type=int, default=4096, help="the N of the printed road tables")
     parser.add_argument("--merge-with", help="an earlier gpu_sweep.csv: its rows of (impl, dtype) pairs this run does not "
                         "measure are kept in the new gpu_sweep.csv")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     os.makedirs(args.out_dir, exist_ok=True)
 
     ceiling, ceilings = run_mma_ceiling(args) if "07" in args.stages else (None, {})
-    ours, checks_ok = run_bench_gpu(args, ceiling, os.path.join(args.out_dir, "bench_gpu.json"),
-                                    os.path.join(args.out_dir, "bench_gpu.csv"))
-    gpu_name, date = ours["gpu"], ours["date"]
-    rows = [dict(r, gpu=gpu_name, date=date, causal=int(r["causal"]), note="") for r in ours["results"]]
+    wgmma = run_wgmma_ceiling(args) if "11" in args.stages else None
     have_torch = False
     if args.sdpa:
         try:
@@ -592,11 +819,31 @@ def main():
             have_torch = torch.cuda.is_available()
         except ImportError:
             pass
-    if have_torch:
-        print(f"torch {torch.__version__}, timing SDPA backends on {torch.cuda.get_device_name(0)}", flush=True)
-        rows += run_sdpa(args, gpu_name, date)
-    elif args.sdpa:
-        print("torch with CUDA is not importable here: only our stages are in the results", flush=True)
+    # The whole sequence (our kernels, then SDPA) once per round, so that every ratio can be taken
+    # between timings of the same round, and its spread over rounds seen.
+    ours_rounds, sdpa_rounds, checks_ok = [], [], True
+    for rnd in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {rnd + 1} of {args.rounds}", flush=True)
+        ours, ok = run_bench_gpu(args, ceiling, os.path.join(args.out_dir, "bench_gpu.json"),
+                                 os.path.join(args.out_dir, "bench_gpu.csv"), wgmma)
+        checks_ok = checks_ok and ok
+        gpu_name, date = ours["gpu"], ours["date"]
+        ours_rounds.append(ours)
+        if have_torch:
+            if rnd == 0:
+                print(f"torch {torch.__version__}, timing SDPA backends on {torch.cuda.get_device_name(0)}", flush=True)
+            sdpa_rounds.append(run_sdpa(args, gpu_name, date))
+        elif args.sdpa and rnd == 0:
+            print("torch with CUDA is not importable here: only our stages are in the results", flush=True)
+    # Each point's row from the round whose time is the median of the rounds' (the lower middle
+    # one for an even count): one row per point in the files, as with a single round.
+    ours = dict(ours_rounds[-1], results=median_rows([o["results"] for o in ours_rounds]))
+    rows = [dict(r, gpu=gpu_name, date=date, causal=int(r["causal"]), note="") for r in ours["results"]]
+    if sdpa_rounds:
+        rows += median_rows(sdpa_rounds)
+    round_idx = [index([dict(r, causal=int(r["causal"])) for r in o["results"]] + (sdpa_rounds[i] if sdpa_rounds else []))
+                 for i, o in enumerate(ours_rounds)]
     measured = rows  # the tables show this run only; the files may also keep an earlier sweep's rows
     idx = index(measured)
     if args.merge_with and os.path.exists(args.merge_with):
@@ -612,6 +859,11 @@ def main():
     if "stage07_road" in ours:
         meta["stage07_road"] = ours["stage07_road"]
         meta["stage07_final_step"] = ours["stage07_final_step"]
+    if "stage11_road" in ours:
+        meta["stage11_road"] = ours["stage11_road"]
+        meta["stage11_final_step"] = ours["stage11_final_step"]
+    if wgmma:
+        meta["wgmma_ceiling_tflops"] = wgmma
     with open(os.path.join(args.out_dir, "gpu_sweep.json"), "w") as f:
         json.dump(dict(meta, results=rows), f, indent=1)
 
@@ -620,7 +872,7 @@ def main():
     if "07" in args.stages:
         tee_to_file(os.path.join(args.out_dir, "stage07_sweep_table.txt"), print_stage07_tables, args, idx, measured, ceiling,
                     gpu_name, date)
-        steps = {r["step"] for r in ours["results"] if r.get("step") is not None}
+        steps = {r["step"] for r in ours["results"] if r.get("step") is not None and not r["impl"].startswith("stage11")}
         if len(steps) > 1:
             road = road_rows(args, ours, idx, ceiling)
             write_csv(os.path.join(args.out_dir, "road.csv"), road, ROAD_COLUMNS)
@@ -630,6 +882,21 @@ def main():
             print(f"wrote {os.path.join(args.out_dir, 'road.csv')}")
     if "09" in args.stages:
         tee_to_file(os.path.join(args.out_dir, "stage09_sweep_table.txt"), print_stage09_tables, args, measured, gpu_name, date)
+    if "11" in args.stages and any(r["impl"].startswith("stage11") for r in ours["results"]):
+        tee_to_file(os.path.join(args.out_dir, "stage11_sweep_table.txt"), print_stage11_tables, args, idx, measured, wgmma,
+                    gpu_name, date, round_idx)
+        steps11 = {r["step"] for r in ours["results"] if r["impl"].startswith("stage11")}
+        if len(steps11) > 1:
+            road11 = road11_rows(args, ours, idx, ceiling, wgmma)
+            write_csv(os.path.join(args.out_dir, "road11.csv"), road11, ROAD11_COLUMNS)
+            with open(os.path.join(args.out_dir, "road11.json"), "w") as f:
+                json.dump(dict(meta, rows=road11), f, indent=1)
+            tee_to_file(os.path.join(args.out_dir, "stage11_road_table.txt"), print_road11, args, road11)
+            print(f"wrote {os.path.join(args.out_dir, 'road11.csv')}")
+    elif "11" in args.stages:
+        print("\nstage 11: no rows (bench_gpu skipped it: see its 'skipped' line)")
+    if args.rounds > 1 and any(s in ("07", "11") for s in args.stages):
+        tee_to_file(os.path.join(args.out_dir, "ratios_over_rounds.txt"), print_round_ratios, args, round_idx, gpu_name, date)
     print(f"wrote {csv_path}")
     if not checks_ok:
         print("FAILED: bench_gpu marked at least one point BAD or MISMATCH (see its lines above)")

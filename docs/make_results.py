@@ -8,7 +8,9 @@ Inputs (any may be missing; the page then says what is not there yet):
                    forward, backward or fwd+bwd, read when present; a file without it holds
                    forward rows only). Beside it, gpu_sweep.json (the sweep's record: PyTorch
                    version, timing, the mma.sync ceiling) and road.csv (stage 07's road: each
-                   step's TFLOP/s and gain).
+                   step's TFLOP/s and gain); road11.csv (stage 11's road, with each step's ratio
+                   to SDPA cuDNN) and stage11_first_contact.txt (bench/hopper_first_contact.sh's
+                   record: the first timings of stage 11, shown until the sweep has stage 11).
   cpu_sweep.jsonl  one JSON object per line, as the stage executables print with --json
                    (stage,title,B,H,Nq,Nk,d,causal,layout,first_ms,median_ms,gflops,
                     peak_rss_bytes,rss_before_bytes,intermediate_bytes,pass,machine,date)
@@ -59,6 +61,8 @@ SDPA_NAMES = {
 # belong to the stage 09 section only, whatever their pass.
 STAGE09_IMPLS = ["stage09", "stage09_deterministic"]
 BACKWARD_SIDE = ["stage09", "stage09_deterministic", "sdpa_flash", "sdpa_cudnn"]
+# Stage 11 (Hopper) beside stage 07 and the SDPA backends that run in 16 bits; its target is cuDNN.
+STAGE11_IMPLS = ["stage11", "stage07", "sdpa_flash", "sdpa_cudnn"]
 # Colours match stage 07's plot (ours C0, flash C1, cuDNN C2); the deterministic mode gets C3.
 STAGE09_COLOURS = {"stage09": "C0", "sdpa_flash": "C1", "sdpa_cudnn": "C2", "stage09_deterministic": "C3"}
 
@@ -222,8 +226,17 @@ def read_gpu_meta(csv_path):
         out = {k: str(meta[k]) for k in ("gpu", "torch", "max_sm_clock_mhz", "method") if meta.get(k) not in (None, "")}
         if isinstance(meta.get("ceilings"), dict):
             out["ceilings"] = {k: v for k, v in meta["ceilings"].items() if isinstance(v, dict) and "value" in v}
+        if meta.get("wgmma_ceiling_tflops"):
+            out["wgmma_ceiling_tflops"] = float(meta["wgmma_ceiling_tflops"])
     except (OSError, ValueError, TypeError, AttributeError):
         pass
+    if not out.get("wgmma_ceiling_tflops"):
+        try:
+            with open(os.path.join(os.path.dirname(csv_path), "wgmma_ceiling.jsonl"), encoding="utf-8") as f:
+                rates = {r["name"]: r for r in (json.loads(line) for line in f if line.strip())}
+            out["wgmma_ceiling_tflops"] = float(rates["wgmma_ss_bf16"]["value"])
+        except (OSError, ValueError, TypeError, KeyError):
+            pass
     if not out.get("ceilings"):
         try:
             with open(os.path.join(os.path.dirname(csv_path), "mma_ceiling.jsonl"), encoding="utf-8") as f:
@@ -264,6 +277,7 @@ def read_road(path, notes):
                     "dtype": raw["dtype"].strip(), "d": int(raw["d"]), "N": int(raw["N"]),
                     "causal": truthy(raw["causal"]), "tflops": float(raw["tflops"]),
                     "gain": float(raw["gain"]) if raw["gain"].strip() else None,
+                    "vs_cudnn": float(raw["vs_cudnn"]) if (raw.get("vs_cudnn") or "").strip() else None,
                     "gpu": (raw.get("gpu") or "").strip(), "sm_clock_mhz": (raw.get("sm_clock_mhz") or "").strip(),
                     "date": (raw.get("date") or "").strip(),
                 })
@@ -386,14 +400,15 @@ def plot_stage09(group_rows, title, path):
     plt.close(fig)
 
 
-def plot_road(rows, title, path):
-    """TFLOP/s step by step along the road, one line per (d, causal), SDPA flash as the last point."""
+def plot_road(rows, title, path, sdpa="sdpa_flash"):
+    """TFLOP/s step by step along the road, one line per (d, causal), the SDPA backend `sdpa` (flash
+    for stage 07, cuDNN for stage 11) as the last point."""
     steps = sorted({(r["step"], r["step_name"]) for r in rows if r["kind"] == "road"})
-    labels = [f"{s}: {name}" for s, name in steps] + ["SDPA flash"]
+    labels = [f"{s}: {name}" for s, name in steps] + [SDPA_NAMES.get(sdpa, sdpa)]
     fig, ax = plt.subplots(figsize=(8.2, 4.4), dpi=110)
     for i, (d, causal) in enumerate(sorted({(r["d"], r["causal"]) for r in rows})):
         cell = {r["step"]: r["tflops"] for r in rows if r["kind"] == "road" and (r["d"], r["causal"]) == (d, causal)}
-        flash = [r["tflops"] for r in rows if r["kind"] == "sdpa" and (r["d"], r["causal"]) == (d, causal)]
+        flash = [r["tflops"] for r in rows if r["kind"] == "sdpa" and r["impl"] in (sdpa, "") and (r["d"], r["causal"]) == (d, causal)]
         xs = [k for k, (s, _) in enumerate(steps) if s in cell]
         ax.plot(xs, [cell[steps[k][0]] for k in xs], color=f"C{i}", marker="o",
                 linestyle="-" if not causal else "--", label=f"d = {d}, {'causal' if causal else 'non-causal'}")
@@ -778,6 +793,233 @@ def road_section(road, ceiling, images, out, plots_made):
                 w(f"| {'' if step is None else step} | {title} | " + " | ".join(cells) + " |")
         w("")
 
+# ----------------------------------------------------------------------------- stage 11 section
+def read_first_contact(path):
+    """The first timings of stage 11 in bench/hopper_first_contact.sh's record: one dict per
+    `stage11_hopper_kernel --step S ... --bench` run (step, step name, d, causal, N, TFLOP/s, ms),
+    the wgmma ceilings it measured, and the GPU line; None when the file is not there."""
+    if not os.path.exists(path):
+        return None
+    runs, ceilings, gpu, cmd = [], {}, "", None
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("name, compute_cap") and i + 1 < len(lines):
+            gpu = lines[i + 1].split(",")[0].strip()
+        m = re.match(r"(wgmma_\w+)\s+([\d.]+) TFLOP/s", line)
+        if m:
+            ceilings[m.group(1)] = float(m.group(2))
+        if line.startswith("$ ") and "stage11_hopper_kernel" in line and "--bench" in line:
+            cmd = {"step": re.search(r"--step (\d+)", line), "d": re.search(r"--head-dim (\d+)", line),
+                   "N": re.search(r"--seq-q (\d+)", line), "causal": " --causal" in line, "name": ""}
+            continue
+        if cmd is not None and line.startswith("config"):
+            m = re.search(r"step \d+ \(([^)]*)\)", line)
+            cmd["name"] = m.group(1) if m else ""
+        if cmd is not None and line.startswith("bench"):
+            m = re.search(r"median ([\d.]+) ms.*: ([\d.]+) TFLOP/s", line)
+            if m and cmd["step"] and cmd["d"] and cmd["N"]:
+                runs.append({"step": int(cmd["step"].group(1)), "step_name": cmd["name"], "d": int(cmd["d"].group(1)),
+                             "N": int(cmd["N"].group(1)), "causal": cmd["causal"], "median_ms": float(m.group(1)),
+                             "tflops": float(m.group(2))})
+        if line.startswith("[exit"):
+            cmd = None
+    return {"gpu": gpu, "runs": runs, "ceilings": ceilings}
+
+
+def stage11_section(rows, meta, road11, first_contact, images, out, plots_made):
+    """Stage 11 (Hopper) beside stage 07, SDPA flash and cuDNN from gpu_sweep.csv; its ratios to cuDNN
+    (the target) and flash; its road from road11.csv. Until the sweep has stage 11, the first timings
+    of bench/hopper_first_contact.sh when they are committed."""
+    w = out.append
+    w("## GPU: stage 11 on Hopper beside stage 07, SDPA flash and cuDNN {#results_stage11}")
+    w("")
+    ours = [r for r in rows or [] if r["impl"] == "stage11" and r["dtype"] in HALF_DTYPES]
+    wgmma = meta.get("wgmma_ceiling_tflops")
+    if not ours:
+        w("\\note Stage 11 has not been swept yet: `docs/results/gpu_sweep.csv` has no stage 11 rows. "
+          "`bench/sdpa_compare.py --stages 07 11` measures it in bf16 and fp16 beside stage 07 and SDPA's flash and "
+          "cuDNN backends (`bench/gpu_session.sh quick` with `QUICK_STAGES=\"07 11\"`), and "
+          "`bench/gpu_session.sh road11` times every step of its road.")
+        w("")
+        first_contact_table(first_contact, out)
+    else:
+        dtypes = [t for t in HALF_DTYPES if any(r["dtype"] == t for r in ours)]
+        shapes_of = {(r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) for r in ours}
+        side = [r for r in rows if r["impl"] in STAGE11_IMPLS and r["dtype"] in dtypes
+                and (r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) in shapes_of]
+        gpus = sorted({r["gpu"] for r in side})
+        w(f"Stage 11 runs in bf16 and fp16 (float32 accumulation) with Hopper's `wgmma`, the TMA and warp "
+          f"specialization; stage 07 and SDPA's flash and cuDNN backends ran on the same shapes in the same dtypes, in "
+          f"the same sweep. Measured on **{md(', '.join(gpus))}**, SM clock "
+          f"{span((r['sm_clock_mhz'] for r in side), 'MHz')}, {span(r['date'] for r in side)}."
+          + (f" The dense `wgmma` bf16 ceiling of `bench/wgmma_ceiling.cu` on this GPU: {fmt_num(wgmma)} TFLOP/s."
+             if wgmma else ""))
+        w("")
+        for gpu, d, mask, anchor, g in gpu_sections(side, "results_stage11", gpus, w):
+            cols = [(t, i) for t in dtypes for i in STAGE11_IMPLS]
+            cell = {(r["N"], r["B"], r["H"], r["dtype"], r["impl"]): r for r in g}
+            w("| N | B | H | " + " | ".join(f"{impl_ref(i)} {t}" for t, i in cols) + " |")
+            w("|---:|---:|---:|" + "---:|" * len(cols))
+            for n, b, h in sorted({(r["N"], r["B"], r["H"]) for r in g}):
+                cells = []
+                for t, i in cols:
+                    r = cell.get((n, b, h, t, i))
+                    cells.append(f"{fmt_num(r['tflops'])} ({fmt_num(r['median_ms'])} ms)" if r else "–")
+                w(f"| {n} | {b} | {h} | " + " | ".join(cells) + " |")
+            w("")
+            w("Cells: TFLOP/s (median time); – where a backend has no kernel for the dtype or shape.")
+            w("")
+        stage11_ratios(side, dtypes, wgmma, out)
+    road11_section(road11, images, out, plots_made)
+
+
+def first_contact_table(first_contact, out):
+    """The first timings of every step of stage 11 (bench/hopper_first_contact.sh), one column per
+    (d, causal), step 0 being stage 07's final kernel."""
+    w = out.append
+    if not first_contact or not first_contact["runs"]:
+        w("No timing of stage 11 is committed yet (`docs/results/stage11_first_contact.txt`, written by "
+          "`bench/hopper_first_contact.sh`).")
+        w("")
+        return
+    runs = first_contact["runs"]
+    w(f"### First timings {{#results_stage11_first_contact}}")
+    w("")
+    w(f"Until the sweep has stage 11, these are its measured first timings, from `bench/hopper_first_contact.sh` "
+      f"(`docs/results/stage11_first_contact.txt`) on **{md(first_contact['gpu'] or 'the GPU of the record')}**: "
+      f"bf16, N = {', '.join(str(n) for n in sorted({r['N'] for r in runs}))}, each step of the road timed alone "
+      "(median of its runs, CUDA events), without SDPA beside it. Step 0 is stage 07's final kernel.")
+    w("")
+    cols = sorted({(r["d"], r["causal"]) for r in runs})
+    cell = {(r["step"], r["d"], r["causal"]): r for r in runs}
+    names = OrderedDict((r["step"], r["step_name"]) for r in sorted(runs, key=lambda r: r["step"]))
+    w("| step | name | " + " | ".join(f"d = {d}, {'causal' if c else 'non-causal'}" for d, c in cols) + " |")
+    w("|---:|---|" + "---:|" * len(cols))
+    for step, name in names.items():
+        cells = []
+        for d, c in cols:
+            r, before = cell.get((step, d, c)), cell.get((step - 1, d, c))
+            text = fmt_num(r["tflops"]) if r else "–"
+            if r and before:
+                gain = r["tflops"] / before["tflops"]
+                text += f" (**×{fmt_num(gain)}**)" if gain < 1.0 else f" (×{fmt_num(gain)})"
+            cells.append(text)
+        w(f"| {step} | {md(name)} | " + " | ".join(cells) + " |")
+    w("")
+    ceilings = first_contact["ceilings"]
+    if ceilings:
+        w("Cells: TFLOP/s (× gain over the step before; below 1 in bold). The same record's `wgmma` ceilings "
+          "(`bench/wgmma_ceiling.cu`): " + ", ".join(f"`{k}` {fmt_num(v)} TFLOP/s" for k, v in ceilings.items()) + ".")
+    else:
+        w("Cells: TFLOP/s (× gain over the step before; below 1 in bold).")
+    w("")
+
+
+def stage11_ratios(side, dtypes, wgmma, out):
+    """Per dtype: stage 11 / SDPA cuDNN at every shape (the target), with / flash and / stage 07."""
+    w = out.append
+    w("### Stage 11 against SDPA cuDNN {#results_stage11_ratios}")
+    w("")
+    idx = {(r["gpu"], r["impl"], r["dtype"], r["N"], r["d"], r["causal"]): r for r in side}
+    ratios = []
+    for t in dtypes:
+        shapes = sorted({(r["gpu"], r["d"], r["causal"]) for r in side if r["dtype"] == t and r["impl"] == "stage11"})
+        sizes = sorted({r["N"] for r in side if r["dtype"] == t and r["impl"] == "stage11"})
+        w(f"{t}: stage 11 / SDPA cuDNN, with stage 11 / SDPA flash and stage 11 / stage 07 in parentheses"
+          + (" and the fraction of the dense `wgmma` bf16 ceiling below" if wgmma else "") + ".")
+        w("")
+        w("| d | mask | " + " | ".join(f"N = {n}" for n in sizes) + " |")
+        w("|---:|---|" + "---:|" * len(sizes))
+        for gpu, d, causal in shapes:
+            cells = []
+            for n in sizes:
+                r = idx.get((gpu, "stage11", t, n, d, causal))
+                cu, fl, s7 = (idx.get((gpu, i, t, n, d, causal)) for i in ("sdpa_cudnn", "sdpa_flash", "stage07"))
+                if not r:
+                    cells.append("–")
+                    continue
+                text = f"{fmt_num(r['tflops'] / cu['tflops'])}×" if cu else "–"
+                if cu:
+                    ratios.append(((t, n, d, causal), r["tflops"] / cu["tflops"]))
+                    text = f"**{text}**" if r["tflops"] < cu["tflops"] else text  # below the target: bold
+                inner = [f"{fmt_num(r['tflops'] / x['tflops'])}×" for x in (fl, s7) if x]
+                text += f" ({', '.join(inner)})" if inner else ""
+                if wgmma:
+                    text += f"<br>{100 * r['tflops'] / wgmma:.0f}%"
+                cells.append(text)
+            w(f"| {d} | {'causal' if causal else 'non-causal'} | " + " | ".join(cells) + " |")
+        w("")
+    w("Bold: below SDPA cuDNN, the course's target for stage 11 (≥ 1.0×).")
+    w("")
+    if ratios:
+        lo, med, hi = ratio_summary(ratios)
+        w("| target | goal | measured | verdict |")
+        w("|---|---|---|---|")
+        w(f"| {impl_ref('stage11')} bf16/fp16 / SDPA cuDNN | ≥ 1.0× | {fmt_num(lo)}× to {fmt_num(hi)}× "
+          f"(median {fmt_num(med)}×, {len(ratios)} shapes) | {verdict(ratios, lambda r: r >= 1.0, False)} |")
+        w("")
+
+
+def road11_section(road, images, out, plots_made):
+    """Stage 11's road from road11.csv: each step's TFLOP/s, its gain over the step before and its
+    ratio to SDPA cuDNN."""
+    w = out.append
+    w("### The road of stage 11 {#results_stage11_road}")
+    w("")
+    if not road:
+        w("\\note The road of stage 11 has not been swept yet: `docs/results/road11.csv` is not there. "
+          "`bench/gpu_session.sh road11` times every step beside stage 07, SDPA flash and cuDNN and writes it.")
+        w("")
+        return
+    dtype = "bf16" if any(r["dtype"] == "bf16" for r in road) else road[0]["dtype"]
+    rows = [r for r in road if r["dtype"] == dtype]
+    w(f"Each step adds one idea to the kernel; step 0 is stage 07's final kernel. {dtype}, measured on "
+      f"**{md(span(r['gpu'] for r in rows))}**, SM clock {span((r['sm_clock_mhz'] for r in rows), 'MHz')}, "
+      f"{span(r['date'] for r in rows)}. Cells: TFLOP/s, the gain over the step before (× < 1 in bold: the step made "
+      "this shape slower), and the ratio to SDPA cuDNN after the slash.")
+    w("")
+    ideas = OrderedDict((r["step"], r) for r in sorted(rows, key=lambda r: r["step"] or 0) if r["kind"] == "road")
+    if any(r["idea"] for r in ideas.values()):
+        w("| step | name | what it changes |")
+        w("|---:|---|---|")
+        for step, r in ideas.items():
+            w(f"| {step} | {md(r['step_name'])} | {md(r['idea'])} |")
+        w("")
+    for n in sorted({r["N"] for r in rows}):
+        at_n = [r for r in rows if r["N"] == n]
+        cols = sorted({(r["d"], r["causal"]) for r in at_n})
+        cell = {(r["kind"], r["step"], r["step_name"], r["d"], r["causal"]): r for r in at_n}
+        anchor = slug("results_stage11_road", dtype, "n", n)
+        w(f"#### N = {n} {{#{anchor}}}")
+        w("")
+        if HAVE_MPL and any(r["kind"] == "road" for r in at_n):
+            name = f"{anchor}.png"
+            plot_road(at_n, f"stage 11 step by step, {dtype}, N = {n}", os.path.join(images, name), sdpa="sdpa_cudnn")
+            plots_made.append(name)
+            w(f'\\image html {name} "TFLOP/s of each step of stage 11\'s road, {dtype}, N = {n}"')
+            w("")
+        w("| step | name | " + " | ".join(f"d = {d}, {'causal' if c else 'non-causal'}" for d, c in cols) + " |")
+        w("|---:|---|" + "---:|" * len(cols))
+        for kind in ("road", "sdpa"):
+            for step, label in sorted({(r["step"], r["step_name"]) for r in at_n if r["kind"] == kind},
+                                      key=lambda s: (-1 if s[0] is None else s[0], s[1])):
+                cells = []
+                for d, c in cols:
+                    r = cell.get((kind, step, label, d, c))
+                    if not r:
+                        cells.append("–")
+                        continue
+                    text = fmt_num(r["tflops"])
+                    if r["gain"] is not None:
+                        text += f" (**×{fmt_num(r['gain'])}**)" if r["gain"] < 1.0 else f" (×{fmt_num(r['gain'])})"
+                    if r["vs_cudnn"] is not None and kind == "road":
+                        text += f" / {fmt_num(r['vs_cudnn'])}"
+                    cells.append(text)
+                w(f"| {'' if step is None else step} | {md(label)} | " + " | ".join(cells) + " |")
+        w("")
+
+
 # ----------------------------------------------------------------------------- stage 09 section
 def stage09_section(rows, images, out, plots_made):
     """The training step: stage 07's forward + stage 09's backward beside SDPA flash and cuDNN, forward
@@ -1065,6 +1307,7 @@ def main():
     ap.add_argument("--images", required=True)
     ap.add_argument("--lesson-pages", default="", help="comma-separated page names the site has (stage01,...)")
     ap.add_argument("--road-csv", help="stage 07's road (default: road.csv beside --gpu-csv)")
+    ap.add_argument("--road11-csv", help="stage 11's road (default: road11.csv beside --gpu-csv)")
     ap.add_argument("--lesson-tables", help="folder for the tables the lessons \\verbinclude (stage07_bridge_table.txt)")
     args = ap.parse_args()
     LESSON_PAGES.update(p for p in args.lesson_pages.split(",") if p)
@@ -1076,6 +1319,9 @@ def main():
     cpu = read_cpu(args.cpu_jsonl, notes)
     road_csv = args.road_csv or os.path.join(os.path.dirname(args.gpu_csv), "road.csv")
     road = read_road(road_csv, notes)
+    results_dir = os.path.dirname(args.gpu_csv)
+    road11 = read_road(args.road11_csv or os.path.join(results_dir, "road11.csv"), notes)
+    first_contact = read_first_contact(os.path.join(results_dir, "stage11_first_contact.txt"))
 
     out = ["# Measured results {#results}", ""]
     out.append("Every number on this page is read from `docs/results/` and turned into tables and plots by "
@@ -1104,10 +1350,13 @@ def main():
     meta = read_gpu_meta(args.gpu_csv)
     # The forward sections read forward rows; the training step's rows (stage 09's of every pass,
     # SDPA's backward and forward + backward) have a section of their own.
+    # Stage 11's rows have their own section too (its target is SDPA cuDNN, not flash).
     forward = None if gpu is None else [r for r in gpu if r["pass"] == "forward" and r["impl"] not in STAGE09_IMPLS]
-    gpu_section(forward, meta, args.images, out, plots)
-    stage07_section(forward, meta, road, args.images, out, plots)
+    forward_pre_hopper = None if forward is None else [r for r in forward if r["impl"] != "stage11"]
+    gpu_section(forward_pre_hopper, meta, args.images, out, plots)
+    stage07_section(forward_pre_hopper, meta, road, args.images, out, plots)
     stage09_section(gpu, args.images, out, plots)
+    stage11_section(forward, meta, road11, first_contact, args.images, out, plots)
     cpu_section(cpu, args.images, out, plots)
     has_newcomer = newcomer_section(os.path.dirname(args.gpu_csv), out)
 
@@ -1121,6 +1370,13 @@ def main():
                f"(stage 07 + stage 09 beside SDPA) | {'yes' if has_backward else 'not yet'} |")
     out.append(f"| `docs/results/road.csv` | `bench/gpu_session.sh road` (stage 07 step by step) | "
                f"{'yes' if road is not None else 'not yet'} |")
+    has_stage11 = any(r["impl"] == "stage11" for r in gpu or [])
+    out.append(f"| `docs/results/gpu_sweep.csv`, stage 11 rows | `bench/sdpa_compare.py --stages 07 11` (stage 11 beside "
+               f"stage 07 and SDPA) | {'yes' if has_stage11 else 'not yet'} |")
+    out.append(f"| `docs/results/road11.csv` | `bench/gpu_session.sh road11` (stage 11 step by step) | "
+               f"{'yes' if road11 is not None else 'not yet'} |")
+    out.append(f"| `docs/results/stage11_first_contact.txt` | `bench/hopper_first_contact.sh` (stage 11's first timings) | "
+               f"{'yes' if first_contact is not None else 'not yet'} |")
     out.append(f"| `docs/results/cpu_sweep.jsonl` | the CPU stages with `--bench --json` | "
                f"{'yes' if cpu is not None else 'not yet'} |")
     out.append(f"| `docs/results/newcomer.txt`, `newcomer_test.txt` | `bench/gpu_session.sh newcomer newcomer_test` | "
