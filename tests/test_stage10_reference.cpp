@@ -262,6 +262,13 @@ TEST_CASE("the dropout map: which counter and key words hold what, and the thres
     CHECK(c.w[1] == row);
     CHECK(c.w[2] == ((3u << 16) | 5u));
     CHECK(c.w[3] == offset);
+    // The worked example of fa/philox.hpp's comment, pinned: a kernel must produce these words.
+    const PhiloxWords example = philox4x32_10(c, dropout_key(seed));
+    CHECK(example.w[0] == 0x6c8f69cbu);
+    CHECK(example.w[1] == 0x289ccbb7u);
+    CHECK(example.w[2] == 0x5c681d21u);
+    CHECK(example.w[3] == 0xd6cce4e9u);
+    CHECK(dropout_keep4(seed, offset, batch, head, row, 9, dropout_threshold(0.5)) == 0b1000u);
     for (double p : {0.0, 0.1, 0.5, 0.9}) {
         const uint32_t t = dropout_threshold(p);
         for (uint32_t col = 36; col < 40; ++col) {  // the four columns of group 9
@@ -350,6 +357,15 @@ TEST_CASE("the dropout keep mask: the same when regenerated, bit for bit the map
     CHECK(std::count(all.begin(), all.end(), uint8_t(1)) == inside);
     // Too large for --save: refused with the sizes.
     CHECK(contains(error_of([&] { dropout_keep_mask(p, 100); }), "dropout mask would hold"));
+    // The .npy file holds the same bytes after its header.
+    const std::string path = std::string(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/tmp") + "/fa_test_stage10_dropout_mask.npy";
+    write_dropout_mask_npy(path, p);
+    std::ifstream in(path, std::ios::binary);
+    const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+    CHECK(contains(bytes, "'descr': '|u1', 'fortran_order': False, 'shape': (4, 3, 17, 9), }"));
+    REQUIRE(bytes.size() >= mask.size());
+    CHECK(bytes.substr(bytes.size() - mask.size()) == std::string(mask.begin(), mask.end()));
+    std::remove(path.c_str());
 }
 
 // ==============================================================================================
@@ -604,6 +620,32 @@ TEST_CASE("a packed batch equals each sequence run alone") {
             }
         }
     }
+}
+
+TEST_CASE("the extended reference reads through the views: packed (total, H, d) and (H, total, d) agree exactly") {
+    VarlenProblem p = make_varlen({5, 0, 131, 2}, {7, 3, 130, 1}, 4, 2, 8);
+    p.window = {9, 2};
+    p.softcap = 5.0;
+    p.dropout = {0.15, 21, 0};
+    INFO(p.describe());
+    const Drawn a = draw(p, 65);
+    // The same logical tensors stored head-major, (H, total, d): only the strides change.
+    const auto head_major = [](const HostTensor& t) {
+        HostTensor out(1, t.view.shape[1], t.view.shape[2], t.view.shape[3], Layout::BHND);
+        for (int64_t h = 0; h < t.view.shape[1]; ++h)
+            for (int64_t n = 0; n < t.view.shape[2]; ++n)
+                for (int64_t x = 0; x < t.view.shape[3]; ++x) out.view(0, h, n, x) = t.view(0, h, n, x);
+        return out;
+    };
+    const Drawn b{{head_major(a.in.q), head_major(a.in.k), head_major(a.in.v)}, head_major(a.dout)};
+    REQUIRE(a.in.q.storage != b.in.q.storage);
+    const VarlenReference fa_ = forward(p, a), fb = forward(p, b);
+    const VarlenGradients ga = backward(p, a), gb = backward(p, b);
+    CHECK(fa_.o == fb.o);
+    CHECK(fa_.lse == fb.lse);
+    CHECK(ga.dq == gb.dq);
+    CHECK(ga.dk == gb.dk);
+    CHECK(ga.dv == gb.dv);
 }
 
 // ==============================================================================================

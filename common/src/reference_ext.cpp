@@ -8,6 +8,7 @@
 #include <Eigen/Dense>
 
 #include "fa/error.hpp"
+#include "fa/npy.hpp"
 #include "fa/philox.hpp"
 #include "rows.hpp"
 
@@ -204,6 +205,10 @@ std::vector<uint8_t> dropout_keep_mask(const VarlenProblem& p, int64_t max_eleme
                 }
             }
     return mask;
+}
+
+void write_dropout_mask_npy(const std::string& path, const VarlenProblem& p, int64_t max_elements) {
+    write_npy(path, {p.batch(), p.heads_q, p.max_seq_q(), p.max_seq_k()}, dropout_keep_mask(p, max_elements));
 }
 
 double reference_varlen_flops(const VarlenProblem& p) {

@@ -54,6 +54,12 @@
 /// is off by up to 1/255. Here each entry gets a full word: 4 entries per call.)
 /// With \f$p = 0\f$, \f$t = 0\f$ and every entry is kept.
 ///
+/// A worked example a kernel can be checked against (the tests pin it): seed 0x0123456789abcdef,
+/// offset 77, sequence 3, head 5, row 1234, columns 36..39 (group 9) are key (0x89abcdef,
+/// 0x01234567) and counter (9, 1234, 0x00030005, 77), and Philox4x32-10 gives 0x6c8f69cb,
+/// 0x289ccbb7, 0x5c681d21, 0xd6cce4e9: with \f$p = 0.5\f$ (\f$t\f$ = 0x80000000) only column 39 is
+/// kept, dropout_keep4() = 0b1000.
+///
 /// Everything here is `constexpr` and compiles for the host and, through nvcc, for the device:
 /// the kernels include this header unchanged.
 #pragma once

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fa/tensor.hpp"
@@ -70,6 +71,12 @@ VarlenGradients reference_backward_varlen(const VarlenProblem& problem, View4<co
 /// O and gradients of reference_attention_varlen() and reference_backward_varlen(). Throws
 /// InputError when the mask would exceed `max_elements` (it is for small problems: `--save`).
 std::vector<uint8_t> dropout_keep_mask(const VarlenProblem& problem, int64_t max_elements = int64_t(1) << 28);
+
+/// Writes dropout_keep_mask() to `path` as a uint8 .npy file of shape \f$(B, H_q, \max N_q, \max
+/// N_k)\f$ (`--save DIR` writes `DIR/dropout_mask.npy`); InputError as dropout_keep_mask(), or
+/// when the file cannot be written.
+void write_dropout_mask_npy(const std::string& path, const VarlenProblem& problem,
+                            int64_t max_elements = int64_t(1) << 28);
 
 /// Floating-point operations reference_attention_varlen() is charged for: \f$4 d\f$ per (query,
 /// key) pair of every sequence and query head, every pair counted (the reference computes every
