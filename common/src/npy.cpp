@@ -211,9 +211,13 @@ NpyArray read_npy(const std::string& path) {
     return array;
 }
 
-void write_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data) {
+namespace {
+
+// Writes a C-order array of `bytes` bytes with the header's `descr` ('<f4', '|u1', '<i4').
+void write_npy_raw(const std::string& path, const char* descr, const std::vector<int64_t>& shape, const void* data,
+                   size_t bytes) {
     std::ostringstream dict;
-    dict << "{'descr': '<f4', 'fortran_order': False, 'shape': (";
+    dict << "{'descr': '" << descr << "', 'fortran_order': False, 'shape': (";
     for (size_t i = 0; i < shape.size(); ++i) dict << shape[i] << (shape.size() == 1 || i + 1 < shape.size() ? ", " : "");
     dict << "), }";
     std::string header = dict.str();
@@ -228,8 +232,22 @@ void write_npy(const std::string& path, const std::vector<int64_t>& shape, const
                                       static_cast<unsigned char>(header.size() >> 8)};
     out.write(reinterpret_cast<const char*>(prefix), 10);
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * sizeof(float)));
+    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
     if (!out) throw InputError(path + ": write failed");
+}
+
+}  // namespace
+
+void write_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data) {
+    write_npy_raw(path, "<f4", shape, data.data(), data.size() * sizeof(float));
+}
+
+void write_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<uint8_t>& data) {
+    write_npy_raw(path, "|u1", shape, data.data(), data.size());
+}
+
+void write_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<int32_t>& data) {
+    write_npy_raw(path, "<i4", shape, data.data(), data.size() * sizeof(int32_t));
 }
 
 }  // namespace fa

@@ -37,4 +37,10 @@ NpyArray read_npy_bytes(std::string_view bytes, const std::string& name);
 /// Writes a float32 C-order array with `shape` to `path`; throws InputError if it cannot.
 void write_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<float>& data);
 
+/// Writes a uint8 (`|u1`) C-order array, such as a dropout keep mask; throws InputError if it cannot.
+void write_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<uint8_t>& data);
+
+/// Writes an int32 (`<i4`) C-order array, such as `cu_seqlens`; throws InputError if it cannot.
+void write_npy(const std::string& path, const std::vector<int64_t>& shape, const std::vector<int32_t>& data);
+
 }  // namespace fa
