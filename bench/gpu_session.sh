@@ -204,7 +204,7 @@ step_newcomer_test() {
 
 step_test() {
     note "ctest (all tests)"
-    ctest --test-dir "$BUILD" --output-on-failure -j8 >"$LOGS/ctest.log" 2>&1 || status=1
+    ctest --test-dir "$BUILD" --output-on-failure -j8 --timeout "${TEST_TIMEOUT:-300}" >"$LOGS/ctest.log" 2>&1 || status=1
     tail -25 "$LOGS/ctest.log" | tee -a "$LOGS/summary.txt"
 }
 
