@@ -233,7 +233,8 @@ cuda::DeviceBuffer<uint16_t> upload(const std::vector<uint16_t>& h) {
 
 std::vector<uint16_t> tma_load_box(const std::vector<uint16_t>& matrix, int rows, int stride, int row0) {
     cuda::DeviceBuffer<uint16_t> src = upload(matrix), out(64 * 64);
-    const CUtensorMap map = cuda::make_tensor_map_2d(src.data(), cuda::DType::BF16, rows, 64, stride, 64, 64, true, "test matrix");
+    CUtensorMap map;
+    cuda::make_tensor_map_2d(map, src.data(), cuda::DType::BF16, rows, 64, stride, 64, 64, true, "test matrix");
     const int smem = 1024 + 64 * 128;
     tma_load_kernel<<<1, 128, smem>>>(map, 1, 64 * 128, row0, 0, 0, 2, out.data());
     FA_CUDA_CHECK_LAUNCH("tma_load_kernel (2d)");
@@ -244,7 +245,8 @@ std::vector<uint16_t> tma_load_box(const std::vector<uint16_t>& matrix, int rows
 std::vector<uint16_t> tma_load_bhnd(const std::vector<uint16_t>& tensor, int64_t B, int64_t H, int64_t N, int64_t sb,
                                     int64_t sh, int64_t sn, int b, int h, int row0, int box_rows) {
     cuda::DeviceBuffer<uint16_t> src = upload(tensor), out(size_t(box_rows) * 128);
-    const CUtensorMap map = cuda::make_tensor_map_bhnd(src.data(), cuda::DType::BF16, B, H, N, 128, sb, sh, sn, box_rows, "test tensor");
+    CUtensorMap map;
+    cuda::make_tensor_map_bhnd(map, src.data(), cuda::DType::BF16, B, H, N, 128, sb, sh, sn, box_rows, "test tensor");
     const int smem = 1024 + box_rows * 256;
     FA_CUDA_CHECK(cudaFuncSetAttribute(tma_load_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     tma_load_kernel<<<1, 128, smem>>>(map, 2, box_rows * 128, row0, h, b, 4, out.data());
@@ -256,8 +258,10 @@ std::vector<uint16_t> tma_load_bhnd(const std::vector<uint16_t>& tensor, int64_t
 std::vector<uint16_t> tma_store_box(const std::vector<uint16_t>& matrix, std::vector<uint16_t> out, int rows, int row0,
                                     int dst_row0) {
     cuda::DeviceBuffer<uint16_t> src = upload(matrix), dst = upload(out);
-    const CUtensorMap in_map = cuda::make_tensor_map_2d(src.data(), cuda::DType::BF16, rows, 64, 64, 64, 64, true, "store source");
-    const CUtensorMap out_map = cuda::make_tensor_map_2d(dst.data(), cuda::DType::BF16, rows, 64, 64, 64, 64, true, "store target");
+    CUtensorMap in_map;
+    cuda::make_tensor_map_2d(in_map, src.data(), cuda::DType::BF16, rows, 64, 64, 64, 64, true, "store source");
+    CUtensorMap out_map;
+    cuda::make_tensor_map_2d(out_map, dst.data(), cuda::DType::BF16, rows, 64, 64, 64, 64, true, "store target");
     tma_store_kernel<<<1, 32, 1024 + 64 * 128>>>(in_map, out_map, row0, dst_row0);
     FA_CUDA_CHECK_LAUNCH("tma_store_kernel");
     FA_CUDA_CHECK(cudaDeviceSynchronize());

@@ -119,15 +119,15 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
     Args<T> a{};
     if (f.tma) {
         const DType dtype = std::is_same_v<T, __half> ? DType::FP16 : DType::BF16;
-        a.q_map = cuda::make_tensor_map_bhnd(q.data, dtype, p.batch, p.heads, p.seq_q, p.head_dim, q.stride[0], q.stride[1],
-                                             q.stride[2], f.br(), "stage 11 q");
-        a.k_map = cuda::make_tensor_map_bhnd(k.data, dtype, p.batch, p.heads, p.seq_k, p.head_dim, k.stride[0], k.stride[1],
-                                             k.stride[2], f.bc, "stage 11 k");
-        a.v_map = cuda::make_tensor_map_bhnd(v.data, dtype, p.batch, p.heads, p.seq_k, p.head_dim, v.stride[0], v.stride[1],
-                                             v.stride[2], f.bc, "stage 11 v");
+        cuda::make_tensor_map_bhnd(a.q_map, q.data, dtype, p.batch, p.heads, p.seq_q, p.head_dim, q.stride[0], q.stride[1],
+                                   q.stride[2], f.br(), "stage 11 q");
+        cuda::make_tensor_map_bhnd(a.k_map, k.data, dtype, p.batch, p.heads, p.seq_k, p.head_dim, k.stride[0], k.stride[1],
+                                   k.stride[2], f.bc, "stage 11 k");
+        cuda::make_tensor_map_bhnd(a.v_map, v.data, dtype, p.batch, p.heads, p.seq_k, p.head_dim, v.stride[0], v.stride[1],
+                                   v.stride[2], f.bc, "stage 11 v");
         if (f.tma_store) {  // one [64, 64] box per consumer warpgroup and 64 columns
-            a.o_map = cuda::make_tensor_map_bhnd(o.data, dtype, p.batch, p.heads, p.seq_q, p.head_dim, o.stride[0], o.stride[1],
-                                                 o.stride[2], 64, "stage 11 o");
+            cuda::make_tensor_map_bhnd(a.o_map, o.data, dtype, p.batch, p.heads, p.seq_q, p.head_dim, o.stride[0], o.stride[1],
+                                       o.stride[2], 64, "stage 11 o");
         }
     }
     a.q = q.data, a.k = k.data, a.v = v.data, a.o = o.data, a.lse = lse.data;

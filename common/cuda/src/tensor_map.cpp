@@ -1,6 +1,8 @@
 // Tensor maps for the TMA through the driver's cuTensorMapEncodeTiled, reached via the runtime.
 #include "fa/cuda/tensor_map.hpp"
 
+#include <cstring>
+
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
 
@@ -74,25 +76,34 @@ CUtensorMap encode(const void* data, DType dtype, int rank, const cuuint64_t* di
     return map;
 }
 
+// Copies a map built here (in this function's own, aligned, frame) to the caller's object as
+// bytes. The empty asm hides where `dst` came from, so the compiler cannot assume the 64-byte
+// alignment CUtensorMap declares and emits unaligned moves (see tensor_map.hpp).
+void store_unaligned(CUtensorMap& out, const CUtensorMap& map) {
+    void* dst = &out;
+    asm("" : "+r"(dst));
+    std::memcpy(dst, &map, sizeof(CUtensorMap));
+}
+
 }  // namespace
 
-CUtensorMap make_tensor_map_bhnd(const void* data, DType dtype, int64_t batch, int64_t heads, int64_t rows,
-                                 int64_t features, int64_t stride_b, int64_t stride_h, int64_t stride_n, int box_rows,
-                                 const std::string& what) {
+void make_tensor_map_bhnd(CUtensorMap& out, const void* data, DType dtype, int64_t batch, int64_t heads, int64_t rows,
+                          int64_t features, int64_t stride_b, int64_t stride_h, int64_t stride_n, int box_rows,
+                          const std::string& what) {
     require(features % 64 == 0, what, "the TMA boxes are 64 features wide: d must be a multiple of 64");
     const cuuint64_t dims[4] = {cuuint64_t(features), cuuint64_t(rows), cuuint64_t(heads), cuuint64_t(batch)};
     // Strides of dimensions 1..3 in bytes; dimension 0 (the features) is contiguous.
     const cuuint64_t strides[3] = {cuuint64_t(stride_n) * 2, cuuint64_t(stride_h) * 2, cuuint64_t(stride_b) * 2};
     const cuuint32_t box[4] = {64, cuuint32_t(box_rows), 1, 1};
-    return encode(data, dtype, 4, dims, strides, box, true, what);
+    store_unaligned(out, encode(data, dtype, 4, dims, strides, box, true, what));
 }
 
-CUtensorMap make_tensor_map_2d(const void* data, DType dtype, int64_t rows, int64_t cols, int64_t row_stride, int box_rows,
-                               int box_cols, bool swizzle, const std::string& what) {
+void make_tensor_map_2d(CUtensorMap& out, const void* data, DType dtype, int64_t rows, int64_t cols, int64_t row_stride,
+                        int box_rows, int box_cols, bool swizzle, const std::string& what) {
     const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
     const cuuint64_t strides[1] = {cuuint64_t(row_stride) * 2};
     const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
-    return encode(data, dtype, 2, dims, strides, box, swizzle, what);
+    store_unaligned(out, encode(data, dtype, 2, dims, strides, box, swizzle, what));
 }
 
 }  // namespace fa::cuda

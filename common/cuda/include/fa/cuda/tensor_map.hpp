@@ -14,6 +14,15 @@
 ///
 /// The driver function is reached through the runtime (`cudaGetDriverEntryPointByVersion`), so
 /// the course links no libcuda; errors name the call and the map.
+///
+/// **Alignment.** `CUtensorMap` is declared 64-byte aligned, but the builders write it through
+/// an out-parameter with a copy that assumes no alignment, rather than returning it by value.
+/// Returned by value, the map is built in storage the caller provides; the host code nvcc
+/// compiles (stage 11's attention.cu) handed over a temporary on a 16-byte boundary, and this
+/// file, compiled with `-march=native` for an AVX-512 CPU, zeroed it with a 64-byte aligned
+/// store (`vmovdqa64`): a segmentation fault on the H100 machine (2026-11-23, GCC 13, nvcc 13.0;
+/// the same code built without `-march=native` ran). The kernel parameter itself is copied by
+/// the runtime, byte by byte, wherever the host object sits.
 #pragma once
 
 #include <cstdint>
@@ -37,14 +46,15 @@ namespace fa::cuda {
 ///                 a multiple of 8 elements (16 bytes), as the TMA requires
 /// \param box_rows rows per box (1..256)
 /// \param what     names the tensor in error messages (e.g. "stage 11 q")
-CUtensorMap make_tensor_map_bhnd(const void* data, DType dtype, int64_t batch, int64_t heads, int64_t rows,
-                                 int64_t features, int64_t stride_b, int64_t stride_h, int64_t stride_n, int box_rows,
-                                 const std::string& what);
+/// \param out      where the map is written (see the note on alignment above)
+void make_tensor_map_bhnd(CUtensorMap& out, const void* data, DType dtype, int64_t batch, int64_t heads, int64_t rows,
+                          int64_t features, int64_t stride_b, int64_t stride_h, int64_t stride_n, int box_rows,
+                          const std::string& what);
 
 /// A 2-d [rows, cols] matrix of 16-bit elements (row stride in elements), boxes of
 /// [box_rows, box_cols] with the 128-byte swizzle (box_cols = 64) or none (`swizzle` false),
 /// zero fill outside. Coordinates in the kernel: {col, row}. For the wrapper tests.
-CUtensorMap make_tensor_map_2d(const void* data, DType dtype, int64_t rows, int64_t cols, int64_t row_stride,
-                               int box_rows, int box_cols, bool swizzle, const std::string& what);
+void make_tensor_map_2d(CUtensorMap& out, const void* data, DType dtype, int64_t rows, int64_t cols, int64_t row_stride,
+                        int box_rows, int box_cols, bool swizzle, const std::string& what);
 
 }  // namespace fa::cuda
