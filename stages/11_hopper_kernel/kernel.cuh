@@ -31,6 +31,7 @@
 #include "fa/cuda/wgmma.cuh"
 #include "fa/cuda/wgmma_layout.hpp"
 #include "fa/problem.hpp"
+#include "schedule.hpp"
 
 namespace fa::stage11 {
 
@@ -574,15 +575,12 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
     // barriers[0]: Q landed; [1 + s]: slot s full; [1 + stages + s]: slot s empty (producer step)
     const auto bar = [&](int i) { return fa::cuda::ptx::smem_address(barriers + i); };
 
-    // Causal problems start with the last query tiles: they see the most keys.
-    //! [grid_order]
-    // Head by head (each head's tiles from the heaviest), or, from step 6 under a causal mask,
-    // tile by tile across all heads: the first wave takes every head's heaviest tiles.
-    const bool across_heads = kF.heaviest_first_grid && a.causal;
-    const int q_tile_index = int(across_heads ? blockIdx.x / unsigned(a.batch_heads) : blockIdx.x % unsigned(a.q_tiles));
-    const int bh = int(across_heads ? blockIdx.x % unsigned(a.batch_heads) : blockIdx.x / unsigned(a.q_tiles));
-    //! [grid_order]
-    const int q0 = (a.causal ? a.q_tiles - 1 - q_tile_index : q_tile_index) * S::kBr;
+    // Causal problems start with the last query tiles: they see the most keys. Head by head
+    // (each head's tiles from the heaviest), or, from step 6 under a causal mask, tile by tile
+    // across all heads: the first wave takes every head's heaviest tiles (schedule.hpp).
+    const BlockWork work = block_work(blockIdx.x, a.q_tiles, a.batch_heads, a.causal, kF.heaviest_first_grid && a.causal);
+    const int q0 = work.q_tile * S::kBr;
+    const int bh = work.bh;
     const int b = bh / a.heads, h = bh % a.heads;
     const int thread = int(threadIdx.x);
     int full, end;
