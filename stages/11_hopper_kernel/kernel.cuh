@@ -24,6 +24,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "fa/cuda/fragments.cuh"
 #include "fa/cuda/mbarrier.cuh"
 #include "fa/cuda/ptx.cuh"
 #include "fa/cuda/tma.cuh"
@@ -225,16 +226,10 @@ __device__ __forceinline__ void load_tile_cp_async(unsigned char* tile, const T*
     }
 }
 
-/// Max and sum across the four lanes of a quad: the lanes that share a row of the accumulator.
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-/// Sum across the four lanes of a quad.
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
+// A row of the wgmma accumulator lives in one quad of lanes, as in mma.sync's C fragment (see
+// wgmma_layout.hpp): its max and sum are fa::cuda::quad_max and quad_sum (fa/cuda/fragments.cuh).
+using fa::cuda::quad_max;
+using fa::cuda::quad_sum;
 
 /// What one consumer warpgroup keeps in registers across the K/V tiles (per thread).
 template <int D>
