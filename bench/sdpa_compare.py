@@ -497,14 +497,19 @@ def print_stage07_tables(args, idx, rows, ceiling, gpu_name, date):
                     bad = "  BAD" if s7 and s7.get("check") == "BAD" else ""
                     print(f"{d:>4} {n:>6} {str(c):>7} {fmt(s7):>8} {fmt(fl):>8} {fmt(cu):>8} {rfmt(rf):>9} {rfmt(rc):>9} "
                           f"{rfmt(pct, 1, '%'):>9}{bad}")
-        refused = sorted({(r["impl"], r["N"], r["d"], r["causal"], r["note"]) for r in rows
-                          if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == t and pass_of(r) == "forward"
-                          and r.get("note")})
-        for impl, n, d, c, note in refused:
-            print(f"  {impl} {t} d={d} N={n} {'causal' if c else 'non-causal'}: {note}")
+        print_refused(rows, t)
     if worst:
         rf, t, d, n, c = worst
         print(f"\nworst stage07 / sdpa_flash ratio: {rf:.2f} ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
+
+
+def print_refused(rows, dtype):
+    """The forward shapes of `dtype` that SDPA's flash or cuDNN backend refused, with its reason."""
+    refused = sorted({(r["impl"], r["N"], r["d"], r["causal"], r["note"]) for r in rows
+                      if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == dtype and pass_of(r) == "forward"
+                      and r.get("note")})
+    for impl, n, d, c, note in refused:
+        print(f"  {impl} {dtype} d={d} N={n} {'causal' if c else 'non-causal'}: {note}")
 
 
 def print_stage09_tables(args, rows, gpu_name, date):
@@ -686,11 +691,7 @@ def print_stage11_tables(args, idx, rows, wgmma, gpu_name, date, round_idx=()):
                             worst["stage11 / sdpa_cudnn, median over rounds"] = (st[0], t, d, n, c)
                     print(f"{d:>4} {n:>6} {str(c):>7} {fmt(s11):>8} {fmt(s7):>8} {fmt(fl):>8} {fmt(cu):>8} {rfmt(rc):>9} "
                           f"{rfmt(rf):>9} {rfmt(r7):>7} {rfmt(pct, 1, '%'):>8}{spread}{bad}")
-        refused = sorted({(r["impl"], r["N"], r["d"], r["causal"], r["note"]) for r in rows
-                          if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == t and pass_of(r) == "forward"
-                          and r.get("note")})
-        for impl, n, d, c, note in refused:
-            print(f"  {impl} {t} d={d} N={n} {'causal' if c else 'non-causal'}: {note}")
+        print_refused(rows, t)
     if worst:
         print()
     for label, (x, t, d, n, c) in worst.items():

@@ -634,6 +634,24 @@ def gpu_targets(rows, out, anchor, level):
 
 
 # ----------------------------------------------------------------------------- stage 07 section
+def tflops_table(g, dtypes, impls, w):
+    """One (GPU, d, mask) group of a half-precision stage beside SDPA: a row per shape, a column per
+    (dtype, implementation), TFLOP/s and median time."""
+    cols = [(t, i) for t in dtypes for i in impls]
+    cell = {(r["N"], r["B"], r["H"], r["dtype"], r["impl"]): r for r in g}
+    w("| N | B | H | " + " | ".join(f"{impl_ref(i)} {t}" for t, i in cols) + " |")
+    w("|---:|---:|---:|" + "---:|" * len(cols))
+    for n, b, h in sorted({(r["N"], r["B"], r["H"]) for r in g}):
+        cells = []
+        for t, i in cols:
+            r = cell.get((n, b, h, t, i))
+            cells.append(f"{fmt_num(r['tflops'])} ({fmt_num(r['median_ms'])} ms)" if r else "–")
+        w(f"| {n} | {b} | {h} | " + " | ".join(cells) + " |")
+    w("")
+    w("Cells: TFLOP/s (median time); – where a backend has no kernel for the dtype or shape.")
+    w("")
+
+
 def stage07_section(rows, meta, road, images, out, plots_made):
     """Stage 07 in bf16 and fp16 beside SDPA flash and cuDNN in the same dtypes; the ratios; the road."""
     w = out.append
@@ -664,19 +682,7 @@ def stage07_section(rows, meta, road, images, out, plots_made):
                 plots_made.append(name)
                 w(f'\\image html {name} "TFLOP/s against N, bf16 and fp16, d = {d}, {mask}"')
                 w("")
-            cols = [(t, i) for t in dtypes for i in STAGE07_IMPLS]
-            cell = {(r["N"], r["B"], r["H"], r["dtype"], r["impl"]): r for r in g}
-            w("| N | B | H | " + " | ".join(f"{impl_ref(i)} {t}" for t, i in cols) + " |")
-            w("|---:|---:|---:|" + "---:|" * len(cols))
-            for n, b, h in sorted({(r["N"], r["B"], r["H"]) for r in g}):
-                cells = []
-                for t, i in cols:
-                    r = cell.get((n, b, h, t, i))
-                    cells.append(f"{fmt_num(r['tflops'])} ({fmt_num(r['median_ms'])} ms)" if r else "–")
-                w(f"| {n} | {b} | {h} | " + " | ".join(cells) + " |")
-            w("")
-            w("Cells: TFLOP/s (median time); – where a backend has no kernel for the dtype or shape.")
-            w("")
+            tflops_table(g, dtypes, STAGE07_IMPLS, w)
         stage07_ratios(side, dtypes, meta, out)
     road_section(road, ceiling, images, out, plots_made)
 
@@ -857,19 +863,7 @@ def stage11_section(rows, meta, road11, first_contact, images, out, plots_made):
              if wgmma else ""))
         w("")
         for gpu, d, mask, anchor, g in gpu_sections(side, "results_stage11", gpus, w):
-            cols = [(t, i) for t in dtypes for i in STAGE11_IMPLS]
-            cell = {(r["N"], r["B"], r["H"], r["dtype"], r["impl"]): r for r in g}
-            w("| N | B | H | " + " | ".join(f"{impl_ref(i)} {t}" for t, i in cols) + " |")
-            w("|---:|---:|---:|" + "---:|" * len(cols))
-            for n, b, h in sorted({(r["N"], r["B"], r["H"]) for r in g}):
-                cells = []
-                for t, i in cols:
-                    r = cell.get((n, b, h, t, i))
-                    cells.append(f"{fmt_num(r['tflops'])} ({fmt_num(r['median_ms'])} ms)" if r else "–")
-                w(f"| {n} | {b} | {h} | " + " | ".join(cells) + " |")
-            w("")
-            w("Cells: TFLOP/s (median time); – where a backend has no kernel for the dtype or shape.")
-            w("")
+            tflops_table(g, dtypes, STAGE11_IMPLS, w)
         stage11_ratios(side, dtypes, wgmma, out)
     road11_section(road11, images, out, plots_made)
 

@@ -2,7 +2,6 @@
 // swizzle against the host map, its zero fill, both layouts through a tensor map's strides, the
 // TMA store; an mbarrier's phases; wgmma against a CPU product in each form stage 11 uses. A
 // failure names the instruction, and prints what it compared. Exits 77 without a Hopper GPU.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -220,15 +219,4 @@ TEST_CASE("wgmma with B transposed: V stored [keys, d] (MN-major), n = 64 and 12
         check_product(dtype, 64, 128, true, true);   // O += P V as stage 11 issues it: RS, V transposed
         check_product(dtype, 128, 128, true, true);
     }
-}
-
-int main(int argc, char** argv) {
-    const std::string reason = fa::cuda::hopper_unavailable_reason();
-    if (!reason.empty()) {
-        std::printf("skipped: test_hopper_wrappers needs a Hopper GPU (sm_90a): %s\n", reason.c_str());
-        return 77;
-    }
-    std::printf("GPU: %s\n", fa::cuda::gpu_info().describe().c_str());
-    doctest::Context context(argc, argv);
-    return context.run();
 }

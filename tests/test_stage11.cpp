@@ -1,7 +1,6 @@
 // Stage 11 (the Hopper kernel, bf16 and fp16) against the float64 reference and stage 07 by the
 // low-precision rule; every step of the road; the awkward sizes; rows that see no key; any scale.
 // Exits 77 (skipped) without a Hopper GPU.
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -226,15 +225,4 @@ TEST_CASE("stage 11 refuses what it cannot do, naming the option") {
                          InputError);
     CHECK_THROWS_WITH_AS(stage11::check_supported(test::make_problem(1, 1, 16, 16, 64), 99), doctest::Contains("--step 99"),
                          InputError);
-}
-
-int main(int argc, char** argv) {
-    const std::string reason = stage11::gpu_unavailable_reason();
-    if (!reason.empty()) {
-        std::printf("skipped: test_stage11 needs %s\n", reason.c_str());
-        return 77;
-    }
-    std::printf("GPU: %s\n", fa::cuda::gpu_info().describe().c_str());
-    doctest::Context context(argc, argv);
-    return context.run();
 }

@@ -17,14 +17,6 @@ int64_t Problem::visible_pairs_per_head() const {
 
 namespace {
 
-void require_positive(const char* option, int64_t value) {
-    if (value < 1) {
-        std::ostringstream msg;
-        msg << option << " is " << value << ": it must be at least 1";
-        throw InputError(msg.str());
-    }
-}
-
 // a * b without overflow, or throw.
 int64_t checked_mul(int64_t a, int64_t b, const Problem& p) {
     if (a != 0 && b > std::numeric_limits<int64_t>::max() / 4 / a) {

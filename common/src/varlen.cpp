@@ -33,14 +33,6 @@ int64_t VarlenProblem::visible_pairs_per_head() const {
 
 namespace {
 
-void require_positive(const char* option, int64_t value) {
-    if (value < 1) {
-        std::ostringstream msg;
-        msg << option << " is " << value << ": it must be at least 1";
-        throw InputError(msg.str());
-    }
-}
-
 // The divisors of n, as a list a message can show: "1, 2, 3 or 6".
 std::string divisors_of(int64_t n) {
     std::vector<int64_t> d;

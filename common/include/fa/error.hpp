@@ -2,6 +2,7 @@
 /// \brief The two kinds of failure every executable distinguishes.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -15,6 +16,11 @@ public:
     /// \param message names what is wrong and what is allowed.
     explicit InputError(const std::string& message) : std::runtime_error(message) {}
 };
+
+/// Throws InputError unless a count option is at least 1: "--heads is 0: it must be at least 1".
+inline void require_positive(const char* option, int64_t value) {
+    if (value < 1) throw InputError(std::string(option) + " is " + std::to_string(value) + ": it must be at least 1");
+}
 
 /// Exit codes shared by every stage executable.
 enum ExitCode : int {
