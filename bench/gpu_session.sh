@@ -44,6 +44,10 @@
 #              N 1024/4096/16384 (ROAD11_SIZES), causal and not, beside SDPA flash and cuDNN, each
 #              step checked against stage 07's final kernel: road11/road11.csv and
 #              stage11_road_table.txt
+#   groups11   stage 11's block order under a causal mask: step 5 (head by head) and step 6 (heaviest
+#              first across groups of heads) with several L2 budgets per group (GROUP11_MIB, MiB, the
+#              largest meaning every head in one group), bf16, d 64/128, N 1024/4096/16384 as in the
+#              sweep (B*N = 16384, H*d = 2048) and B 1, H 16, N 4096: groups11/groups11_table.txt
 #   ncu        Nsight Compute on the stage 05 kernel
 #   ncu05road  Nsight Compute on every step of stage 05's road, d 64, N 2048: memory throughput,
 #              bank conflicts, occupancy, registers, instructions: ncu_stage05_road.txt
@@ -97,7 +101,7 @@ build_targets() {
                 targets+=(stage05_shared_memory_kernel stage06_causal_masking stage07_pipelined_fused_kernel stage09_backward_kernel) ;;
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts make_npy_inputs) ;;
-            road | road05 | road11 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu11)
+            road | road05 | road11 | groups11 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu11)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -363,6 +367,43 @@ step_road11() {
     # shellcheck disable=SC2086  # ROAD11_SIZES is a list
     compare road11 "$RESULTS/road11" --stages 11 --dtypes bf16 --steps11 all --sizes ${ROAD11_SIZES:-1024 4096 16384} \
         --head-dims 64 128 --repeat 20 --warmup 3
+}
+
+step_groups11() {
+    note "groups11: stage 11's causal block order, step 5 and step 6 with L2 budgets per group of heads"
+    local dir="$RESULTS/groups11" mib d
+    mkdir -p "$dir"
+    for mib in ${GROUP11_MIB:-4 16 64 1073741824}; do
+        FA_STAGE11_GROUP_MIB=$mib "$BUILD/bench/bench_gpu" --stages 11 --steps11 5 6 --dtypes bf16 --sizes 1024 4096 16384 \
+            --head-dims 64 128 --causal yes --repeat 20 --warmup 3 --check false \
+            --json "$dir/sweep_$mib.json" --csv "$dir/sweep_$mib.csv" >>"$LOGS/groups11.log" 2>&1 || status=1
+        for d in 64 128; do
+            FA_STAGE11_GROUP_MIB=$mib "$BUILD/bench/bench_gpu" --stages 11 --steps11 5 6 --dtypes bf16 --sizes 4096 \
+                --head-dims $d --causal yes --tokens 4096 --width $((16 * d)) --repeat 20 --warmup 3 --check false \
+                --json "$dir/h16_${mib}_$d.json" --csv "$dir/h16_${mib}_$d.csv" >>"$LOGS/groups11.log" 2>&1 || status=1
+        done
+    done
+    python3 - "$dir" >"$dir/groups11_table.txt" <<'PY' || status=1
+import csv, glob, os, sys
+rows = []
+for path in glob.glob(os.path.join(sys.argv[1], "*.csv")):
+    mib = int(os.path.basename(path).split("_")[1].split(".")[0])
+    rows += [dict(r, mib=mib) for r in csv.DictReader(open(path)) if r["impl"].startswith("stage11")]
+g = rows[0]
+budgets = sorted({r["mib"] for r in rows})
+name = lambda m: "all" if m >= 1 << 20 else f"{m} MiB"
+print(f"{g['gpu']}, {g['date']}: stage 11 under a causal mask, bf16, TFLOP/s (median of 20): step 5 (head by head, timed")
+print("beside each budget), step 6 (heaviest first across groups of heads whose K and V fit the budget)")
+print(f"{'B':>3} {'H':>3} {'d':>4} {'N':>6}  {'step 5':>14}  " + "  ".join(f"{'6 @ ' + name(m):>12}" for m in budgets) + "   best/step 5")
+for key in sorted({(int(r["B"]), int(r["H"]), int(r["d"]), int(r["N"])) for r in rows}, key=lambda k: (k[0] == 1, k[2], k[3])):
+    sel = [r for r in rows if (int(r["B"]), int(r["H"]), int(r["d"]), int(r["N"])) == key]
+    s5 = sorted(float(r["tflops"]) for r in sel if r["step"] == "5")
+    s6 = {m: float(r["tflops"]) for r in sel if r["step"] == "6" for m in [r["mib"]]}
+    best = max(s6.values())
+    print(f"{key[0]:>3} {key[1]:>3} {key[2]:>4} {key[3]:>6}  {s5[len(s5) // 2]:6.1f} [{s5[0]:.0f}-{s5[-1]:.0f}]  "
+          + "  ".join(f"{s6.get(m, float('nan')):12.1f}" for m in budgets) + f"   {best / s5[len(s5) // 2]:.2f}")
+PY
+    tee -a "$LOGS/summary.txt" <"$dir/groups11_table.txt"
 }
 
 step_road05() {
@@ -740,7 +781,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu11 lessons"
         status=2
         continue
     fi

@@ -110,7 +110,7 @@ TEST_CASE("stage 11 step 5 (softmax overlap inside a warpgroup) matches the floa
     }
 }
 
-TEST_CASE("stage 11 step 6 (heaviest tiles first across heads) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
+TEST_CASE("stage 11 step 6 (heaviest tiles first across groups of heads) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
     if (!under_test(6)) return;
     for (const test::Case& c : test::standard_cases({64, 128})) {
         check_case(c, DType::BF16, 6);
@@ -215,6 +215,32 @@ TEST_CASE("stage 11 on longer sequences and several heads, both layouts") {
             check_case(c, DType::BF16, step);
         }
     }
+}
+
+TEST_CASE("stage 11's causal block order in several groups of heads (a 1 MiB budget) and in one group (the default)") {
+    // K and V of a head: 2 x 1024 x d x 2 bytes, 256 KiB at d = 64 and 512 KiB at d = 128: with a
+    // 1 MiB budget, groups of 4 and of 2 heads over 6 (batch, head) pairs, the last group short
+    // at d = 64. Every step from 6 on orders its blocks so; steps before it ignore the budget.
+    uint64_t seed = 1400;
+    for (const char* mib : {"1", ""}) {
+        setenv("FA_STAGE11_GROUP_MIB", mib, 1);
+        for (int step : steps_under_test()) {
+            for (int64_t d : {64, 128}) {
+                test::Case c;
+                c.problem = test::make_problem(2, 3, 1000, 1024, d, true);
+                c.layout = d == 64 ? Layout::BNHD : Layout::BHND;
+                c.seed = seed++;
+                INFO("FA_STAGE11_GROUP_MIB=" << mib);
+                INFO(stage11::describe_config(c.problem, step));
+                check_case(c, step % 2 ? DType::FP16 : DType::BF16, step);
+            }
+        }
+    }
+    setenv("FA_STAGE11_GROUP_MIB", "0", 1);
+    CHECK_THROWS_WITH_AS(stage11::describe_config(test::make_problem(1, 2, 64, 64, 64, true), 6),
+                         doctest::Contains("FA_STAGE11_GROUP_MIB=0"), InputError);
+    unsetenv("FA_STAGE11_GROUP_MIB");
+    CHECK(stage11::describe_config(test::make_problem(2, 3, 1000, 1024, 128, true), 6).find("groups of 6 heads") != std::string::npos);
 }
 
 TEST_CASE("stage 11 refuses what it cannot do, naming the option") {

@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "../07_pipelined_fused_kernel/attention.cuh"
@@ -26,7 +27,7 @@ constexpr Features kStep2 = kStep1.with_tma_ring(2);            // + TMA loads o
 constexpr Features kStep3 = kStep2.with_producer_warpgroup(2);  // + producer warpgroup, two consumers, setmaxnreg
 constexpr Features kStep4 = kStep3.with_ping_pong(3);           // + consumers take turns on the tensor cores
 constexpr Features kStep5 = kStep4.with_softmax_overlap();      // + softmax of S_j under P_{j-1} V_{j-1}
-constexpr Features kStep6 = kStep5.with_heaviest_first_grid();  // + causal: every head's heaviest tiles first
+constexpr Features kStep6 = kStep5.with_heaviest_first_grid();  // + causal: a group's heaviest tiles first
 constexpr Features kStep7 = kStep6.with_tma_store();            // + O leaves through shared memory and the TMA
 constexpr Features kStep8 = kStep7.with_three_consumers_at_d64();  // + d = 64: three consumers, Br = 192
 
@@ -43,6 +44,31 @@ struct StepN {
 /// (docs/results/) is what says whether it is.
 constexpr int kDefaultStep = 8;
 //! [road]
+
+//! [group_budget]
+/// Step 6's groups of heads: as many heads as have their K and V within this many bytes, so
+/// that a group's K and V stay in the H100's 50 MB L2 while its blocks run.
+constexpr long long kGroupBudgetBytes = 16LL << 20;
+//! [group_budget]
+
+/// kGroupBudgetBytes, or FA_STAGE11_GROUP_MIB MiB when that is set (bench/gpu_session.sh road11
+/// times several budgets with it).
+long long group_budget_bytes() {
+    const char* env = std::getenv("FA_STAGE11_GROUP_MIB");
+    if (env == nullptr || *env == '\0') return kGroupBudgetBytes;
+    char* end = nullptr;
+    const long long mib = std::strtoll(env, &end, 10);
+    if (*end != '\0' || mib < 1 || mib > (1LL << 30)) {
+        throw InputError(std::string("FA_STAGE11_GROUP_MIB=") + env + " is not a whole number of MiB from 1 to 2^30");
+    }
+    return mib << 20;
+}
+
+/// (batch, head) pairs per group of step 6's block order for problem p (schedule.hpp).
+int group_heads_of(const Problem& p) {
+    const long long kv_bytes_per_head = 2 * p.seq_k * p.head_dim * 2;  // K and V, 16-bit elements
+    return heads_per_group(kv_bytes_per_head, group_budget_bytes(), int(p.batch * p.heads));
+}
 
 template <class T>
 using LaunchFn = void (*)(const Args<T>&, cudaStream_t);
@@ -139,6 +165,7 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
     a.heads = int(p.heads);
     a.batch_heads = int(p.batch * p.heads);
     a.q_tiles = int((p.seq_q + f.br() - 1) / f.br());
+    a.group_heads = group_heads_of(p);
     a.seq_q = int(p.seq_q);
     a.seq_k = int(p.seq_k);
     a.causal = p.causal;
@@ -183,8 +210,9 @@ const std::vector<Step>& road() {
                       "under the other's GEMMs; each turn issues S_j and P_{j-1} V_{j-1}; a three-slot ring"},
         {"softmax overlap", "inside a warpgroup: S_j and P_{j-1} V_{j-1} in two wgmma-groups, the softmax of S_j "
                             "starts when the first is done and runs under the second"},
-        {"heaviest first", "causal: blocks ordered tile by tile across all heads, so every head's heaviest query "
-                           "tiles run in the first wave and only light ones in the last"},
+        {"heaviest first", "causal: the heads in groups whose K and V fit in 16 MiB of L2; in a group, blocks "
+                           "ordered rank by rank across its heads, so its heaviest query tiles run first and the "
+                           "light ones last"},
         {"TMA store", "the epilogue: O rounded into shared memory (where Q was) and written by TMA stores, [64, 64] "
                       "boxes; LSE stored directly"},
         {"d64 shape", "at d = 64, three consumer warpgroups (Br = 192, 160 registers each) take turns; d = 128 as "
@@ -256,14 +284,15 @@ std::string describe_config(const Problem& p, int step) {
         masked += end - full;
     }
     const long long total = (long long)q_tiles * k_tiles;
-    char buf[512];
+    const std::string group = f.heaviest_first_grid && p.causal ? std::to_string(group_heads_of(p)) + " heads" : "";
+    char buf[640];
     std::snprintf(buf, sizeof buf,
-                  "step %d (%s): Br=%d Bc=%d, %d consumer warpgroup(s)%s, %d-slot ring loaded by %s%s%s%s%s, %zu B shared "
+                  "step %d (%s): Br=%d Bc=%d, %d consumer warpgroup(s)%s, %d-slot ring loaded by %s%s%s%s%s%s, %zu B shared "
                   "memory; per head %lld of %lld key tiles unmasked, %lld masked, %lld skipped",
                   step, road()[size_t(step)].name.c_str(), f.br(), f.bc, f.consumers,
                   f.producer ? " + 1 producer warpgroup" : "", f.stages, f.tma ? "the TMA" : "cp.async",
                   f.ping_pong ? ", ping-pong" : "", f.overlap ? ", softmax under P V" : "",
-                  f.heaviest_first_grid && p.causal ? ", heaviest tiles first across heads" : "",
+                  f.heaviest_first_grid && p.causal ? ", heaviest tiles first across groups of " : "", group.c_str(),
                   f.tma_store ? ", O by TMA store" : "", smem, unmasked, total, masked, total - unmasked - masked);
     return buf;
 }

@@ -15,7 +15,7 @@
 /// warpgroup and the registers to the consumers (setmaxnreg); step 4 makes the consumer
 /// warpgroups take turns on the tensor cores (ping-pong), so one's softmax runs under the
 /// other's GEMMs; step 5 overlaps a warpgroup's own softmax with its previous P V; step 6 runs
-/// the heaviest causal query tiles of every head first; step 7 writes O through shared memory
+/// the heaviest causal query tiles of a group of heads first; step 7 writes O through shared memory
 /// with a TMA store; step 8 gives d = 64 three consumer warpgroups.
 #pragma once
 
@@ -50,7 +50,7 @@ struct Features {
     int consumer_registers = 240;  ///< with `producer`: registers per thread of a consumer (setmaxnreg.inc)
     bool ping_pong = false;  ///< consumer warpgroups take turns issuing their GEMMs (named barriers)
     bool overlap = false;    ///< with `ping_pong`: a warpgroup's softmax of tile j runs under its own P_{j-1} V_{j-1}
-    bool heaviest_first_grid = false;  ///< causal: blocks ordered by query tile first, so every head's heaviest tiles start first
+    bool heaviest_first_grid = false;  ///< causal: blocks ordered rank by rank across a group of heads (Args::group_heads)
     bool tma_store = false;  ///< O goes through shared memory and leaves with a TMA store
     int consumers_d64 = 0;   ///< at d = 64: consumer warpgroups (0: `consumers`)
     int consumer_registers_d64 = 0;  ///< at d = 64 with `consumers_d64`: registers per consumer thread
@@ -91,9 +91,10 @@ struct Features {
         f.overlap = true;
         return f;
     }
-    /// Step 6: under a causal mask, block i runs query tile `i / (B H)` of head `i % (B H)`
-    /// counted from the last: every head's heaviest tiles start in the first wave, and the last
-    /// wave holds only light ones (stage 07 and steps 1-5 go head by head).
+    /// Step 6: under a causal mask, the heads are taken in groups whose K and V fit in L2
+    /// together, and inside a group block i runs query tile `i / G` of the group's head `i % G`,
+    /// counted from the last: the group's heaviest tiles start first and the light ones fill the
+    /// end (stage 07 and steps 1-5 go head by head, each head from its heaviest tile).
     constexpr Features with_heaviest_first_grid() const {
         Features f = *this;
         f.heaviest_first_grid = true;
@@ -161,6 +162,7 @@ struct Args {
     int heads;        ///< H
     int batch_heads;  ///< B * H
     int q_tiles;      ///< query tiles per (batch, head): ceil(Nq / Br)
+    int group_heads;  ///< step 6 on, causal: (batch, head) pairs per group of the block order (schedule.hpp)
     int seq_q;        ///< Nq
     int seq_k;        ///< Nk
     bool causal;      ///< bottom-right aligned causal mask
@@ -571,9 +573,10 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
     const auto bar = [&](int i) { return fa::cuda::ptx::smem_address(barriers + i); };
 
     // Causal problems start with the last query tiles: they see the most keys. Head by head
-    // (each head's tiles from the heaviest), or, from step 6 under a causal mask, tile by tile
-    // across all heads: the first wave takes every head's heaviest tiles (schedule.hpp).
-    const BlockWork work = block_work(blockIdx.x, a.q_tiles, a.batch_heads, a.causal, kF.heaviest_first_grid && a.causal);
+    // (each head's tiles from the heaviest), or, from step 6 under a causal mask, rank by rank
+    // across a group of heads whose K and V stay in L2 together (schedule.hpp).
+    const BlockWork work =
+        block_work(blockIdx.x, a.q_tiles, a.batch_heads, a.causal, kF.heaviest_first_grid && a.causal ? a.group_heads : 1);
     const int q0 = work.q_tile * S::kBr;
     const int bh = work.bh;
     const int b = bh / a.heads, h = bh % a.heads;

@@ -4,10 +4,13 @@
 ///
 /// The grid is flat: `q_tiles x batch_heads` blocks, handed out by the hardware roughly in block
 /// order, about one wave of blocks per SM at a time. Which work a block number stands for decides
-/// what runs together: head by head (the blocks of one head share its K and V in L2), or, for
-/// causal problems from step 6 on, tile by tile across all heads, so that the first wave holds
-/// every head's heaviest query tile (the last one, which sees every key) and the light tiles
-/// fill the end of the run instead of the heavy ones.
+/// what runs together. The heads are taken in *groups* of `group_heads` consecutive (batch, head)
+/// pairs, one group after the other. Inside a group, the blocks go rank by rank across its heads:
+/// under a causal mask the first ranks are every head's heaviest tiles (the last ones, which see
+/// every key), so the light tiles fill the end of the group's run instead of the heavy ones.
+/// `group_heads = 1` is head by head; `group_heads = batch_heads` is all heads at once. The host
+/// sizes a group so that its K and V stay in L2 while its blocks run (attention.cu), because each
+/// head's K and V are read once by every query tile of that head.
 #pragma once
 
 #include "fa/config.hpp"
@@ -22,14 +25,25 @@ struct BlockWork {
 };
 
 //! [grid_order]
-/// The work of block `block` of `q_tiles x batch_heads`. Under a causal mask the tiles are taken
-/// from the last (the heaviest) down; `across_heads` walks all heads' tiles of one rank before
-/// the next rank, instead of one head's tiles before the next head.
-FA_HD inline BlockWork block_work(unsigned block, int q_tiles, int batch_heads, bool causal, bool across_heads) {
-    const int rank = int(across_heads ? block / unsigned(batch_heads) : block % unsigned(q_tiles));
-    const int bh = int(across_heads ? block % unsigned(batch_heads) : block / unsigned(q_tiles));
+/// The work of block `block` of `q_tiles x batch_heads`: groups of `group_heads` heads (the last
+/// group may have fewer), and in a group all heads' tiles of one rank before the next rank. Under
+/// a causal mask the ranks count from the last tile (the heaviest) down.
+FA_HD inline BlockWork block_work(unsigned block, int q_tiles, int batch_heads, bool causal, int group_heads) {
+    const unsigned group_blocks = unsigned(q_tiles) * unsigned(group_heads);
+    const int first_head = int(block / group_blocks) * group_heads;  // the group's first (batch, head)
+    const unsigned in_group = block % group_blocks;
+    const int heads = group_heads < batch_heads - first_head ? group_heads : batch_heads - first_head;
+    const int rank = int(in_group / unsigned(heads));
+    const int bh = first_head + int(in_group % unsigned(heads));
     return {causal ? q_tiles - 1 - rank : rank, bh};
 }
 //! [grid_order]
+
+/// Heads per group: as many (batch, head) pairs as have their K and V (`kv_bytes_per_head` each)
+/// within `budget_bytes` together; at least 1, at most `batch_heads`.
+FA_HD inline int heads_per_group(long long kv_bytes_per_head, long long budget_bytes, int batch_heads) {
+    const long long fit = kv_bytes_per_head > 0 ? budget_bytes / kv_bytes_per_head : batch_heads;
+    return fit < 1 ? 1 : fit > batch_heads ? batch_heads : int(fit);
+}
 
 }  // namespace fa::stage11
