@@ -384,8 +384,8 @@ step_groups11() {
         done
     done
     python3 - "$dir" >"$dir/groups11_table.txt" <<'PY' || status=1
-import csv, glob, os, sys
-rows = []
+import csv, glob, math, os, sys
+rows, gains = [], {}
 for path in glob.glob(os.path.join(sys.argv[1], "*.csv")):
     mib = int(os.path.basename(path).split("_")[1].split(".")[0])
     rows += [dict(r, mib=mib) for r in csv.DictReader(open(path)) if r["impl"].startswith("stage11")]
@@ -402,6 +402,14 @@ for key in sorted({(int(r["B"]), int(r["H"]), int(r["d"]), int(r["N"])) for r in
     best = max(s6.values())
     print(f"{key[0]:>3} {key[1]:>3} {key[2]:>4} {key[3]:>6}  {s5[len(s5) // 2]:6.1f} [{s5[0]:.0f}-{s5[-1]:.0f}]  "
           + "  ".join(f"{s6.get(m, float('nan')):12.1f}" for m in budgets) + f"   {best / s5[len(s5) // 2]:.2f}")
+    for m in budgets:
+        gains.setdefault(m, []).append(s6.get(m, 0.0) / s5[len(s5) // 2])
+# The budget whose step 6 gains most over step 5 across the shapes (geometric mean).
+mean = {m: math.exp(sum(math.log(max(g, 1e-9)) for g in gains[m]) / len(gains[m])) for m in budgets}
+print("step 6 / step 5, geometric mean over the shapes: " + ", ".join(f"{name(m)} {mean[m]:.3f}" for m in budgets))
+best = max(budgets, key=lambda m: mean[m])
+print(f"best budget: {name(best)}")
+open(os.path.join(sys.argv[1], "best_mib.txt"), "w").write(f"{best}\n")
 PY
     tee -a "$LOGS/summary.txt" <"$dir/groups11_table.txt"
 }

@@ -173,7 +173,12 @@ def pow2_label(n, _pos=None):
 
 
 # ----------------------------------------------------------------------------- reading
-def read_gpu(path, notes, info):
+RESULTS_DIR_OF_PAGE = []  # docs/results/, for the sections that show a committed table as it is
+
+
+def read_gpu(path, notes, info, rename=None):
+    """The rows of a sweep CSV; `rename` maps an impl to the name it is shown under (a step of a
+    road that stands for another stage in the same run) before the road's steps are left out."""
     if not os.path.exists(path):
         return None
     rows = []
@@ -185,6 +190,7 @@ def read_gpu(path, notes, info):
             return []
         bad = unmeasured = 0
         for raw in reader:
+            raw["impl"] = (rename or {}).get((raw.get("impl") or "").strip(), raw.get("impl"))
             if re.fullmatch(r"stage\d+_step\d+", (raw.get("impl") or "").strip()):
                 continue  # a step of stage 07's road: road.csv holds those, with their gains
             if not (raw.get("tflops") or "").strip() or not (raw.get("median_ms") or "").strip():
@@ -866,6 +872,33 @@ def stage11_section(rows, meta, road11, first_contact, images, out, plots_made):
             tflops_table(g, dtypes, STAGE11_IMPLS, w)
         stage11_ratios(side, dtypes, wgmma, out)
     road11_section(road11, images, out, plots_made)
+    groups11_section(os.path.join(RESULTS_DIR_OF_PAGE[0], "stage11_groups_table.txt") if RESULTS_DIR_OF_PAGE else "", out)
+    if ours:
+        first_contact_table(first_contact, out)
+
+
+def groups11_section(path, out):
+    """Stage 11's causal block order with several L2 budgets per group of heads (the table
+    bench/gpu_session.sh groups11 writes), shown as it was measured."""
+    w = out.append
+    w("### The block order of step 6: groups of heads {#results_stage11_groups}")
+    w("")
+    if not path or not os.path.exists(path):
+        w("\\note Not measured yet: `bench/gpu_session.sh groups11` times step 6 with several L2 budgets per group "
+          "of heads beside step 5 and writes `docs/results/stage11_groups_table.txt`.")
+        w("")
+        return
+    w("Under a causal mask, step 5 runs the heads one after the other, each from its heaviest query tile; step 6 "
+      "takes the heads in groups whose K and V fit an L2 budget and runs each group rank by rank, heaviest first. "
+      "`bench/gpu_session.sh groups11` times step 6 with several budgets (`FA_STAGE11_GROUP_MIB`; *all*: one group "
+      "of every head) beside step 5, bf16, median of 20 runs each; the course's default budget is the one with the "
+      "best geometric mean. `docs/results/stage11_groups_table.txt`, as written:")
+    w("")
+    w("~~~")
+    with open(path, encoding="utf-8") as f:
+        out.extend(line.rstrip("\n") for line in f)
+    w("~~~")
+    w("")
 
 
 def first_contact_table(first_contact, out):
@@ -880,7 +913,7 @@ def first_contact_table(first_contact, out):
     runs = first_contact["runs"]
     w(f"### First timings {{#results_stage11_first_contact}}")
     w("")
-    w(f"Until the sweep has stage 11, these are its measured first timings, from `bench/hopper_first_contact.sh` "
+    w(f"The first timings of stage 11, taken before the side-by-side runs above existed, from `bench/hopper_first_contact.sh` "
       f"(`docs/results/stage11_first_contact.txt`, and `stage11_first_contact_road.txt` for the later steps and timings taken again) on **{md(first_contact['gpu'] or 'the GPU of the record')}**: "
       f"bf16, N = {', '.join(str(n) for n in sorted({r['N'] for r in runs}))}, each step of the road timed alone "
       "(median of its runs, CUDA events), without SDPA beside it. Step 0 is stage 07's final kernel.")
@@ -1250,6 +1283,88 @@ def newcomer_section(results_dir, out):
     return True
 
 
+def lesson_numbers(gpu, road, results_dir, path):
+    """The numbers stage 07's lesson quotes in its prose, as Doxygen aliases (\\s07_gain_swizzle and
+    the like) computed from docs/results/: road.csv (each step's gain), gpu_sweep.csv (stage 07
+    beside SDPA flash and cuDNN) and mma_ceiling.jsonl. Doxygen reads the file through @INCLUDE, so
+    the prose and the tables always come from the same run. A number without data reads "–"."""
+    aliases = OrderedDict()
+    gains = lambda pred: [r["gain"] for r in road or [] if r["kind"] == "road" and r["dtype"] == "bf16"
+                          and r["gain"] is not None and pred(r)]
+
+    def span_x(values):
+        return f"×{min(values):.2f} to ×{max(values):.2f}" if values else "–"
+
+    for alias, name, pred in (
+            ("s07_gain_ldmatrix", "ldmatrix", lambda r: True),
+            ("s07_gain_swizzle", "swizzle", lambda r: True),
+            ("s07_gain_pipeline", "pipeline", lambda r: True),
+            ("s07_gain_p_registers", "P in registers", lambda r: True),
+            ("s07_gain_exp2", "exp2", lambda r: True),
+            ("s07_gain_tile_full", "tile shape", lambda r: not r["causal"]),
+            ("s07_gain_tile_causal", "tile shape", lambda r: r["causal"]),
+            ("s07_gain_skip_causal", "causal skip", lambda r: r["causal"]),
+            ("s07_gain_lazy_d128", "lazy rescale", lambda r: r["d"] == 128),
+            ("s07_gain_lazy_d64", "lazy rescale", lambda r: r["d"] == 64)):
+        aliases[alias] = span_x(gains(lambda r, n=name, p=pred: r["step_name"] == n and p(r)))
+
+    ceilings = {}
+    try:
+        with open(os.path.join(results_dir, "mma_ceiling.jsonl"), encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    c = json.loads(line)
+                    ceilings[c["name"]] = c
+    except (OSError, ValueError, KeyError):
+        pass
+    num = lambda name, key, digits: (f"{float(ceilings[name][key]):.{digits}f}" if name in ceilings else "–")
+    aliases["s07_mma_bf16"] = num("mma_bf16", "value", 0)
+    aliases["s07_mma_fp16"] = num("mma_fp16", "value", 0)
+    aliases["s07_mma_per_sm_clock"] = num("mma_bf16", "per_sm_per_clock", 0)
+    aliases["s07_ex2"] = num("ex2", "value", 1)
+    aliases["s07_ex2_per_sm_clock"] = num("ex2", "per_sm_per_clock", 0)
+
+    fwd = [r for r in gpu or [] if r["pass"] == "forward" and r["dtype"] in HALF_DTYPES]
+    idx = {(r["impl"], r["dtype"], r["d"], r["N"], r["causal"]): r for r in fwd}
+    ours = [r for r in fwd if r["impl"] == "stage07"]
+
+    def ratios(impl, pred=lambda r: True):
+        out = []
+        for r in ours:
+            other = idx.get((impl, r["dtype"], r["d"], r["N"], r["causal"]))
+            if other and pred(r):
+                out.append((r, r["tflops"] / other["tflops"]))
+        return out
+
+    span_r = lambda rs: f"{min(x for _, x in rs):.2f} to {max(x for _, x in rs):.2f}" if rs else "–"
+    aliases["s07_vs_flash_bf16"] = span_r(ratios("sdpa_flash", lambda r: r["dtype"] == "bf16"))
+    aliases["s07_vs_flash_fp16"] = span_r(ratios("sdpa_flash", lambda r: r["dtype"] == "fp16"))
+    lead = ratios("sdpa_flash", lambda r: not r["causal"])
+    aliases["s07_vs_flash_full_lead"] = (f"{100 * (min(x for _, x in lead) - 1):.0f} to {100 * (max(x for _, x in lead) - 1):.0f}%"
+                                         if lead else "–")
+    flash = ratios("sdpa_flash")
+    aim = sorted((r["dtype"], r["d"], r["N"], r["causal"]) for r, x in flash if x >= 1.2)
+    where = lambda t, d, n, c: f"{t}, d = {d}, N = {n}, {'causal' if c else 'non-causal'}"
+    if aim:
+        aliases["s07_aim"] = "reached at " + "; ".join(where(*p) for p in aim)
+    elif flash:
+        r, x = max(flash, key=lambda rx: rx[1])
+        aliases["s07_aim"] = (f"not reached at any point of this run; the closest is {x:.2f} "
+                              f"({where(r['dtype'], r['d'], r['N'], r['causal'])})")
+    else:
+        aliases["s07_aim"] = "–"
+    aliases["s07_vs_cudnn"] = span_r(ratios("sdpa_cudnn"))
+    ceiling = float(ceilings["mma_bf16"]["value"]) if "mma_bf16" in ceilings else None
+    pct = [100 * r["tflops"] / ceiling for r in ours] if ceiling else []
+    aliases["s07_pct_of_mma"] = f"{min(pct):.0f} to {max(pct):.0f}%" if pct else "–"
+    cudnn128 = [r["tflops"] for r in fwd if r["impl"] == "sdpa_cudnn" and r["d"] == 128]
+    aliases["s07_cudnn_best_d128"] = f"{max(cudnn128):.0f}" if cudnn128 else "–"
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("# Written by docs/make_results.py from docs/results/: the numbers stage 07's lesson quotes.\n")
+        for k, v in aliases.items():
+            f.write(f'ALIASES += "{k}={v}"\n')
+
+
 def stage07_bridge_table(gpu, road, path):
     """stage07_bridge_table.txt, which stage 07's lesson shows: stage 05 and 06 (float32 FMA) beside
     stage 07's first tensor-core kernel (step 0 of the road) and its final kernel, per shape of
@@ -1314,6 +1429,7 @@ def main():
     road_csv = args.road_csv or os.path.join(os.path.dirname(args.gpu_csv), "road.csv")
     road = read_road(road_csv, notes)
     results_dir = os.path.dirname(args.gpu_csv)
+    RESULTS_DIR_OF_PAGE[:] = [results_dir]
     road11 = read_road(args.road11_csv or os.path.join(results_dir, "road11.csv"), notes)
     first_contact = read_first_contact(os.path.join(results_dir, "stage11_first_contact.txt"))
     # The second record (steps 4 to 8 added) times the same shapes again: its runs replace the first's.
@@ -1350,6 +1466,7 @@ def main():
     if args.lesson_tables:
         os.makedirs(args.lesson_tables, exist_ok=True)
         stage07_bridge_table(gpu, road, os.path.join(args.lesson_tables, "stage07_bridge_table.txt"))
+        lesson_numbers(gpu, road, results_dir, os.path.join(args.lesson_tables, "lesson_numbers.doxy"))
 
     plots = []
     meta = read_gpu_meta(args.gpu_csv)
@@ -1361,7 +1478,15 @@ def main():
     gpu_section(forward_pre_hopper, meta, args.images, out, plots)
     stage07_section(forward_pre_hopper, meta, road, args.images, out, plots)
     stage09_section(gpu, args.images, out, plots)
-    stage11_section(forward, meta, road11, first_contact, args.images, out, plots)
+    # Stage 11 beside stage 07 and SDPA in one run: stage11_sweep.csv (bench/gpu_session.sh road11, where
+    # step 0 is stage 07's final kernel), else the stage 11 rows of the sweep.
+    stage11_csv = os.path.join(results_dir, "stage11_sweep.csv")
+    sweep11 = read_gpu(stage11_csv, notes, info, rename={"stage11_step0": "stage07"})
+    if sweep11:
+        stage11_section([r for r in sweep11 if r["pass"] == "forward"], read_gpu_meta(stage11_csv), road11, first_contact,
+                        args.images, out, plots)
+    else:
+        stage11_section(forward, meta, road11, first_contact, args.images, out, plots)
     cpu_section(cpu, args.images, out, plots)
     has_newcomer = newcomer_section(os.path.dirname(args.gpu_csv), out)
 
@@ -1375,9 +1500,12 @@ def main():
                f"(stage 07 + stage 09 beside SDPA) | {'yes' if has_backward else 'not yet'} |")
     out.append(f"| `docs/results/road.csv` | `bench/gpu_session.sh road` (stage 07 step by step) | "
                f"{'yes' if road is not None else 'not yet'} |")
-    has_stage11 = any(r["impl"] == "stage11" for r in gpu or [])
-    out.append(f"| `docs/results/gpu_sweep.csv`, stage 11 rows | `bench/sdpa_compare.py --stages 07 11` (stage 11 beside "
-               f"stage 07 and SDPA) | {'yes' if has_stage11 else 'not yet'} |")
+    has_stage11 = bool(sweep11) or any(r["impl"] == "stage11" for r in gpu or [])
+    out.append(f"| `docs/results/stage11_sweep.csv` (or the stage 11 rows of `gpu_sweep.csv`) | `bench/gpu_session.sh "
+               f"road11` (stage 11's final step beside stage 07 and SDPA in one run) | {'yes' if has_stage11 else 'not yet'} |")
+    out.append(f"| `docs/results/stage11_groups.csv`, `stage11_groups_table.txt` | `bench/gpu_session.sh groups11` (stage "
+               f"11's causal block order, L2 budgets per group of heads) | "
+               f"{'yes' if os.path.exists(os.path.join(results_dir, 'stage11_groups_table.txt')) else 'not yet'} |")
     out.append(f"| `docs/results/road11.csv` | `bench/gpu_session.sh road11` (stage 11 step by step) | "
                f"{'yes' if road11 is not None else 'not yet'} |")
     out.append(f"| `docs/results/stage11_first_contact.txt` | `bench/hopper_first_contact.sh` (stage 11's first timings) | "

@@ -20,17 +20,16 @@
 ///
 /// **Then:** ping-pong (the consumer warpgroups take turns on the tensor cores, named barriers),
 /// the softmax of one tile under the previous tile's P V inside a warpgroup, the heaviest causal
-/// tiles of every head first, the epilogue through shared memory and a TMA store, and a shape
+/// tiles first in groups of heads sized to L2, the epilogue through shared memory and a TMA store, and a shape
 /// for d = 64 (three consumer warpgroups).
 ///
 /// **Does not handle yet:** d other than 64 and 128; a persistent grid with a tile scheduler;
 /// the backward pass.
 ///
-/// **Measured:** steps 1-3 on an H100 80GB HBM3 (docs/results/stage11_first_contact.txt, bf16,
-/// B 1, H 16, N 4096): step 3 reaches 568 TFLOP/s at d = 128 non-causal, against 362 for stage
-/// 07's kernel in the same run, but loses to step 2 at d = 64 (384 against 426). Steps 4-8 are
-/// not yet measured: the road table on the lesson page comes from docs/results/ once the
-/// benchmark has run.
+/// **Measured:** every step, and the final kernel beside stage 07 and SDPA's flash and cuDNN
+/// backends in one run (bench/gpu_session.sh road11: docs/results/road11.csv, stage11_sweep.csv;
+/// the lesson and the results page show them). On an H100 80GB HBM3 the final kernel is level
+/// with or ahead of cuDNN from N = 4096 up, except causal d = 64, and behind it at N = 1024.
 #pragma once
 
 #include <string>
