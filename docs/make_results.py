@@ -1283,6 +1283,35 @@ def newcomer_section(results_dir, out):
     return True
 
 
+def read_ncu_sections(path):
+    """An Nsight Compute text report of docs/results/, cut at its "== name ==" headers: for each
+    part, every metric it prints (raw names and the sections' friendly names) with its value as
+    a float, the first occurrence of a name kept."""
+    parts, name = OrderedDict(), ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                head = re.match(r"^=+ (.+?) =+\s*$", line)
+                if head:
+                    name = head.group(1).strip()
+                    parts.setdefault(name, {})
+                    continue
+                m = re.match(r"^ {4}(\S.*?\S)\s{2,}(?:(\S+)\s+)?([\d,]+(?:\.\d+)?)\s*$", line)
+                if m and not m.group(1).startswith(("Metric Name", "----")):
+                    parts.setdefault(name, {}).setdefault(m.group(1), (float(m.group(3).replace(",", "")), m.group(2) or ""))
+    except OSError:
+        return {}
+    return parts
+
+
+def count_words(n):
+    """2117640202 -> "2.12 billion", 303059534 -> "303 million", 21070 -> "21 thousand"."""
+    for scale, word in ((1e9, "billion"), (1e6, "million"), (1e3, "thousand")):
+        if n >= scale:
+            return f"{n / scale:.3g} {word}"
+    return f"{n:.0f}"
+
+
 def lesson_numbers(gpu, road, results_dir, path):
     """The numbers stage 07's lesson quotes in its prose, as Doxygen aliases (\\s07_gain_swizzle and
     the like) computed from docs/results/: road.csv (each step's gain), gpu_sweep.csv (stage 07
@@ -1307,6 +1336,11 @@ def lesson_numbers(gpu, road, results_dir, path):
             ("s07_gain_lazy_d128", "lazy rescale", lambda r: r["d"] == 128),
             ("s07_gain_lazy_d64", "lazy rescale", lambda r: r["d"] == 64)):
         aliases[alias] = span_x(gains(lambda r, n=name, p=pred: r["step_name"] == n and p(r)))
+
+    # The tile shapes tried beside the final kernel: their best gain over it, at any shape.
+    tried = [r["gain"] for r in road or [] if r["kind"] == "candidate" and r["dtype"] == "bf16" and r["gain"] is not None
+             and r["step_name"] != "step 0 in order"]
+    aliases["s07_tuning_margin"] = f"{max(0.0, 100 * (max(tried) - 1)):.0f}%" if tried else "–"
 
     ceilings = {}
     try:
@@ -1359,6 +1393,43 @@ def lesson_numbers(gpu, road, results_dir, path):
     aliases["s07_pct_of_mma"] = f"{min(pct):.0f} to {max(pct):.0f}%" if pct else "–"
     cudnn128 = [r["tflops"] for r in fwd if r["impl"] == "sdpa_cudnn" and r["d"] == 128]
     aliases["s07_cudnn_best_d128"] = f"{max(cudnn128):.0f}" if cudnn128 else "–"
+    # Nsight Compute: the road's steps 1 and 2 (ncu_stage07_road.txt), the final kernel (ncu_stage07.txt).
+    road_ncu = read_ncu_sections(os.path.join(results_dir, "ncu_stage07_road.txt"))
+    final_ncu = read_ncu_sections(os.path.join(results_dir, "ncu_stage07.txt"))
+
+    def metric(parts, part_prefix, name):
+        for part, metrics in parts.items():
+            if part.startswith(part_prefix) and name in metrics:
+                return metrics[name]
+        return None
+
+    conflicts, wavefronts = "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"
+    tensor, ms, ldsm = ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "gpu__time_duration.sum",
+                        "smsp__inst_executed_op_ldsm.sum")
+    for step, prefix in ((1, "step 1"), (2, "step 2")):
+        c, w_, t, m = (metric(road_ncu, prefix, n) for n in (conflicts, wavefronts, tensor, ms))
+        aliases[f"s07_ncu_s{step}_conflicts"] = count_words(c[0]) if c else "–"
+        aliases[f"s07_ncu_s{step}_wavefronts"] = count_words(w_[0]) if w_ else "–"
+        aliases[f"s07_ncu_s{step}_conflict_share"] = f"{100 * c[0] / w_[0]:.0f}%" if c and w_ and w_[0] else "–"
+        aliases[f"s07_ncu_s{step}_tensor"] = f"{t[0]:.1f}%" if t else "–"
+        aliases[f"s07_ncu_s{step}_ms"] = f"{m[0]:.1f}" if m else "–"
+    n_ldsm = metric(road_ncu, "step 1", ldsm)
+    aliases["s07_ncu_ldsm"] = count_words(n_ldsm[0]) if n_ldsm else "–"
+    for d in (64, 128):
+        counters, sections = f"d={d}: counters", f"d={d}: sections"
+        get = lambda prefix, name: metric(final_ncu, prefix, name)
+        pct = lambda v: f"{v[0]:.0f}%" if v else "–"
+        aliases[f"s07_ncu_d{d}_tensor"] = pct(get(counters, tensor))
+        aliases[f"s07_ncu_d{d}_issue"] = pct(get(sections, "Issue Slots Busy"))
+        aliases[f"s07_ncu_d{d}_xu"] = pct(get(counters, "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"))
+        for key, name in (("wait", "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"),
+                          ("throttle", "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio")):
+            v = get(counters, name)
+            aliases[f"s07_ncu_d{d}_stall_{key}"] = f"{v[0]:.2f}" if v else "–"
+        local = get(counters, "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum")
+        aliases[f"s07_ncu_d{d}_local"] = ("0" if local[0] == 0 else f"{local[0]:.0f} {local[1].replace('byte', 'B')}") if local else "–"
+        warps, occupancy = get(sections, "Theoretical Active Warps per SM"), get(sections, "Theoretical Occupancy")
+        aliases[f"s07_ncu_d{d}_warps"] = f"{warps[0]:.0f} ({occupancy[0]:.1f}%)" if warps and occupancy else "–"
     with open(path, "w", encoding="utf-8") as f:
         f.write("# Written by docs/make_results.py from docs/results/: the numbers stage 07's lesson quotes.\n")
         for k, v in aliases.items():
