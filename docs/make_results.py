@@ -983,7 +983,7 @@ def stage11_ratios(side, dtypes, wgmma, out):
         lo, med, hi = ratio_summary(ratios)
         w("| target | goal | measured | verdict |")
         w("|---|---|---|---|")
-        w(f"| {impl_ref('stage11')} bf16/fp16 / SDPA cuDNN | ≥ 1.0× | {fmt_num(lo)}× to {fmt_num(hi)}× "
+        w(f"| {impl_ref('stage11')} {'/'.join(dtypes)} / SDPA cuDNN | ≥ 1.0× | {fmt_num(lo)}× to {fmt_num(hi)}× "
           f"(median {fmt_num(med)}×, {len(ratios)} shapes) | {verdict(ratios, lambda r: r >= 1.0, False)} |")
         w("")
 
