@@ -349,6 +349,16 @@ def write_csv(path, rows, columns):
             writer.writerow({c: ("%.6g" % r[c] if isinstance(r.get(c), float) else r.get(c, "")) for c in columns})
 
 
+def write_road(args, meta, name, rows, columns, table, printer):
+    """A road's rows as NAME.csv and NAME.json (with the run's metadata) in --out-dir, and its
+    table, printed and kept in TABLE."""
+    write_csv(os.path.join(args.out_dir, name + ".csv"), rows, columns)
+    with open(os.path.join(args.out_dir, name + ".json"), "w") as f:
+        json.dump(dict(meta, rows=rows), f, indent=1)
+    tee_to_file(os.path.join(args.out_dir, table), printer, args, rows)
+    print(f"wrote {os.path.join(args.out_dir, name + '.csv')}")
+
+
 def merge_rows(rows, path):
     """Rows of an earlier sweep (CSV) whose (impl, dtype, pass) this run did not measure, so one
     file keeps every stage: e.g. stage 07's sweep beside the float32 stages measured before. Rows
@@ -875,12 +885,8 @@ def main():
                     gpu_name, date)
         steps = {r["step"] for r in ours["results"] if r.get("step") is not None and not r["impl"].startswith("stage11")}
         if len(steps) > 1:
-            road = road_rows(args, ours, idx, ceiling)
-            write_csv(os.path.join(args.out_dir, "road.csv"), road, ROAD_COLUMNS)
-            with open(os.path.join(args.out_dir, "road.json"), "w") as f:
-                json.dump(dict(meta, rows=road), f, indent=1)
-            tee_to_file(os.path.join(args.out_dir, "stage07_road_table.txt"), print_road, args, road)
-            print(f"wrote {os.path.join(args.out_dir, 'road.csv')}")
+            write_road(args, meta, "road", road_rows(args, ours, idx, ceiling), ROAD_COLUMNS, "stage07_road_table.txt",
+                       print_road)
     if "09" in args.stages:
         tee_to_file(os.path.join(args.out_dir, "stage09_sweep_table.txt"), print_stage09_tables, args, measured, gpu_name, date)
     if "11" in args.stages and any(r["impl"].startswith("stage11") for r in ours["results"]):
@@ -888,12 +894,8 @@ def main():
                     gpu_name, date, round_idx)
         steps11 = {r["step"] for r in ours["results"] if r["impl"].startswith("stage11")}
         if len(steps11) > 1:
-            road11 = road11_rows(args, ours, idx, ceiling, wgmma)
-            write_csv(os.path.join(args.out_dir, "road11.csv"), road11, ROAD11_COLUMNS)
-            with open(os.path.join(args.out_dir, "road11.json"), "w") as f:
-                json.dump(dict(meta, rows=road11), f, indent=1)
-            tee_to_file(os.path.join(args.out_dir, "stage11_road_table.txt"), print_road11, args, road11)
-            print(f"wrote {os.path.join(args.out_dir, 'road11.csv')}")
+            write_road(args, meta, "road11", road11_rows(args, ours, idx, ceiling, wgmma), ROAD11_COLUMNS,
+                       "stage11_road_table.txt", print_road11)
     elif "11" in args.stages:
         print("\nstage 11: no rows (bench_gpu skipped it: see its 'skipped' line)")
     if args.rounds > 1 and any(s in ("07", "11") for s in args.stages):

@@ -173,9 +173,6 @@ def pow2_label(n, _pos=None):
 
 
 # ----------------------------------------------------------------------------- reading
-RESULTS_DIR_OF_PAGE = []  # docs/results/, for the sections that show a committed table as it is
-
-
 def read_gpu(path, notes, info, rename=None):
     """The rows of a sweep CSV; `rename` maps an impl to the name it is shown under (a step of a
     road that stands for another stage in the same run) before the road's steps are left out."""
@@ -671,11 +668,7 @@ def stage07_section(rows, meta, road, images, out, plots_made):
           "backends, and `bench/gpu_session.sh road` measures each step of its road.")
         w("")
     else:
-        dtypes = [t for t in HALF_DTYPES if any(r["dtype"] == t for r in ours)]
-        shapes_of = {(r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) for r in ours}
-        side = [r for r in rows if r["impl"] in STAGE07_IMPLS and r["dtype"] in dtypes
-                and (r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) in shapes_of]
-        gpus = sorted({r["gpu"] for r in side})
+        dtypes, side, gpus = side_by_side(rows, ours, STAGE07_IMPLS)
         w(f"Stage 07 runs in bf16 and fp16 (float32 accumulation) on the tensor cores; SDPA's flash and cuDNN "
           f"backends ran on the same shapes in the same dtypes, in the same sweep. Measured on **{md(', '.join(gpus))}**, "
           f"SM clock {span((r['sm_clock_mhz'] for r in side), 'MHz')}, {span(r['date'] for r in side)}.")
@@ -747,6 +740,68 @@ def stage07_ratios(side, dtypes, meta, out):
     w("")
 
 
+def side_by_side(rows, ours, impls):
+    """The rows of `impls` measured on the shapes (GPU, dtype, B, H, N, d, causal) where `ours` was:
+    the dtypes of ours, those rows, and their GPUs."""
+    dtypes = [t for t in HALF_DTYPES if any(r["dtype"] == t for r in ours)]
+    shape = lambda r: (r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"])
+    shapes_of = {shape(r) for r in ours}
+    side = [r for r in rows if r["impl"] in impls and r["dtype"] in dtypes and shape(r) in shapes_of]
+    return dtypes, side, sorted({r["gpu"] for r in side})
+
+
+def road_tables(rows, dtype, stage, kinds, images, out, plots_made, vs_cudnn=False):
+    """The tables of a road (road.csv or road11.csv, one dtype): what each step changes, then for
+    each N a plot and a table, one column per (d, causal) and one row per step of `kinds` (a
+    candidate is compared with the final kernel). A cell: TFLOP/s, the gain over the step before (in
+    bold below 1), and with `vs_cudnn` the ratio to SDPA cuDNN after a slash (the plot then draws
+    cuDNN as its reference line)."""
+    w = out.append
+    ideas = OrderedDict((r["step"], r) for r in sorted(rows, key=lambda r: r["step"] or 0) if r["kind"] == "road")
+    if any(r["idea"] for r in ideas.values()):
+        w("| step | name | what it changes |")
+        w("|---:|---|---|")
+        for step, r in ideas.items():
+            w(f"| {step} | {md(r['step_name'])} | {md(r['idea'])} |")
+        w("")
+    number = stage[len("stage"):]
+    for n in sorted({r["N"] for r in rows}):
+        at_n = [r for r in rows if r["N"] == n]
+        cols = sorted({(r["d"], r["causal"]) for r in at_n})
+        cell = {(r["kind"], r["step"], r["step_name"], r["d"], r["causal"]): r for r in at_n}
+        anchor = slug(f"results_{stage}_road", dtype, "n", n)
+        w(f"#### N = {n} {{#{anchor}}}")
+        w("")
+        if HAVE_MPL and any(r["kind"] == "road" for r in at_n):
+            name = f"{anchor}.png"
+            plot_road(at_n, f"stage {number} step by step, {dtype}, N = {n}", os.path.join(images, name),
+                      **({"sdpa": "sdpa_cudnn"} if vs_cudnn else {}))
+            plots_made.append(name)
+            w(f'\\image html {name} "TFLOP/s of each step of stage {number}\'s road, {dtype}, N = {n}"')
+            w("")
+        w("| step | name | " + " | ".join(f"d = {d}, {'causal' if c else 'non-causal'}" for d, c in cols) + " |")
+        w("|---:|---|" + "---:|" * len(cols))
+        for kind in kinds:
+            for step, label in sorted({(r["step"], r["step_name"]) for r in at_n if r["kind"] == kind},
+                                      key=lambda s: (-1 if s[0] is None else s[0], s[1])):
+                cells = []
+                for d, c in cols:
+                    r = cell.get((kind, step, label, d, c))
+                    if not r:
+                        cells.append("–")
+                        continue
+                    text = fmt_num(r["tflops"])
+                    if r["gain"] is not None:
+                        bold = r["gain"] < 1.0 and kind == "road"
+                        text += f" (**×{fmt_num(r['gain'])}**)" if bold else f" (×{fmt_num(r['gain'])})"
+                    if vs_cudnn and kind == "road" and r["vs_cudnn"] is not None:
+                        text += f" / {fmt_num(r['vs_cudnn'])}"
+                    cells.append(text)
+                title = md(label) + (" (candidate)" if kind == "candidate" else "")
+                w(f"| {'' if step is None else step} | {title} | " + " | ".join(cells) + " |")
+        w("")
+
+
 def road_section(road, ceiling, images, out, plots_made):
     """Stage 07's road from road.csv: TFLOP/s of each step and its gain over the step before."""
     w = out.append
@@ -765,45 +820,7 @@ def road_section(road, ceiling, images, out, plots_made):
       "with the gain over the step before (× < 1 in bold: the step made this shape slower). Tuning candidates are "
       "compared with the final kernel instead.")
     w("")
-    ideas = OrderedDict((r["step"], r) for r in sorted(rows, key=lambda r: r["step"] or 0) if r["kind"] == "road")
-    if any(r["idea"] for r in ideas.values()):
-        w("| step | name | what it changes |")
-        w("|---:|---|---|")
-        for step, r in ideas.items():
-            w(f"| {step} | {md(r['step_name'])} | {md(r['idea'])} |")
-        w("")
-    for n in sorted({r["N"] for r in rows}):
-        at_n = [r for r in rows if r["N"] == n]
-        cols = sorted({(r["d"], r["causal"]) for r in at_n})
-        cell = {(r["kind"], r["step"], r["d"], r["causal"]): r for r in at_n}
-        anchor = slug("results_stage07_road", dtype, "n", n)
-        w(f"#### N = {n} {{#{anchor}}}")
-        w("")
-        if HAVE_MPL and any(r["kind"] == "road" for r in at_n):
-            name = f"{anchor}.png"
-            plot_road(at_n, f"stage 07 step by step, {dtype}, N = {n}", os.path.join(images, name))
-            plots_made.append(name)
-            w(f'\\image html {name} "TFLOP/s of each step of the road, {dtype}, N = {n}"')
-            w("")
-        w("| step | name | " + " | ".join(f"d = {d}, {'causal' if c else 'non-causal'}" for d, c in cols) + " |")
-        w("|---:|---|" + "---:|" * len(cols))
-        for kind in ("road", "candidate", "sdpa"):
-            for step, label in sorted({(r["step"], r["step_name"]) for r in at_n if r["kind"] == kind},
-                                      key=lambda s: -1 if s[0] is None else s[0]):
-                cells = []
-                for d, c in cols:
-                    r = cell.get((kind, step, d, c))
-                    if not r:
-                        cells.append("–")
-                        continue
-                    gain = ""
-                    if r["gain"] is not None:
-                        gain = f" (×{fmt_num(r['gain'])})"
-                        gain = f" (**×{fmt_num(r['gain'])}**)" if r["gain"] < 1.0 and kind == "road" else gain
-                    cells.append(f"{fmt_num(r['tflops'])}{gain}")
-                title = md(label) + (" (candidate)" if kind == "candidate" else "")
-                w(f"| {'' if step is None else step} | {title} | " + " | ".join(cells) + " |")
-        w("")
+    road_tables(rows, dtype, "stage07", ("road", "candidate", "sdpa"), images, out, plots_made)
 
 # ----------------------------------------------------------------------------- stage 11 section
 def read_first_contact(path):
@@ -839,7 +856,7 @@ def read_first_contact(path):
     return {"gpu": gpu, "runs": runs, "ceilings": ceilings}
 
 
-def stage11_section(rows, meta, road11, first_contact, images, out, plots_made):
+def stage11_section(rows, meta, road11, first_contact, groups_table, images, out, plots_made):
     """Stage 11 (Hopper) beside stage 07, SDPA flash and cuDNN from gpu_sweep.csv; its ratios to cuDNN
     (the target) and flash; its road from road11.csv. Until the sweep has stage 11, the first timings
     of bench/hopper_first_contact.sh when they are committed."""
@@ -856,11 +873,7 @@ def stage11_section(rows, meta, road11, first_contact, images, out, plots_made):
         w("")
         first_contact_table(first_contact, out)
     else:
-        dtypes = [t for t in HALF_DTYPES if any(r["dtype"] == t for r in ours)]
-        shapes_of = {(r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) for r in ours}
-        side = [r for r in rows if r["impl"] in STAGE11_IMPLS and r["dtype"] in dtypes
-                and (r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) in shapes_of]
-        gpus = sorted({r["gpu"] for r in side})
+        dtypes, side, gpus = side_by_side(rows, ours, STAGE11_IMPLS)
         w(f"Stage 11 runs in bf16 and fp16 (float32 accumulation) with Hopper's `wgmma`, the TMA and warp "
           f"specialization; stage 07 and SDPA's flash and cuDNN backends ran on the same shapes in the same dtypes, in "
           f"the same sweep. Measured on **{md(', '.join(gpus))}**, SM clock "
@@ -872,7 +885,7 @@ def stage11_section(rows, meta, road11, first_contact, images, out, plots_made):
             tflops_table(g, dtypes, STAGE11_IMPLS, w)
         stage11_ratios(side, dtypes, wgmma, out)
     road11_section(road11, images, out, plots_made)
-    groups11_section(os.path.join(RESULTS_DIR_OF_PAGE[0], "stage11_groups_table.txt") if RESULTS_DIR_OF_PAGE else "", out)
+    groups11_section(groups_table, out)
     if ours:
         first_contact_table(first_contact, out)
 
@@ -883,7 +896,7 @@ def groups11_section(path, out):
     w = out.append
     w("### The block order of step 6: groups of heads {#results_stage11_groups}")
     w("")
-    if not path or not os.path.exists(path):
+    if not os.path.exists(path):
         w("\\note Not measured yet: `bench/gpu_session.sh groups11` times step 6 with several L2 budgets per group "
           "of heads beside step 5 and writes `docs/results/stage11_groups_table.txt`.")
         w("")
@@ -1006,45 +1019,7 @@ def road11_section(road, images, out, plots_made):
       f"{span(r['date'] for r in rows)}. Cells: TFLOP/s, the gain over the step before (× < 1 in bold: the step made "
       "this shape slower), and the ratio to SDPA cuDNN after the slash.")
     w("")
-    ideas = OrderedDict((r["step"], r) for r in sorted(rows, key=lambda r: r["step"] or 0) if r["kind"] == "road")
-    if any(r["idea"] for r in ideas.values()):
-        w("| step | name | what it changes |")
-        w("|---:|---|---|")
-        for step, r in ideas.items():
-            w(f"| {step} | {md(r['step_name'])} | {md(r['idea'])} |")
-        w("")
-    for n in sorted({r["N"] for r in rows}):
-        at_n = [r for r in rows if r["N"] == n]
-        cols = sorted({(r["d"], r["causal"]) for r in at_n})
-        cell = {(r["kind"], r["step"], r["step_name"], r["d"], r["causal"]): r for r in at_n}
-        anchor = slug("results_stage11_road", dtype, "n", n)
-        w(f"#### N = {n} {{#{anchor}}}")
-        w("")
-        if HAVE_MPL and any(r["kind"] == "road" for r in at_n):
-            name = f"{anchor}.png"
-            plot_road(at_n, f"stage 11 step by step, {dtype}, N = {n}", os.path.join(images, name), sdpa="sdpa_cudnn")
-            plots_made.append(name)
-            w(f'\\image html {name} "TFLOP/s of each step of stage 11\'s road, {dtype}, N = {n}"')
-            w("")
-        w("| step | name | " + " | ".join(f"d = {d}, {'causal' if c else 'non-causal'}" for d, c in cols) + " |")
-        w("|---:|---|" + "---:|" * len(cols))
-        for kind in ("road", "sdpa"):
-            for step, label in sorted({(r["step"], r["step_name"]) for r in at_n if r["kind"] == kind},
-                                      key=lambda s: (-1 if s[0] is None else s[0], s[1])):
-                cells = []
-                for d, c in cols:
-                    r = cell.get((kind, step, label, d, c))
-                    if not r:
-                        cells.append("–")
-                        continue
-                    text = fmt_num(r["tflops"])
-                    if r["gain"] is not None:
-                        text += f" (**×{fmt_num(r['gain'])}**)" if r["gain"] < 1.0 else f" (×{fmt_num(r['gain'])})"
-                    if r["vs_cudnn"] is not None and kind == "road":
-                        text += f" / {fmt_num(r['vs_cudnn'])}"
-                    cells.append(text)
-                w(f"| {'' if step is None else step} | {md(label)} | " + " | ".join(cells) + " |")
-        w("")
+    road_tables(rows, dtype, "stage11", ("road", "sdpa"), images, out, plots_made, vs_cudnn=True)
 
 
 # ----------------------------------------------------------------------------- stage 09 section
@@ -1500,7 +1475,6 @@ def main():
     road_csv = args.road_csv or os.path.join(os.path.dirname(args.gpu_csv), "road.csv")
     road = read_road(road_csv, notes)
     results_dir = os.path.dirname(args.gpu_csv)
-    RESULTS_DIR_OF_PAGE[:] = [results_dir]
     road11 = read_road(args.road11_csv or os.path.join(results_dir, "road11.csv"), notes)
     first_contact = read_first_contact(os.path.join(results_dir, "stage11_first_contact.txt"))
     # The second record (steps 4 to 8 added) times the same shapes again: its runs replace the first's.
@@ -1552,12 +1526,13 @@ def main():
     # Stage 11 beside stage 07 and SDPA in one run: stage11_sweep.csv (bench/gpu_session.sh road11, where
     # step 0 is stage 07's final kernel), else the stage 11 rows of the sweep.
     stage11_csv = os.path.join(results_dir, "stage11_sweep.csv")
+    groups_table = os.path.join(results_dir, "stage11_groups_table.txt")
     sweep11 = read_gpu(stage11_csv, notes, info, rename={"stage11_step0": "stage07"})
     if sweep11:
         stage11_section([r for r in sweep11 if r["pass"] == "forward"], read_gpu_meta(stage11_csv), road11, first_contact,
-                        args.images, out, plots)
+                        groups_table, args.images, out, plots)
     else:
-        stage11_section(forward, meta, road11, first_contact, args.images, out, plots)
+        stage11_section(forward, meta, road11, first_contact, groups_table, args.images, out, plots)
     cpu_section(cpu, args.images, out, plots)
     has_newcomer = newcomer_section(os.path.dirname(args.gpu_csv), out)
 
@@ -1576,7 +1551,7 @@ def main():
                f"road11` (stage 11's final step beside stage 07 and SDPA in one run) | {'yes' if has_stage11 else 'not yet'} |")
     out.append(f"| `docs/results/stage11_groups.csv`, `stage11_groups_table.txt` | `bench/gpu_session.sh groups11` (stage "
                f"11's causal block order, L2 budgets per group of heads) | "
-               f"{'yes' if os.path.exists(os.path.join(results_dir, 'stage11_groups_table.txt')) else 'not yet'} |")
+               f"{'yes' if os.path.exists(groups_table) else 'not yet'} |")
     out.append(f"| `docs/results/road11.csv` | `bench/gpu_session.sh road11` (stage 11 step by step) | "
                f"{'yes' if road11 is not None else 'not yet'} |")
     out.append(f"| `docs/results/stage11_first_contact.txt` | `bench/hopper_first_contact.sh` (stage 11's first timings) | "

@@ -135,6 +135,16 @@ VarlenGradients backward(const VarlenProblem& p, const Drawn& t) {
     return reference_backward_varlen(p, t.q(), t.k(), t.v(), t.d());
 }
 
+// Two runs that must give the same bits: O, LSE and the three gradients compared exactly.
+void check_identical(const VarlenReference& fa, const VarlenGradients& ga, const VarlenReference& fb,
+                     const VarlenGradients& gb) {
+    CHECK(fa.o == fb.o);
+    CHECK(fa.lse == fb.lse);
+    CHECK(ga.dq == gb.dq);
+    CHECK(ga.dk == gb.dk);
+    CHECK(ga.dv == gb.dv);
+}
+
 // ----------------------------------------------------------------------------------------------
 // The forward in plain loops, written from the definitions and not from reference_ext.cpp: the
 // window as the predicate of Window's comment, the soft cap as c tanh(s/c), dropout through a keep
@@ -641,11 +651,7 @@ TEST_CASE("the extended reference reads through the views: packed (total, H, d) 
     REQUIRE(a.in.q.storage != b.in.q.storage);
     const VarlenReference fa_ = forward(p, a), fb = forward(p, b);
     const VarlenGradients ga = backward(p, a), gb = backward(p, b);
-    CHECK(fa_.o == fb.o);
-    CHECK(fa_.lse == fb.lse);
-    CHECK(ga.dq == gb.dq);
-    CHECK(ga.dk == gb.dk);
-    CHECK(ga.dv == gb.dv);
+    check_identical(fa_, ga, fb, gb);
 }
 
 // ==============================================================================================
@@ -748,11 +754,7 @@ TEST_CASE("dropout: the reference given the mask is attention with dropped P zer
     zero.dropout = {0.0, 555, 9};
     const VarlenReference f0 = forward(zero, t);
     const VarlenGradients g0 = backward(zero, t);
-    CHECK(f0.o == plain.o);
-    CHECK(f0.lse == plain.lse);
-    CHECK(g0.dq == gplain.dq);
-    CHECK(g0.dk == gplain.dk);
-    CHECK(g0.dv == gplain.dv);
+    check_identical(f0, g0, plain, gplain);
 }
 
 TEST_CASE("the backward matches central finite differences with every feature on") {
