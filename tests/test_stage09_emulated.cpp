@@ -1,4 +1,4 @@
-// Stage 09's main kernels (both steps), its preprocessing and postprocessing kernels, launched as
+// Stage 09's main kernels (every step of its road), its preprocessing and postprocessing kernels, launched as
 // the stage launches them (stages/09_backward_kernel/launch.cuh: tuned shapes, arguments, order),
 // run on the CPU by the warp emulator (tools/warp_emulator: one std::thread per CUDA thread,
 // ldmatrix and mma lane by lane as the PTX ISA defines them, cp.async copies landing only at
@@ -168,20 +168,24 @@ std::vector<float> widen(const std::vector<uint16_t>& x) {
     return out;
 }
 
-// Both main kernels on one problem: each against the float64 gradients (a bound of a few units
+// Every main kernel of the road on one problem: each against the float64 gradients (a bound of a few units
 // of the 16-bit type's rounding of the largest gradient: the kernels keep float32 sums, so their
-// error is the rounding of their inputs and outputs), the tiled kernel against the first, every
+// error is the rounding of their inputs and outputs), each later step against the first, every
 // element written and finite, and dQ of rows that see no key exactly 0.
 template <class T, int D>
 void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
     const Data<T, D> in(p, unsigned(1000 + p.Nq + 7 * p.Nk + D), magnitude);
-    const Grads g0 = run_backward(in, 0, deterministic);
-    const Grads g1 = run_backward(in, 1, deterministic);
+    // Every step of the road; a step whose main kernel at this d is an earlier step's (the same
+    // features) runs all the same: it is what `--step` launches.
+    const int steps = kRoadSteps;
+    std::vector<Grads> grads;
+    for (int step = 0; step < steps; ++step) grads.push_back(run_backward(in, step, deterministic));
+    const Grads& g0 = grads[0];
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
     const double limit = bf16 ? 2e-2 : 4e-3;
     const char* names[3] = {"dQ", "dK", "dV"};
-    for (int step = 0; step < 2; ++step) {
-        const Grads& g = step == 0 ? g0 : g1;
+    for (int step = 0; step < steps; ++step) {
+        const Grads& g = grads[size_t(step)];
         const std::vector<uint16_t>* got[3] = {&g.dq, &g.dk, &g.dv};
         const std::vector<double>* want[3] = {&in.dq, &in.dk, &in.dv};
         for (int i = 0; i < 3; ++i) {
@@ -204,29 +208,38 @@ void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
         CHECK(nonzero == 0);
     }
     // The same float32 sums in another grouping: a few units of the last place of T at most.
-    const std::vector<uint16_t>* a[3] = {&g1.dq, &g1.dk, &g1.dv};
-    const std::vector<uint16_t>* b[3] = {&g0.dq, &g0.dk, &g0.dv};
-    for (int i = 0; i < 3; ++i) {
-        int64_t nonfinite = 0;
-        const double e = relative_error<T>(*a[i], widen<T>(*b[i]), nonfinite);
-        INFO(names[i] << ": step 1 against step 0, relative max difference " << e);
-        CHECK(e <= (bf16 ? 1.6e-2 : 2e-3));
+    for (int step = 1; step < steps; ++step) {
+        const Grads& g = grads[size_t(step)];
+        const std::vector<uint16_t>* a[3] = {&g.dq, &g.dk, &g.dv};
+        const std::vector<uint16_t>* b[3] = {&g0.dq, &g0.dk, &g0.dv};
+        for (int i = 0; i < 3; ++i) {
+            int64_t nonfinite = 0;
+            const double e = relative_error<T>(*a[i], widen<T>(*b[i]), nonfinite);
+            INFO(names[i] << ": step " << step << " against step 0, relative max difference " << e);
+            CHECK(e <= (bf16 ? 1.6e-2 : 2e-3));
+        }
     }
 }
 
 }  // namespace
 
-TEST_CASE("emulated stage 09: both main kernels match the float64 gradients and each other, bf16") {
+TEST_CASE("emulated stage 09: every main kernel matches the float64 gradients and the first, bf16") {
     check<__nv_bfloat16, 64>({1, 2, 200, 300, true, 0.125}, false);    // tails, Nq < Nk, 3 key blocks of 128
     check<__nv_bfloat16, 128>({2, 1, 257, 129, true, 0.088}, true);    // Nq > Nk: 128 rows see no key
     check<__nv_bfloat16, 64>({1, 1, 129, 127, false, -0.3}, false);    // a negative scale
     check<__nv_bfloat16, 64>({1, 1, 100, 100, true, 0.125}, false, 8.0);  // large logits
     check<__nv_bfloat16, 32>({2, 1, 131, 250, true, 0.17}, true);
+    // d = 128 in steps 2 and 3's 64 x 128 blocks: a partial last query block (70 = 64 + 6) and
+    // key block (300 = 2 x 128 + 44), Nq < Nk, a negative scale, every dP^T piece.
+    check<__nv_bfloat16, 128>({1, 2, 70, 300, false, -0.2}, false);
 }
 
-TEST_CASE("emulated stage 09: both main kernels match the float64 gradients and each other, fp16") {
+TEST_CASE("emulated stage 09: every main kernel matches the float64 gradients and the first, fp16") {
     check<__half, 64>({1, 1, 300, 200, true, 0.125}, true);
     check<__half, 128>({1, 2, 190, 333, true, 0.088}, false);
     check<__half, 128>({1, 1, 1, 1, false, 0.088}, false);
     check<__half, 32>({1, 1, 300, 45, false, 0.17}, false);
+    // Causal, Nq > Nk: rows 0 to 122 see no key, and a key block of 77 keys (of 128) crosses the
+    // diagonal of two query blocks of 64; the deterministic turns with 128-key blocks.
+    check<__half, 128>({1, 1, 200, 77, true, 0.088}, true);
 }

@@ -61,12 +61,13 @@ struct Options {
     int step = -1;
 };
 
-/// Stage 09's two main kernels, in the order the lesson builds them (`--step`).
+/// Stage 09's main kernels, in the order the lesson builds them (`--step`): warps owning keys,
+/// warp-tiled, warp-tiled with 128-key blocks at every head dimension, and with dP^T in pieces.
 const std::vector<RoadStep>& road();
 
 /// The main kernel that runs when none is named: the first one, warps owning keys. The
-/// warp-tiled kernel (step 1) is checked (the same tests) but its speed beside the first one has
-/// not been measured yet; it becomes the default once it is.
+/// warp-tiled kernel (steps 1 to 3) is checked (the same tests) but its speed beside the first
+/// one has not been measured yet on every shape; the fastest becomes the default once it is.
 inline constexpr int kDefaultStep = 0;
 
 /// Device memory the backward needs besides its inputs and outputs. A caller that runs the

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel.cuh"
 
@@ -43,7 +44,25 @@ struct TiledFeatures {
     /// blocks that must fit on one SM at once: caps the registers per thread at 65536 / (threads x this)
     static constexpr int kMinBlocksPerSm = MinBlocksPerSm;
 };
+
+/// Features F with dP^T (and dS^T) computed DpColumns query columns at a time instead of Bn: one
+/// piece of dP^T beside the step's P^T in registers instead of all of it. For a block whose dK and
+/// dV already fill half the registers (d = 128, 32 keys by 64 features per warp), that is what
+/// keeps the rest from spilling.
+template <class F, int DpColumns>
+struct WithDpPieces : F {
+    static constexpr int kDpColumns = DpColumns;  ///< query columns of dP^T per piece
+    static_assert(F::kBn % DpColumns == 0 && DpColumns % 16 == 0, "whole pieces of 16-column k-steps");
+};
 //! [tiled_features]
+
+/// Query columns of dP^T per piece: F::kDpColumns where F names it (WithDpPieces), else F::kBn
+/// (all the step's columns at once).
+template <class F, class = void>
+inline constexpr int kDpColumns = F::kBn;
+/// kDpColumns for features that name their pieces.
+template <class F>
+inline constexpr int kDpColumns<F, std::void_t<decltype(F::kDpColumns)>> = F::kDpColumns;
 
 /// Shape constants of one warp-tiled kernel instance.
 template <class T, int D, class F>
@@ -162,21 +181,74 @@ __device__ __forceinline__ void tiled_scores(const uint16_t* k_tile, const uint1
             *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r + 8, c)) = pack2<T>(s[mt][nt][2], s[mt][nt][3]);
         }
 
-    float dp[S::kKeyTiles][S::kNTiles][4];
-    product(dp, v_a, do_b);
-    // dS^T = P^T o (dP^T - D), from the float32 P^T still in registers.
+    if constexpr (kDpColumns<F> == F::kBn) {  // dP^T of the whole step at once
+        float dp[S::kKeyTiles][S::kNTiles][4];
+        product(dp, v_a, do_b);
+        // dS^T = P^T o (dP^T - D), from the float32 P^T still in registers.
 #pragma unroll
-    for (int nt = 0; nt < S::kNTiles; ++nt) {
-        const float2 d2 = *reinterpret_cast<const float2*>(delta_slot + c0 + nt * 8 + 2 * t);
+        for (int nt = 0; nt < S::kNTiles; ++nt) {
+            const float2 d2 = *reinterpret_cast<const float2*>(delta_slot + c0 + nt * 8 + 2 * t);
 #pragma unroll
-        for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-            const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
-            const float* x = dp[mt][nt];
-            const float* p = s[mt][nt];
-            *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
-            *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) =
-                pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+            for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
+                const float* x = dp[mt][nt];
+                const float* p = s[mt][nt];
+                *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
+                *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) =
+                    pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+            }
         }
+    } else {
+        //! [tiled_dp_pieces]
+        // dP^T and dS^T kDpColumns query columns at a time: the float32 P^T of the whole step stays
+        // in registers, but only one piece of dP^T beside it. Each piece reads the V_w fragments
+        // again (the price: Bn / kDpColumns times the A loads of dP^T).
+        constexpr int kPieceTiles = kDpColumns<F> / 8;  // 8-query column tiles per piece
+#pragma unroll
+        for (int piece = 0; piece < S::kNTiles / kPieceTiles; ++piece) {
+            const int pc0 = c0 + piece * kDpColumns<F>;  // the piece's first query column
+            float dp[S::kKeyTiles][kPieceTiles][4];
+#pragma unroll
+            for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kPieceTiles; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dp[mt][nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < S::kKSteps; ++ks) {
+                uint32_t af[S::kKeyTiles][4];
+#pragma unroll
+                for (int mt = 0; mt < S::kKeyTiles; ++mt)
+                    ldmatrix_x4(af[mt], fragment_address<TileLayout<D, true>>(v_a, key_row0 + 16 * mt, ks * 16));
+#pragma unroll
+                for (int np = 0; np < kPieceTiles / 2; ++np) {
+                    uint32_t b[4];
+                    ldmatrix_x4(b, fragment_address<TileLayout<D, true>>(do_b, pc0 + np * 16, ks * 16));
+                    const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+                    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                        mma_m16n8k16<T>(dp[mt][2 * np], af[mt], b_lo, dp[mt][2 * np]);
+                        mma_m16n8k16<T>(dp[mt][2 * np + 1], af[mt], b_hi, dp[mt][2 * np + 1]);
+                    }
+                }
+            }
+            // dS^T of the piece, from the float32 P^T of its columns.
+#pragma unroll
+            for (int nt = 0; nt < kPieceTiles; ++nt) {
+                const float2 d2 = *reinterpret_cast<const float2*>(delta_slot + pc0 + nt * 8 + 2 * t);
+#pragma unroll
+                for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                    const int r = key_row0 + 16 * mt + g, c = pc0 + nt * 8 + 2 * t;
+                    const float* x = dp[mt][nt];
+                    const float* p = s[mt][piece * kPieceTiles + nt];
+                    *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) =
+                        pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
+                    *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) =
+                        pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+                }
+            }
+        }
+        //! [tiled_dp_pieces]
     }
 }
 //! [tiled_sdp]
