@@ -20,6 +20,10 @@
 /// before), and the 16-bit P^T and dS^T cost one store per element. The block is larger (Bc = 128
 /// keys, 8 warps): each key block adds its dQ_i once per query block, so doubling Bc halves the
 /// float32 atomic traffic of dQ per FLOP.
+///
+/// Steps 2 and 3 of the road run this same kernel with other features (launch.cuh): 64-query by
+/// 128-key blocks at d = 128 (TunedKeys128), and on top of that dP^T computed 16 query columns at
+/// a time (WithDpPieces), so that fewer of its registers spill.
 #pragma once
 
 #include <cstdint>
