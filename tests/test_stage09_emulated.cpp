@@ -207,6 +207,11 @@ void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
             }
         CHECK(nonzero == 0);
     }
+    // Step 3 computes step 2's dP^T in another order of columns: every sum is the same, in the same
+    // order (and the emulator runs the blocks, so the dQ additions, in one order): bit-identical.
+    CHECK(grads[3].dq == grads[2].dq);
+    CHECK(grads[3].dk == grads[2].dk);
+    CHECK(grads[3].dv == grads[2].dv);
     // The same float32 sums in another grouping: a few units of the last place of T at most.
     for (int step = 1; step < steps; ++step) {
         const Grads& g = grads[size_t(step)];
