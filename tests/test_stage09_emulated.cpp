@@ -115,8 +115,10 @@ struct Grads {
 // The backward as stage 09 launches it (launch.cuh: the tuned shapes, the arguments, the three
 // kernels in order), main kernel `step`, each kernel run by the emulator. The workspace starts as
 // garbage and the gradients as all-ones bits (NaN): what the kernels forget to write shows.
+// `last_block_first`: the emulator runs every grid's blocks from the last to the first (the
+// atomic mode only: a deterministic block would wait for one that runs after it).
 template <class T, int D>
-Grads run_backward(const Data<T, D>& in, int step, bool deterministic) {
+Grads run_backward(const Data<T, D>& in, int step, bool deterministic, bool last_block_first = false) {
     const Prob& pr = in.p;
     fa::Problem p;
     p.batch = pr.B, p.heads = pr.H, p.seq_q = pr.Nq, p.seq_k = pr.Nk, p.head_dim = D, p.scale = pr.scale, p.causal = pr.causal;
@@ -136,10 +138,12 @@ Grads run_backward(const Data<T, D>& in, int step, bool deterministic) {
         p, view(in.q, p.seq_q), view(in.k, p.seq_k), view(in.v, p.seq_k), view(in.o, p.seq_q),
         fa::make_view3(in.lse.data(), p.batch, p.heads, p.seq_q), view(in.dout, p.seq_q), out(g.dq, p.seq_q),
         out(g.dk, p.seq_k), out(g.dv, p.seq_k), workspace.data(), deterministic ? turns.data() : nullptr, geo);
-    // Blocks run one at a time, in order (key block 0 first): the deterministic turns never wait.
+    // Blocks run one at a time, in order of block number: in the deterministic mode that is the
+    // order of the turns (the last key block first), so a turn is always there when a block
+    // arrives; a block that had to wait would stop the emulator (its __nanosleep aborts).
     const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
         REQUIRE(smem <= sizeof smem_raw);
-        emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); });
+        emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); }, last_block_first);
     };
     if (deterministic) {
         run_kernels<T, D, true>(launches, step, launch);
@@ -226,7 +230,59 @@ void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
     }
 }
 
+// The deterministic mode adds the same float32 products as the atomic mode, in one fixed order:
+// at every query block, the last key block that visits it first, down to key block 0. Running the
+// atomic mode's blocks from the last to the first gives exactly that order (block b of a head is
+// key block b there), so the two must agree bit for bit, at every step; and the deterministic mode
+// run twice (its threads scheduled anew by the OS) gives the same bits again. The float64 check of
+// the deterministic mode itself is check()'s.
+template <class T, int D>
+void check_deterministic_order(const Prob& p) {
+    const Data<T, D> in(p, unsigned(2000 + p.Nq + 7 * p.Nk + D), 1.0);
+    for (int step = 0; step < kRoadSteps; ++step) {
+        const Grads fixed = run_backward(in, step, true);
+        const Grads again = run_backward(in, step, true);
+        const Grads reversed_atomic = run_backward(in, step, false, true);
+        INFO("d=" << D << " Nq=" << p.Nq << " Nk=" << p.Nk << (p.causal ? " causal" : "") << " step " << step);
+        CHECK(fixed.dq == again.dq);
+        CHECK(fixed.dk == again.dk);
+        CHECK(fixed.dv == again.dv);
+        CHECK(fixed.dq == reversed_atomic.dq);
+        CHECK(fixed.dk == reversed_atomic.dk);
+        CHECK(fixed.dv == reversed_atomic.dv);
+    }
+}
+
 }  // namespace
+
+TEST_CASE("stage 09: the key blocks that visit query block i are 0 .. last_key_block(i)") {
+    // The deterministic turns count on it: key block j's turn at i is last_key_block(i) - j.
+    for (const bool causal : {false, true})
+        for (const int br : {32, 64, 128})
+            for (const int bc : {64, 128})
+                for (int nq = 1; nq <= 300; nq += 13)
+                    for (int nk = 1; nk <= 300; nk += 11) {
+                        const int tr = (nq + br - 1) / br, tc = (nk + bc - 1) / bc;
+                        for (int i = 0; i < tr; ++i) {
+                            int last = -1;
+                            for (int j = 0; j < tc; ++j) {
+                                if (first_query_block(j, br, bc, nq, nk, causal) <= i) {
+                                    REQUIRE(last == j - 1);  // a prefix 0, 1, ...: no gap
+                                    last = j;
+                                }
+                            }
+                            INFO("Br=" << br << " Bc=" << bc << " Nq=" << nq << " Nk=" << nk << " i=" << i);
+                            REQUIRE(last_key_block(i, br, bc, nq, nk, tc, causal) == last);
+                        }
+                    }
+}
+
+TEST_CASE("emulated stage 09: the deterministic order is fixed, the last key block first") {
+    check_deterministic_order<__nv_bfloat16, 128>({2, 1, 257, 129, true, 0.088});  // Nq > Nk: rows that see no key
+    check_deterministic_order<__nv_bfloat16, 128>({1, 1, 70, 300, false, -0.2});   // tails, 3 key blocks of 128
+    check_deterministic_order<__half, 64>({1, 1, 200, 300, true, 0.125});          // Nq < Nk, tails
+    check_deterministic_order<__half, 32>({1, 2, 131, 250, true, 0.17});
+}
 
 TEST_CASE("emulated stage 09: every main kernel matches the float64 gradients and the first, bf16") {
     check<__nv_bfloat16, 64>({1, 2, 200, 300, true, 0.125}, false);    // tails, Nq < Nk, 3 key blocks of 128
@@ -237,6 +293,7 @@ TEST_CASE("emulated stage 09: every main kernel matches the float64 gradients an
     // d = 128 in steps 2 and 3's 64 x 128 blocks: a partial last query block (70 = 64 + 6) and
     // key block (300 = 2 x 128 + 44), Nq < Nk, a negative scale, every dP^T piece.
     check<__nv_bfloat16, 128>({1, 2, 70, 300, false, -0.2}, false);
+    check<__nv_bfloat16, 128>({1, 2, 70, 300, false, -0.2}, true);
 }
 
 TEST_CASE("emulated stage 09: every main kernel matches the float64 gradients and the first, fp16") {

@@ -273,7 +273,7 @@ std::string describe_config(const Problem& p, const Options& options) {
                   "%s, step %d (%s), Br=%d Bc=%d, %s, %zu B shared memory; "
                   "dQ %s; per head %lld key blocks x %lld query blocks: %lld unmasked, %lld masked, %lld skipped",
                   cuda::to_string(options.dtype).c_str(), step, road()[size_t(step)].name.c_str(), geo.br, geo.bc, warps,
-                  geo.smem, options.deterministic ? "added in key-block order (deterministic)" : "by float32 atomic additions",
+                  geo.smem, options.deterministic ? "added in key-block order, last first (deterministic)" : "by float32 atomic additions",
                   (long long)c.k_blocks, (long long)c.q_blocks, unmasked, masked, total - unmasked - masked);
     return buf;
 }

@@ -303,10 +303,12 @@ __device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccu
 /// dQ_i += dS K_j for rows [row0, row0 + 32) and features [col0, col0 + kDqCols) of the query
 /// block, added into the float32 accumulator. A = dS is dS^T read by ldmatrix.trans, B = K_j by
 /// ldmatrix.trans, as accumulate_dq of the first kernel; each fragment now feeds two m-tiles or
-/// kDqCols/8 n-tiles.
-template <class T, int D, class F, bool kDeterministic>
+/// kDqCols/8 n-tiles. `before_adding()` runs, in every thread, between the products and the
+/// additions: the deterministic mode waits for its turn there, so that the products are not part
+/// of the time other key blocks wait for it.
+template <class T, int D, class F, class BeforeAdding>
 __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_t* k_tile, float* dq_block, int row0,
-                                         int col0, int lane) {
+                                         int col0, int lane, BeforeAdding&& before_adding) {
     using S = TiledShape<T, D, F>;
     constexpr int kTiles = S::kDqCols / 8;
     const int g = lane / 4, t = lane % 4;
@@ -336,6 +338,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
             }
         }
     }
+    before_adding();
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -343,14 +346,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 float* p = dq_block + int64_t(row0 + 16 * mt + g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
-                if constexpr (kDeterministic) {
-                    float2 old = __ldcg(reinterpret_cast<const float2*>(p));  // L2, not a stale L1 line
-                    old.x += acc[mt][nt][2 * hh];
-                    old.y += acc[mt][nt][2 * hh + 1];
-                    __stcg(reinterpret_cast<float2*>(p), old);
-                } else {
-                    red_global_add_v2_f32(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
-                }
+                red_global_add_v2_f32(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
             }
 }
 //! [tiled_dq]
@@ -375,7 +371,7 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
     float* lse_ring = reinterpret_cast<float*>(dst_tile + S::kPElems);  // 2 x [Br] L_i log2(e)
     float* delta_ring = lse_ring + 2 * F::kBr;                         // 2 x [Br] D_i
 
-    const int j = int(blockIdx.x % unsigned(a.k_blocks));
+    const int j = detail::key_block_of_this_block<kDeterministic>(a);
     const int bh = int(blockIdx.x / unsigned(a.k_blocks)), b = bh / a.heads, h = bh % a.heads;
     const int kv0 = j * F::kBc;
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh;
@@ -446,11 +442,14 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
         }
         __syncthreads();  // all of P^T and dS^T stored before any warp reads another warp's piece
         detail::tiled_dkdv<T, D, F>(dk, dv, pt_tile, dst_tile, q_tile, do_tile, key_row0, dkv_col0, lane);
-        if constexpr (kDeterministic) {
-            detail::wait_for_turn(a, bh, i, j);
-            __syncthreads();  // the acquired turn before every thread's dQ_i accesses
-        }
-        detail::tiled_dq<T, D, F, kDeterministic>(dst_tile, k_tile, dq_head + int64_t(q0) * D, dq_row0, dq_col0, lane);
+        // dQ_i's products, then the additions; the deterministic mode waits for its turn between
+        // the two, holding its products in registers.
+        detail::tiled_dq<T, D, F>(dst_tile, k_tile, dq_head + int64_t(q0) * D, dq_row0, dq_col0, lane, [&] {
+            if constexpr (kDeterministic) {
+                detail::wait_for_turn<T, F::kBr, F::kBc>(a, bh, i, j);
+                __syncthreads();  // the turn thread 0 acquired, before every thread's dQ_i additions
+            }
+        });
         if constexpr (kDeterministic) detail::pass_turn(a, bh, i);
     }
     fa::cuda::ptx::cp_async_wait<0>();
