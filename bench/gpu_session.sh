@@ -34,7 +34,8 @@
 #   sweep09    stage 07's forward and stage 09's backward (atomic and deterministic dQ) in bf16 and
 #              fp16 beside SDPA flash and cuDNN forward, backward and both, the full grid, with the
 #              other main kernels of stage 09's road beside the default one (STEPS09, default 1:
-#              rows stage09_step1, and a table of them against stage09 and SDPA flash); stage 07's
+#              rows stage09_step1 and stage09_step1_deterministic, and a table of them against
+#              stage09 and SDPA flash, with each step's deterministic / atomic time); stage 07's
 #              forward sweep runs again in the same call (SWEEP09_STAGES="07 09"), because the SDPA
 #              forward rows are measured again too and stage 07 is compared with them; its
 #              gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
