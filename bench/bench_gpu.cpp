@@ -18,7 +18,8 @@
 // with the FLOPs of fa::attention_flops_backward (2.5 times the forward's) and
 // fa::attention_flops_fwd_bwd (3.5 times). One stage 09 workspace per shape, grown by an untimed
 // call of each mode, so no timed call allocates. --steps09 adds other main kernels of stage 09's
-// road: rows "stage09_step<i>" (backward with atomic dQ, and fwd+bwd), each with its own guard.
+// road: rows "stage09_step<i>" (backward with atomic dQ, and fwd+bwd) and
+// "stage09_step<i>_deterministic" (backward with deterministic dQ), each step with its own guard.
 //
 // After timing, every point is checked: stage 05 against stage 06 (both float32: they must agree
 // to 1e-4), stage 07 against stage 06's float32 output (BAD above a relative L2 error of 2e-2 or
@@ -403,7 +404,8 @@ int main(int argc, char** argv) {
                  "kernel's output; rows stage05_step<i>, the final kernel's row stage05");
     app.add_option("--steps09", steps09,
                    "with stage 09: main kernels of its road (see stage09 --help) timed beside the default one, rows "
-                   "stage09_step<i> (backward with atomic dQ, fwd+bwd), each checked by the guard")
+                   "stage09_step<i> (backward with atomic dQ, fwd+bwd) and stage09_step<i>_deterministic (backward with "
+                   "deterministic dQ), each checked by the guard")
         ->check(CLI::Range(0, int(fa::stage09::road().size()) - 1));
     app.add_option("--causal", causal_mode, "no, yes or both")->check(CLI::IsMember({"no", "yes", "both"}))->capture_default_str();
     app.add_option("--tokens", tokens, "B * N: batch = tokens / N")->check(CLI::PositiveNumber)->capture_default_str();
@@ -516,7 +518,7 @@ int main(int argc, char** argv) {
     std::vector<Record> records;
     size_t points = sizes.size() * head_dims.size() * causal_values.size() *
                     ((has05 ? (road05 ? size_t(fa::stage05::final_step()) + 1 : 1) : 0) + (has06 ? 1 : 0) + (has07 ? dtypes.size() * steps07.size() : 0) +
-                     (has09 ? dtypes.size() * (4 + 2 * steps09.size()) : 0) + (has11 ? dtypes.size() * steps11.size() : 0));
+                     (has09 ? dtypes.size() * (4 + 3 * steps09.size()) : 0) + (has11 ? dtypes.size() * steps11.size() : 0));
     size_t done = 0;
     bool any_bad = false;
     std::set<std::string> skipped;  // (stage, dtype, step, d) already reported as unsupported
@@ -617,8 +619,9 @@ int main(int argc, char** argv) {
         return true;
     };
 
-    // Other main kernels of stage 09 (--steps09) at the same point: the backward with atomic dQ and
-    // the fwd+bwd pair, then the guard run on that kernel alone.
+    // Other main kernels of stage 09 (--steps09) at the same point: the backward with atomic dQ, the
+    // fwd+bwd pair and the backward with deterministic dQ (rows stage09_step<i>_deterministic),
+    // then the guard run on that kernel alone.
     const auto stage09_steps = [&](const fa::Problem& p, const std::string& t, const auto& in, const auto& g,
                                    fa::stage09::Workspace& workspace, float* scratch) {
         using T = typename std::decay_t<decltype(g)>::value_type;
@@ -645,6 +648,19 @@ int main(int argc, char** argv) {
                 forward(stream);
                 backward(false, stream);
             });
+            {
+                Record r = make_record(impl + "_deterministic", t, p,
+                                       fa::cuda::time_on_gpu([&](cudaStream_t stream) { backward(true, stream); }, warmup, repeat),
+                                       "backward");
+                r.label = impl + " bwd det";
+                r.step = step;
+                r.step_name = fa::stage09::road()[size_t(step)].name;
+                ++done;
+                print_point(r);
+                std::printf("          %s: deterministic dQ costs the backward %+.1f%%\n", impl.c_str(),
+                            100.0 * (r.median_ms / records[bwd].median_ms - 1.0));
+                records.push_back(std::move(r));
+            }
             if (!check) continue;
             const Stage09Check c = check_stage09<T>(p, g, scratch, forward, backward);
             c.mark(records[bwd]);

@@ -21,7 +21,8 @@
 #              ways, causal rows that see no key, bnhd, fp16, d 64 and 128, at every step of its
 #              road, the number of steps read from stage11_hopper_kernel --help; what the tool
 #              says about an instruction it does not support is recorded in the summary;
-#              SANITIZE11_STEPS="1 3" picks steps, SANITIZE_TOOLS="memcheck racecheck" tools)
+#              SANITIZE11_STEPS="1 3" picks steps, SANITIZE09_STEPS="0 2" stage 09's main kernels
+#              (default: all four), SANITIZE_TOOLS="memcheck racecheck" tools)
 #   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates; wgmma_ceiling:
 #              dense wgmma bf16/fp16 (on a Hopper GPU)
 #   road05     stage 05, every step of its road (float32), d 64/128, N 1024/4096, non-causal, each
@@ -33,7 +34,8 @@
 #   sweep09    stage 07's forward and stage 09's backward (atomic and deterministic dQ) in bf16 and
 #              fp16 beside SDPA flash and cuDNN forward, backward and both, the full grid, with the
 #              other main kernels of stage 09's road beside the default one (STEPS09, default 1:
-#              rows stage09_step1, and a table of them against stage09 and SDPA flash); stage 07's
+#              rows stage09_step1 and stage09_step1_deterministic, and a table of them against
+#              stage09 and SDPA flash, with each step's deterministic / atomic time); stage 07's
 #              forward sweep runs again in the same call (SWEEP09_STAGES="07 09"), because the SDPA
 #              forward rows are measured again too and stage 07 is compared with them; its
 #              gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
@@ -57,7 +59,8 @@
 #              tensor-pipe use (wgmma), stall reasons, registers: ncu_stage11_d64/d128
 #   ncu09      Nsight Compute on stage 09's main backward kernel (atomic dQ), bf16, d 64 and 128,
 #              N 4096, and the time of each of the backward's three kernels; the same report of the
-#              warp-tiled kernel (step 1): ncu_stage09_tiled_d64/d128
+#              warp-tiled kernel (step 1): ncu_stage09_tiled_d64/d128, and of steps 2 and 3 at d 128
+#              (NCU09_STEPS): ncu_stage09_step2_d128, ncu_stage09_step3_d128
 #   lessons    the runs the lessons of stages 05, 06, 07 and 09 show
 #
 # Run from the repository root. Logs and results are written under /tmp/fa-session, then packed
@@ -76,7 +79,7 @@ LOGS=$WORK/logs
 RESULTS=$WORK/results
 KERNEL07=${KERNEL07:-flash_forward_kernel}  # stage 07's kernel, as Nsight Compute filters it
 KERNEL09=${KERNEL09:-flash_backward_kernel}  # stage 09's main kernel (between its pre- and postprocessing)
-KERNEL09_TILED=flash_backward_tiled_kernel    # stage 09's step 1 (bench_gpu --steps09 1)
+KERNEL09_TILED=flash_backward_tiled_kernel    # stage 09's steps 1 to 3 (bench_gpu --steps09 1 2 3)
 KERNEL11=${KERNEL11:-hopper_forward_kernel}  # stage 11's kernel (every step but 0)
 STAGE05=$BUILD/stages/05_shared_memory_kernel/stage05_shared_memory_kernel
 STAGE06=$BUILD/stages/06_causal_masking/stage06_causal_masking
@@ -236,7 +239,8 @@ sanitize_cases07=(
 # Stage 09 (the backward, after stage 07's forward): tails (200 and 333 are not multiples of the
 # 64-row blocks), Nq < Nk and Nq > Nk, both layouts, d 64 and 128, causal with Nq > Nk (the first
 # 133 query rows see no key, and the key blocks past the last query see no query), dQ by atomics
-# and in the deterministic order, fp16 once; each with both main kernels (--step 0 and 1).
+# and in the deterministic order, fp16 once; each with every main kernel of the road (--step 0 to 3,
+# or SANITIZE09_STEPS).
 sanitize_cases09=(
     "--seq-q 200 --seq-k 333 --heads 2 --head-dim 64"
     "--seq-q 333 --seq-k 200 --head-dim 128 --causal --deterministic"
@@ -287,7 +291,10 @@ step_sanitize() {
             07) exe=$STAGE07 cases=("${sanitize_cases07[@]}") ;;
             09) exe=$STAGE09 cases=()
                 local c
-                for c in "${sanitize_cases09[@]}"; do cases+=("$c --step 0" "$c --step 1"); done ;;
+                local s9
+                for c in "${sanitize_cases09[@]}"; do
+                    for s9 in ${SANITIZE09_STEPS:-0 1 2 3}; do cases+=("$c --step $s9"); done
+                done ;;
             11) exe=$STAGE11 cases=()
                 local last c s
                 last=$(stage11_last_step)
@@ -703,6 +710,17 @@ step_ncu09() {
             "$RESULTS/ncu_stage09_tiled_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
         grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|registers|stalled_(barrier|long|short|mio|math|wait)" \
             "$RESULTS/ncu_stage09_tiled_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
+    done
+    # Steps 2 and 3 (NCU09_STEPS) differ from step 1 only at d = 128: their 64 x 128 blocks there.
+    local s
+    for s in ${NCU09_STEPS:-2 3}; do
+        ncu_one "$KERNEL09_TILED" "ncu_stage09_step${s}_d128" --stages 09 --steps09 "$s" --dtypes bf16 --sizes 4096 \
+            --head-dims 128 --causal no
+        record "-- step $s, d=128"
+        grep -E "$KERNEL09_TILED|Duration|Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts" \
+            "$RESULTS/ncu_stage09_step${s}_d128.txt" | head -20 | tee -a "$LOGS/summary.txt"
+        grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
+            "$RESULTS/ncu_stage09_step${s}_d128_metrics.txt" | tee -a "$LOGS/summary.txt"
     done
 }
 

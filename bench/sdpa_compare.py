@@ -569,12 +569,15 @@ def print_stage09_tables(args, rows, gpu_name, date):
 def print_stage09_step_tables(args, fwd_bwd, bwd):
     """Other main kernels of stage 09 (bench_gpu --steps09: rows stage09_step<i>) beside the default
     one and SDPA flash, one table per step and dtype."""
-    steps = sorted({k[0] for k in list(fwd_bwd) + list(bwd) if k[0].startswith("stage09_step")})
+    steps = sorted({k[0] for k in list(fwd_bwd) + list(bwd)
+                    if k[0].startswith("stage09_step") and not k[0].endswith("_deterministic")})
     for impl in steps:
         for t in args.dtypes:
             print()
-            print(f"{impl} in {t} beside the default main kernel (stage09) and SDPA flash, TFLOP/s")
-            print(f"{'d':>4} {'N':>6} {'causal':>7} {'f+b':>7} {'/09':>7} {'/flash':>7} {'bwd':>7} {'/09':>7} {'/flash':>7}")
+            print(f"{impl} in {t} beside the default main kernel (stage09) and SDPA flash, TFLOP/s; "
+                  "its backward's time with atomic and deterministic dQ")
+            print(f"{'d':>4} {'N':>6} {'causal':>7} {'f+b':>7} {'/09':>7} {'/flash':>7} {'bwd':>7} {'/09':>7} {'/flash':>7} "
+                  f"{'bwd ms':>8} {'det ms':>8} {'det/at':>7}")
             for d in args.head_dims:
                 for n in args.sizes:
                     for c in causal_values(args.causal):
@@ -583,9 +586,12 @@ def print_stage09_step_tables(args, fwd_bwd, bwd):
                         mine_b, base_b, fl_b = (bwd.get((i, *key)) for i in (impl, "stage09", "sdpa_flash"))
                         if mine is None and mine_b is None:
                             continue
+                        det = bwd.get((impl + "_deterministic", *key))
+                        slower = float(det["median_ms"]) / float(mine_b["median_ms"]) if det and mine_b else None
                         bad = "  BAD" if mine_b and mine_b.get("check") == "BAD" else ""
                         print(f"{d:>4} {n:>6} {str(c):>7} {fmt(mine):>7} {rfmt(ratio(mine, base)):>7} {rfmt(ratio(mine, fl)):>7} "
-                              f"{fmt(mine_b):>7} {rfmt(ratio(mine_b, base_b)):>7} {rfmt(ratio(mine_b, fl_b)):>7}{bad}")
+                              f"{fmt(mine_b):>7} {rfmt(ratio(mine_b, base_b)):>7} {rfmt(ratio(mine_b, fl_b)):>7} "
+                              f"{fmt(mine_b, 'median_ms', 3):>8} {fmt(det, 'median_ms', 3):>8} {rfmt(slower):>7}{bad}")
 
 
 def road_rows(args, bench, idx, ceiling):

@@ -1,4 +1,4 @@
-// Stage 09's main kernels (both steps), its preprocessing and postprocessing kernels, launched as
+// Stage 09's main kernels (every step of its road), its preprocessing and postprocessing kernels, launched as
 // the stage launches them (stages/09_backward_kernel/launch.cuh: tuned shapes, arguments, order),
 // run on the CPU by the warp emulator (tools/warp_emulator: one std::thread per CUDA thread,
 // ldmatrix and mma lane by lane as the PTX ISA defines them, cp.async copies landing only at
@@ -115,8 +115,10 @@ struct Grads {
 // The backward as stage 09 launches it (launch.cuh: the tuned shapes, the arguments, the three
 // kernels in order), main kernel `step`, each kernel run by the emulator. The workspace starts as
 // garbage and the gradients as all-ones bits (NaN): what the kernels forget to write shows.
+// `last_block_first`: the emulator runs every grid's blocks from the last to the first (the
+// atomic mode only: a deterministic block would wait for one that runs after it).
 template <class T, int D>
-Grads run_backward(const Data<T, D>& in, int step, bool deterministic) {
+Grads run_backward(const Data<T, D>& in, int step, bool deterministic, bool last_block_first = false) {
     const Prob& pr = in.p;
     fa::Problem p;
     p.batch = pr.B, p.heads = pr.H, p.seq_q = pr.Nq, p.seq_k = pr.Nk, p.head_dim = D, p.scale = pr.scale, p.causal = pr.causal;
@@ -136,10 +138,12 @@ Grads run_backward(const Data<T, D>& in, int step, bool deterministic) {
         p, view(in.q, p.seq_q), view(in.k, p.seq_k), view(in.v, p.seq_k), view(in.o, p.seq_q),
         fa::make_view3(in.lse.data(), p.batch, p.heads, p.seq_q), view(in.dout, p.seq_q), out(g.dq, p.seq_q),
         out(g.dk, p.seq_k), out(g.dv, p.seq_k), workspace.data(), deterministic ? turns.data() : nullptr, geo);
-    // Blocks run one at a time, in order (key block 0 first): the deterministic turns never wait.
+    // Blocks run one at a time, in order of block number: in the deterministic mode that is the
+    // order of the turns (the last key block first), so a turn is always there when a block
+    // arrives; a block that had to wait would stop the emulator (its __nanosleep aborts).
     const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
         REQUIRE(smem <= sizeof smem_raw);
-        emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); });
+        emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); }, last_block_first);
     };
     if (deterministic) {
         run_kernels<T, D, true>(launches, step, launch);
@@ -168,20 +172,24 @@ std::vector<float> widen(const std::vector<uint16_t>& x) {
     return out;
 }
 
-// Both main kernels on one problem: each against the float64 gradients (a bound of a few units
+// Every main kernel of the road on one problem: each against the float64 gradients (a bound of a few units
 // of the 16-bit type's rounding of the largest gradient: the kernels keep float32 sums, so their
-// error is the rounding of their inputs and outputs), the tiled kernel against the first, every
+// error is the rounding of their inputs and outputs), each later step against the first, every
 // element written and finite, and dQ of rows that see no key exactly 0.
 template <class T, int D>
 void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
     const Data<T, D> in(p, unsigned(1000 + p.Nq + 7 * p.Nk + D), magnitude);
-    const Grads g0 = run_backward(in, 0, deterministic);
-    const Grads g1 = run_backward(in, 1, deterministic);
+    // Every step of the road; a step whose main kernel at this d is an earlier step's (the same
+    // features) runs all the same: it is what `--step` launches.
+    const int steps = kRoadSteps;
+    std::vector<Grads> grads;
+    for (int step = 0; step < steps; ++step) grads.push_back(run_backward(in, step, deterministic));
+    const Grads& g0 = grads[0];
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
     const double limit = bf16 ? 2e-2 : 4e-3;
     const char* names[3] = {"dQ", "dK", "dV"};
-    for (int step = 0; step < 2; ++step) {
-        const Grads& g = step == 0 ? g0 : g1;
+    for (int step = 0; step < steps; ++step) {
+        const Grads& g = grads[size_t(step)];
         const std::vector<uint16_t>* got[3] = {&g.dq, &g.dk, &g.dv};
         const std::vector<double>* want[3] = {&in.dq, &in.dk, &in.dv};
         for (int i = 0; i < 3; ++i) {
@@ -203,30 +211,97 @@ void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
             }
         CHECK(nonzero == 0);
     }
+    // Step 3 computes step 2's dP^T in another order of columns: every sum is the same, in the same
+    // order (and the emulator runs the blocks, so the dQ additions, in one order): bit-identical.
+    CHECK(grads[3].dq == grads[2].dq);
+    CHECK(grads[3].dk == grads[2].dk);
+    CHECK(grads[3].dv == grads[2].dv);
     // The same float32 sums in another grouping: a few units of the last place of T at most.
-    const std::vector<uint16_t>* a[3] = {&g1.dq, &g1.dk, &g1.dv};
-    const std::vector<uint16_t>* b[3] = {&g0.dq, &g0.dk, &g0.dv};
-    for (int i = 0; i < 3; ++i) {
-        int64_t nonfinite = 0;
-        const double e = relative_error<T>(*a[i], widen<T>(*b[i]), nonfinite);
-        INFO(names[i] << ": step 1 against step 0, relative max difference " << e);
-        CHECK(e <= (bf16 ? 1.6e-2 : 2e-3));
+    for (int step = 1; step < steps; ++step) {
+        const Grads& g = grads[size_t(step)];
+        const std::vector<uint16_t>* a[3] = {&g.dq, &g.dk, &g.dv};
+        const std::vector<uint16_t>* b[3] = {&g0.dq, &g0.dk, &g0.dv};
+        for (int i = 0; i < 3; ++i) {
+            int64_t nonfinite = 0;
+            const double e = relative_error<T>(*a[i], widen<T>(*b[i]), nonfinite);
+            INFO(names[i] << ": step " << step << " against step 0, relative max difference " << e);
+            CHECK(e <= (bf16 ? 1.6e-2 : 2e-3));
+        }
+    }
+}
+
+// The deterministic mode adds the same float32 products as the atomic mode, in one fixed order:
+// at every query block, the last key block that visits it first, down to key block 0. Running the
+// atomic mode's blocks from the last to the first gives exactly that order (block b of a head is
+// key block b there), so the two must agree bit for bit, at every step; and the deterministic mode
+// run twice (its threads scheduled anew by the OS) gives the same bits again. The float64 check of
+// the deterministic mode itself is check()'s.
+template <class T, int D>
+void check_deterministic_order(const Prob& p) {
+    const Data<T, D> in(p, unsigned(2000 + p.Nq + 7 * p.Nk + D), 1.0);
+    for (int step = 0; step < kRoadSteps; ++step) {
+        const Grads fixed = run_backward(in, step, true);
+        const Grads again = run_backward(in, step, true);
+        const Grads reversed_atomic = run_backward(in, step, false, true);
+        INFO("d=" << D << " Nq=" << p.Nq << " Nk=" << p.Nk << (p.causal ? " causal" : "") << " step " << step);
+        CHECK(fixed.dq == again.dq);
+        CHECK(fixed.dk == again.dk);
+        CHECK(fixed.dv == again.dv);
+        CHECK(fixed.dq == reversed_atomic.dq);
+        CHECK(fixed.dk == reversed_atomic.dk);
+        CHECK(fixed.dv == reversed_atomic.dv);
     }
 }
 
 }  // namespace
 
-TEST_CASE("emulated stage 09: both main kernels match the float64 gradients and each other, bf16") {
+TEST_CASE("stage 09: the key blocks that visit query block i are 0 .. last_key_block(i)") {
+    // The deterministic turns count on it: key block j's turn at i is last_key_block(i) - j.
+    for (const bool causal : {false, true})
+        for (const int br : {32, 64, 128})
+            for (const int bc : {64, 128})
+                for (int nq = 1; nq <= 300; nq += 13)
+                    for (int nk = 1; nk <= 300; nk += 11) {
+                        const int tr = (nq + br - 1) / br, tc = (nk + bc - 1) / bc;
+                        for (int i = 0; i < tr; ++i) {
+                            int last = -1;
+                            for (int j = 0; j < tc; ++j) {
+                                if (first_query_block(j, br, bc, nq, nk, causal) <= i) {
+                                    REQUIRE(last == j - 1);  // a prefix 0, 1, ...: no gap
+                                    last = j;
+                                }
+                            }
+                            INFO("Br=" << br << " Bc=" << bc << " Nq=" << nq << " Nk=" << nk << " i=" << i);
+                            REQUIRE(last_key_block(i, br, bc, nq, nk, tc, causal) == last);
+                        }
+                    }
+}
+
+TEST_CASE("emulated stage 09: the deterministic order is fixed, the last key block first") {
+    check_deterministic_order<__nv_bfloat16, 128>({2, 1, 257, 129, true, 0.088});  // Nq > Nk: rows that see no key
+    check_deterministic_order<__nv_bfloat16, 128>({1, 1, 70, 300, false, -0.2});   // tails, 3 key blocks of 128
+    check_deterministic_order<__half, 64>({1, 1, 200, 300, true, 0.125});          // Nq < Nk, tails
+    check_deterministic_order<__half, 32>({1, 2, 131, 250, true, 0.17});
+}
+
+TEST_CASE("emulated stage 09: every main kernel matches the float64 gradients and the first, bf16") {
     check<__nv_bfloat16, 64>({1, 2, 200, 300, true, 0.125}, false);    // tails, Nq < Nk, 3 key blocks of 128
     check<__nv_bfloat16, 128>({2, 1, 257, 129, true, 0.088}, true);    // Nq > Nk: 128 rows see no key
     check<__nv_bfloat16, 64>({1, 1, 129, 127, false, -0.3}, false);    // a negative scale
     check<__nv_bfloat16, 64>({1, 1, 100, 100, true, 0.125}, false, 8.0);  // large logits
     check<__nv_bfloat16, 32>({2, 1, 131, 250, true, 0.17}, true);
+    // d = 128 in steps 2 and 3's 64 x 128 blocks: a partial last query block (70 = 64 + 6) and
+    // key block (300 = 2 x 128 + 44), Nq < Nk, a negative scale, every dP^T piece.
+    check<__nv_bfloat16, 128>({1, 2, 70, 300, false, -0.2}, false);
+    check<__nv_bfloat16, 128>({1, 2, 70, 300, false, -0.2}, true);
 }
 
-TEST_CASE("emulated stage 09: both main kernels match the float64 gradients and each other, fp16") {
+TEST_CASE("emulated stage 09: every main kernel matches the float64 gradients and the first, fp16") {
     check<__half, 64>({1, 1, 300, 200, true, 0.125}, true);
     check<__half, 128>({1, 2, 190, 333, true, 0.088}, false);
     check<__half, 128>({1, 1, 1, 1, false, 0.088}, false);
     check<__half, 32>({1, 1, 300, 45, false, 0.17}, false);
+    // Causal, Nq > Nk: rows 0 to 122 see no key, and a key block of 77 keys (of 128) crosses the
+    // diagonal of two query blocks of 64; the deterministic turns with 128-key blocks.
+    check<__half, 128>({1, 1, 200, 77, true, 0.088}, true);
 }

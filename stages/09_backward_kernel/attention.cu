@@ -5,6 +5,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 
 #include "fa/cuda/check.hpp"
@@ -175,7 +176,13 @@ const std::vector<RoadStep>& road() {
                            "dK directly; 64-key blocks"},
         {"warp-tiled", "warps tile every product in two dimensions (32 x 32 and more), P^T and dS^T through shared "
                        "memory: each fragment feeds two m-tiles; 128-key blocks at d = 32, 64 (half the dQ additions)"},
+        {"128-key blocks", "step 1 with 128-key blocks at d = 128 as well: 64 queries by 128 keys, warps of 32 keys by 64 "
+                           "features of dK, dV; half the dQ additions of step 1 at d = 128 (d = 32, 64: step 1)"},
+        {"dP in pieces", "step 2 with dP^T computed 16 query columns at a time at d = 128, beside the whole step's P^T: "
+                         "fewer registers live, spills of 76 bytes down to 16-24 (d = 32, 64: step 2)"},
     };
+    // One name per main kernel that run_kernels() (launch.cuh) can launch.
+    if (steps.size() != size_t(kRoadSteps)) throw std::logic_error("stage 09: road() and kRoadSteps disagree");
     return steps;
 }
 
@@ -266,7 +273,7 @@ std::string describe_config(const Problem& p, const Options& options) {
                   "%s, step %d (%s), Br=%d Bc=%d, %s, %zu B shared memory; "
                   "dQ %s; per head %lld key blocks x %lld query blocks: %lld unmasked, %lld masked, %lld skipped",
                   cuda::to_string(options.dtype).c_str(), step, road()[size_t(step)].name.c_str(), geo.br, geo.bc, warps,
-                  geo.smem, options.deterministic ? "added in key-block order (deterministic)" : "by float32 atomic additions",
+                  geo.smem, options.deterministic ? "added in key-block order, last first (deterministic)" : "by float32 atomic additions",
                   (long long)c.k_blocks, (long long)c.q_blocks, unmasked, masked, total - unmasked - masked);
     return buf;
 }

@@ -12,8 +12,8 @@
 /// Q_i\f$ (P and dS reach the last two in the accumulator layout, which is the A-operand layout:
 /// stage 07's identity). The fifth, \f$dQ_i \mathrel{+}= dS\, K_j\f$, needs dS across all the
 /// block's keys: it goes through shared memory once, then into the float32 accumulator by
-/// atomic additions, or, with `deterministic`, in a fixed order (key block 0, 1, 2, ...)
-/// enforced by a counter per query block. A postprocessing kernel rounds \f$\text{scale} \cdot
+/// atomic additions, or, with `deterministic`, in a fixed order (the last key block that visits
+/// the query block first, then down to key block 0) enforced by a counter per query block. A postprocessing kernel rounds \f$\text{scale} \cdot
 /// dQ\f$ to 16 bits. Causal blocks above the diagonal are skipped, only the blocks crossing it
 /// (and the last, partial key block) are masked; any Nq and Nk; both layouts through strides.
 ///
@@ -28,8 +28,8 @@
 /// H * d = 2048, N = 512 to 16384, bf16 and fp16: the backward alone at 130 to 228 TFLOP/s
 /// (0.73 to 1.31 times PyTorch SDPA's flash backward, 0.41 to 0.88 times cuDNN's); stage 07's
 /// forward and this backward together at 0.79 to 1.29 times SDPA flash's pair: the course's 1.0 is
-/// reached only at N = 512 and on causal problems up to N = 2048. The deterministic mode costs
-/// 1.9 to 4.8 times the atomic one. The lesson page (stages/09_backward_kernel/README.md) has the
+/// reached only at N = 512 and on causal problems up to N = 2048. The deterministic mode cost
+/// 1.9 to 4.8 times the atomic one in that run, in the order it had then (key block 0 first). The lesson page (stages/09_backward_kernel/README.md) has the
 /// tables, the profile and why the block shape limits it.
 #pragma once
 
@@ -54,19 +54,20 @@ using cuda::DType;
 /// How the host entry point runs the backward.
 struct Options {
     DType dtype = DType::BF16;   ///< 16-bit type of q, k, v, o, dO and the gradients (`--dtype`)
-    /// Add the dQ contributions of the key blocks in a fixed order (key block 0 first), so that
+    /// Add the dQ contributions of the key blocks in a fixed order (the last key block first), so that
     /// dq is bit-identical from run to run (`--deterministic`); otherwise float32 atomic additions
     bool deterministic = false;
     /// The main kernel (`--step`, see road()); -1: kDefaultStep
     int step = -1;
 };
 
-/// Stage 09's two main kernels, in the order the lesson builds them (`--step`).
+/// Stage 09's main kernels, in the order the lesson builds them (`--step`): warps owning keys,
+/// warp-tiled, warp-tiled with 128-key blocks at every head dimension, and with dP^T in pieces.
 const std::vector<RoadStep>& road();
 
 /// The main kernel that runs when none is named: the first one, warps owning keys. The
-/// warp-tiled kernel (step 1) is checked (the same tests) but its speed beside the first one has
-/// not been measured yet; it becomes the default once it is.
+/// warp-tiled kernel (steps 1 to 3) is checked (the same tests) but its speed beside the first
+/// one has not been measured yet on every shape; the fastest becomes the default once it is.
 inline constexpr int kDefaultStep = 0;
 
 /// Device memory the backward needs besides its inputs and outputs. A caller that runs the

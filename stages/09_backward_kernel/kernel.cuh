@@ -34,8 +34,9 @@
 /// The dQ additions of different key blocks to the same rows race. By default they are float32
 /// atomic additions (`red.global.add`), whose order, and so whose rounding, changes from run to
 /// run. The deterministic mode orders them: per (batch, head, query block i) a counter holds
-/// how many key blocks have added their dQ_i; key block j waits until it reads j, adds with a
-/// plain read-add-write, publishes, and increments it.
+/// how many key blocks have added their dQ_i; the key blocks take their turns from the last one
+/// down (the grid runs them in that order too), so key block j waits until the counter reads the
+/// number of key blocks after j that visit i, adds with the same `red`, publishes, and increments it.
 #pragma once
 
 #include <cmath>
@@ -488,8 +489,8 @@ __device__ __forceinline__ void process_step(WarpState<T, D, F>& st, const uint1
 /// added into the float32 accumulator in global memory. A = dS [queries, keys] is dS^T read
 /// with ldmatrix.trans (lanes give key rows, each matrix arrives transposed: query rows);
 /// B = K_j [keys, d] needs pairs of consecutive keys of one feature: ldmatrix.trans again.
-/// kDeterministic: plain read-add-write (the caller holds the turn), otherwise atomic adds.
-template <class T, int D, class F, bool kDeterministic>
+/// The additions are `red` in both modes; in the deterministic mode the caller holds the turn.
+template <class T, int D, class F>
 __device__ __forceinline__ void accumulate_dq(const uint16_t* ds_tile, const uint16_t* k_tile, float* dq_block, int warp,
                                               int lane) {
     using S = Shape<T, D, F>;
@@ -530,16 +531,7 @@ __device__ __forceinline__ void accumulate_dq(const uint16_t* ds_tile, const uin
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 float* p = rows + (g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
-                if constexpr (kDeterministic) {
-                    // .cg: through L2, where the previous key block's writes are; this SM's L1
-                    // may hold a stale copy of the line.
-                    float2 old = __ldcg(reinterpret_cast<const float2*>(p));
-                    old.x += acc[nt][2 * hh];
-                    old.y += acc[nt][2 * hh + 1];
-                    __stcg(reinterpret_cast<float2*>(p), old);
-                } else {
-                    red_global_add_v2_f32(p, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
-                }
+                red_global_add_v2_f32(p, acc[nt][2 * hh], acc[nt][2 * hh + 1]);
             }
     }
 }
@@ -559,6 +551,19 @@ __host__ __device__ inline int first_query_block(int j, int br, int bc, int seq_
     return first_row > 0 ? int(first_row / br) : 0;
 }
 
+/// The last key block that visits query block `i`, or -1 when none does (every row of the block
+/// sees no key). Key block j visits i iff first_query_block(j) <= i, i.e. (causal) iff its first
+/// key j*Bc is seen by the block's last row (i+1)*Br - 1: j*Bc <= (i+1)*Br - 1 + Nk - Nq. So the
+/// key blocks visiting i are 0 .. last_key_block(i): the deterministic mode's turn of key block j
+/// at query block i is last_key_block(i) - j (the last key block adds first).
+__host__ __device__ inline int last_key_block(int i, int br, int bc, int seq_q, int seq_k, int k_blocks, bool causal) {
+    if (!causal) return k_blocks - 1;
+    const int64_t last_key = int64_t(i + 1) * br - 1 + seq_k - seq_q;  // the last key row (i+1)*Br - 1 sees
+    if (last_key < 0) return -1;
+    const int64_t j = last_key / bc;
+    return j < k_blocks - 1 ? int(j) : k_blocks - 1;
+}
+
 /// True when block (query block starting at `q0`, key block starting at `kv0`) holds a (query,
 /// key) pair the mask hides: the key block runs past Nk, or (causal) the block's first query row
 /// does not see its last key. Later rows see more keys, so the first row decides.
@@ -571,21 +576,37 @@ __host__ __device__ inline bool block_needs_mask(int q0, int kv0, int bc, int se
 namespace detail {
 
 //! [turns]
+/// The key block this thread block works on. Atomic mode: j = blockIdx % Tc, the longest loops
+/// (small j) first. Deterministic mode: the other way round, key block Tc-1 first, because the
+/// key blocks take their turns at a query block from the last one down (wait_for_turn): every
+/// block a block waits for then has a smaller block number and was started before it.
+template <bool kDeterministic, class T>
+__device__ __forceinline__ int key_block_of_this_block(const Args<T>& a) {
+    const int jb = int(blockIdx.x % unsigned(a.k_blocks));
+    return kDeterministic ? a.k_blocks - 1 - jb : jb;
+}
+
 /// The deterministic mode's wait: thread 0 spins until key block `j` has the turn at query block
-/// `i` of head `bh`, i.e. until key blocks 0 .. j-1 have added their dQ_i (first_query_block never
-/// decreases with j, so they all visit i before j). The caller's next __syncthreads carries the
-/// acquired turn to every thread before their dQ_i accesses.
-template <class T>
+/// `i` of head `bh`, i.e. until the key blocks j+1 .. last_key_block(i) that visit i have added
+/// their dQ_i. In the causal triangle they got there first: key block j' > j starts at a query
+/// block no earlier than j's, so when j arrives at i, j' has done fewer iterations to reach it
+/// (and at j's first query block no later key block has anything to add, or it started there
+/// too). The caller's next __syncthreads carries the acquired turn to every thread before their
+/// dQ_i additions.
+template <class T, int Br, int Bc>
 __device__ __forceinline__ void wait_for_turn(const Args<T>& a, int bh, int i, int j) {
     if (threadIdx.x == 0) {
         const int* turn = a.turns + int64_t(bh) * a.q_blocks + i;
-        while (ld_global_acquire_gpu_b32(turn) != j) __nanosleep(32);
+        const int mine = last_key_block(i, Br, Bc, a.seq_q, a.seq_k, a.k_blocks, a.causal) - j;
+        while (ld_global_acquire_gpu_b32(turn) != mine) __nanosleep(32);
     }
 }
 
-/// Passes the turn at query block `i` on: every thread's dQ_i writes are made visible GPU-wide,
-/// the barrier orders all of them before thread 0's increment, and thread 0's own fence makes the
-/// increment a release of everything it has observed (the other threads' writes included).
+/// Passes the turn at query block `i` on: every thread's fence waits until its dQ_i additions
+/// (`red`, performed in L2) are done GPU-wide, the barrier orders all of them before thread 0's
+/// increment, and thread 0's own fence makes the increment a release of everything it has
+/// observed (the other threads' additions included). The next key block's additions to the same
+/// floats therefore come after these in L2's order of operations: a fixed order of float sums.
 template <class T>
 __device__ __forceinline__ void pass_turn(const Args<T>& a, int bh, int i) {
     __threadfence();
@@ -602,7 +623,8 @@ __device__ __forceinline__ void pass_turn(const Args<T>& a, int bh, int i) {
 //! [kernel]
 /// The main backward kernel: one block per (key block j, batch, head) in a flat grid, j fastest
 /// (Tc blocks of one head are neighbours, so the deterministic mode's predecessors of a block
-/// were launched before it, and the blocks running together share one head's Q and dO in L2).
+/// were launched before it, and the blocks running together share one head's Q and dO in L2);
+/// the deterministic mode counts j from the last key block (key_block_of_this_block).
 template <class T, int D, class F, bool kDeterministic>
 __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_backward_kernel(const Args<T> a) {
     using S = Shape<T, D, F>;
@@ -616,7 +638,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     float* lse_ring = reinterpret_cast<float*>(ds_tile + S::kDsElems);  // 2 x [Br] L_i log2(e)
     float* delta_ring = lse_ring + 2 * F::kBr;                         // 2 x [Br] D_i
 
-    const int j = int(blockIdx.x % unsigned(a.k_blocks));
+    const int j = detail::key_block_of_this_block<kDeterministic>(a);
     const int bh = int(blockIdx.x / unsigned(a.k_blocks)), b = bh / a.heads, h = bh % a.heads;
     const int kv0 = j * F::kBc;
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh;       // [Nq, d] global
@@ -690,11 +712,11 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
             }
         }
 
-        if constexpr (kDeterministic) detail::wait_for_turn(a, bh, i, j);
+        if constexpr (kDeterministic) detail::wait_for_turn<T, F::kBr, F::kBc>(a, bh, i, j);
         // Orders every warp's dS^T stores before the dQ products read them (and, deterministic,
         // the turn thread 0 just acquired before every thread's dQ_i accesses).
         __syncthreads();
-        detail::accumulate_dq<T, D, F, kDeterministic>(ds_tile, k_tile, dq_head + int64_t(q0) * D, warp, lane);
+        detail::accumulate_dq<T, D, F>(ds_tile, k_tile, dq_head + int64_t(q0) * D, warp, lane);
         if constexpr (kDeterministic) detail::pass_turn(a, bh, i);
     }
     fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing (the loop may not have run)

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
@@ -80,6 +81,52 @@ struct TunedTiled<128> {
 };
 //! [tuned_tiled]
 
+//! [tuned_keys128]
+/// Step 2: the warp-tiled kernel with 128-key blocks at every head dimension. At d = 32 and 64
+/// that is step 1's shape (the same kernel instance). At d = 128 the block turns around: Br = 64
+/// queries by Bc = 128 keys, 8 warps, 4 along the keys (FlashAttention-2's shape at d = 128).
+/// Each key block then adds its dQ_i once per 128 keys instead of once per 64: half the float32
+/// additions of dQ per FLOP, where step 0's profile found L2 busy 72% of the time, mostly with
+/// them. A warp keeps dK and dV for 32 keys by 64 features (128 registers, step 1: 32 by 32), so
+/// every P^T and dS^T fragment it reads feeds twice as many mma in dV and dK; S^T and dP^T
+/// keep their 32 x 32 pieces, and dQ_i its 32-row by 32-feature pieces.
+template <int D>
+struct TunedKeys128 {
+    /// the features: step 1's, whose blocks already hold 128 keys below d = 128
+    using F = typename TunedTiled<D>::F;
+};
+/// TunedKeys128 for d = 128.
+template <>
+struct TunedKeys128<128> {
+    /// the features
+    using F = TiledFeatures<64, 128, 8, 4, 32, 1>;
+};
+//! [tuned_keys128]
+
+//! [tuned_dp_pieces]
+/// Step 3: step 2 with dP^T computed 16 query columns at a time (WithDpPieces). At d = 128 the
+/// 128 registers of dK and dV, the 32 of P^T and the 32 of dP^T leave too few for the rest: step 2
+/// spills 76 bytes per thread (`-Xptxas -v`, CUDA 13.0, sm_90); with one 16-column piece of dP^T
+/// at a time they fall to 16 to 24 bytes, for 16 more `ldmatrix` of V_w per warp and query block.
+/// At d = 32 and 64 nothing spills: step 2's shape, unchanged.
+template <int D>
+struct TunedDpPieces {
+    /// the features: step 2's
+    using F = typename TunedKeys128<D>::F;
+};
+/// TunedDpPieces for d = 128.
+template <>
+struct TunedDpPieces<128> {
+    /// the features
+    using F = WithDpPieces<TunedKeys128<128>::F, 16>;
+};
+//! [tuned_dp_pieces]
+
+/// The features of the warp-tiled kernel at `Step` (1, 2 or 3 of the road) and head dimension D.
+template <int D, int Step>
+using TiledStepFeatures = typename std::conditional_t<
+    Step == 1, TunedTiled<D>, std::conditional_t<Step == 2, TunedKeys128<D>, TunedDpPieces<D>>>::F;
+
 /// The shape of one main kernel, for the host: block counts, padding, the workspace, the report.
 struct Geometry {
     int br;                ///< query rows per query block
@@ -92,7 +139,15 @@ struct Geometry {
     int threads;           ///< threads per block
 };
 
-/// The geometry of the main kernel of `step` (0: warps own keys, 1: warp-tiled) at head dimension D.
+/// The geometry of the warp-tiled kernel with features F.
+template <int D, class F>
+Geometry tiled_geometry() {
+    using S = TiledShape<__nv_bfloat16, D, F>;
+    return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kKeyWarps, false, S::kSmemBytes, S::kThreads};
+}
+
+/// The geometry of the main kernel of `step` (0: warps own keys, 1: warp-tiled, 2: warp-tiled
+/// with 128-key blocks, 3: and dP^T in pieces) at head dimension D.
 template <int D>
 Geometry geometry_for(int step) {
     if (step == 0) {
@@ -100,9 +155,9 @@ Geometry geometry_for(int step) {
         using S = Shape<__nv_bfloat16, D, F>;
         return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kWarps, F::kKVInRegisters, S::kSmemBytes, S::kThreads};
     }
-    using F = typename TunedTiled<D>::F;
-    using S = TiledShape<__nv_bfloat16, D, F>;
-    return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kKeyWarps, false, S::kSmemBytes, S::kThreads};
+    if (step == 1) return tiled_geometry<D, TiledStepFeatures<D, 1>>();
+    if (step == 2) return tiled_geometry<D, TiledStepFeatures<D, 2>>();
+    return tiled_geometry<D, TiledStepFeatures<D, 3>>();
 }
 
 /// Sizes every kernel derives from the problem and the block shape.
@@ -201,6 +256,17 @@ struct Kernel {
     static constexpr auto value = kKernel;  ///< the kernel
 };
 
+/// The main kernels run_kernels() launches, one per step of the road (attention.cu: road()).
+inline constexpr int kRoadSteps = 4;
+
+/// The warp-tiled main kernel with features F, through `launch` (see run_kernels).
+template <class T, int D, class F, bool kDeterministic, class Launch>
+void launch_tiled(const Launches<T>& l, Launch& launch) {
+    using S = TiledShape<T, D, F>;
+    launch(Kernel<flash_backward_tiled_kernel<T, D, F, kDeterministic>>{}, "flash_backward_tiled_kernel", l.main_blocks,
+           S::kThreads, S::kSmemBytes, l.main);
+}
+
 //! [run]
 /// The launch sequence: preprocess (D_i, L_i log2 e, zeroed accumulator and turns), the main
 /// kernel of `step`, postprocess (dQ rounded to T), in this order on one stream. `launch` is
@@ -213,11 +279,12 @@ void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
         using S = Shape<T, D, F>;
         launch(Kernel<flash_backward_kernel<T, D, F, kDeterministic>>{}, "flash_backward_kernel", l.main_blocks, S::kThreads,
                S::kSmemBytes, l.main);
+    } else if (step == 1) {
+        launch_tiled<T, D, TiledStepFeatures<D, 1>, kDeterministic>(l, launch);
+    } else if (step == 2) {
+        launch_tiled<T, D, TiledStepFeatures<D, 2>, kDeterministic>(l, launch);
     } else {
-        using F = typename TunedTiled<D>::F;
-        using S = TiledShape<T, D, F>;
-        launch(Kernel<flash_backward_tiled_kernel<T, D, F, kDeterministic>>{}, "flash_backward_tiled_kernel", l.main_blocks,
-               S::kThreads, S::kSmemBytes, l.main);
+        launch_tiled<T, D, TiledStepFeatures<D, 3>, kDeterministic>(l, launch);
     }
     launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
 }

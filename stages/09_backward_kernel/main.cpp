@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
         "accumulation: D = rowsum(dO * O) first; then one thread block per key block K_j, V_j streams the query\n"
         "blocks past it through a cp.async pipeline, recomputes P from the saved LSE, and accumulates dK_j, dV_j in\n"
         "registers; dQ is added across key blocks in a float32 buffer (atomically, or in a fixed order with\n"
-        "--deterministic). --step picks the main kernel: warps owning 16 keys each, or warps tiling every product.\n"
+        "--deterministic). --step picks the main kernel: warps owning 16 keys each, or warps tiling every product\n"
+        "(step 1; steps 2 and 3 with 128-key blocks at d = 128 too).\n"
         "O and LSE come from stage 07's forward in the same --dtype. Checked against stage 08 (the backward on the\n"
         "CPU) and the float64 reference by the gradient rule.";
     spec.run = [](const fa::Problem& p, fa::View4<const float> q, fa::View4<const float> k, fa::View4<const float> v,

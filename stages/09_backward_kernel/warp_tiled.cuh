@@ -20,9 +20,14 @@
 /// before), and the 16-bit P^T and dS^T cost one store per element. The block is larger (Bc = 128
 /// keys, 8 warps): each key block adds its dQ_i once per query block, so doubling Bc halves the
 /// float32 atomic traffic of dQ per FLOP.
+///
+/// Steps 2 and 3 of the road run this same kernel with other features (launch.cuh): 64-query by
+/// 128-key blocks at d = 128 (TunedKeys128), and on top of that dP^T computed 16 query columns at
+/// a time (WithDpPieces), so that fewer of its registers spill.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernel.cuh"
 
@@ -43,7 +48,25 @@ struct TiledFeatures {
     /// blocks that must fit on one SM at once: caps the registers per thread at 65536 / (threads x this)
     static constexpr int kMinBlocksPerSm = MinBlocksPerSm;
 };
+
+/// Features F with dP^T (and dS^T) computed DpColumns query columns at a time instead of Bn: one
+/// piece of dP^T beside the step's P^T in registers instead of all of it. For a block whose dK and
+/// dV already fill half the registers (d = 128, 32 keys by 64 features per warp), that is what
+/// keeps the rest from spilling.
+template <class F, int DpColumns>
+struct WithDpPieces : F {
+    static constexpr int kDpColumns = DpColumns;  ///< query columns of dP^T per piece
+    static_assert(F::kBn % DpColumns == 0 && DpColumns % 16 == 0, "whole pieces of 16-column k-steps");
+};
 //! [tiled_features]
+
+/// Query columns of dP^T per piece: F::kDpColumns where F names it (WithDpPieces), else F::kBn
+/// (all the step's columns at once).
+template <class F, class = void>
+inline constexpr int kDpColumns = F::kBn;
+/// kDpColumns for features that name their pieces.
+template <class F>
+inline constexpr int kDpColumns<F, std::void_t<decltype(F::kDpColumns)>> = F::kDpColumns;
 
 /// Shape constants of one warp-tiled kernel instance.
 template <class T, int D, class F>
@@ -162,21 +185,74 @@ __device__ __forceinline__ void tiled_scores(const uint16_t* k_tile, const uint1
             *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r + 8, c)) = pack2<T>(s[mt][nt][2], s[mt][nt][3]);
         }
 
-    float dp[S::kKeyTiles][S::kNTiles][4];
-    product(dp, v_a, do_b);
-    // dS^T = P^T o (dP^T - D), from the float32 P^T still in registers.
+    if constexpr (kDpColumns<F> == F::kBn) {  // dP^T of the whole step at once
+        float dp[S::kKeyTiles][S::kNTiles][4];
+        product(dp, v_a, do_b);
+        // dS^T = P^T o (dP^T - D), from the float32 P^T still in registers.
 #pragma unroll
-    for (int nt = 0; nt < S::kNTiles; ++nt) {
-        const float2 d2 = *reinterpret_cast<const float2*>(delta_slot + c0 + nt * 8 + 2 * t);
+        for (int nt = 0; nt < S::kNTiles; ++nt) {
+            const float2 d2 = *reinterpret_cast<const float2*>(delta_slot + c0 + nt * 8 + 2 * t);
 #pragma unroll
-        for (int mt = 0; mt < S::kKeyTiles; ++mt) {
-            const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
-            const float* x = dp[mt][nt];
-            const float* p = s[mt][nt];
-            *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
-            *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) =
-                pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+            for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
+                const float* x = dp[mt][nt];
+                const float* p = s[mt][nt];
+                *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
+                *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) =
+                    pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+            }
         }
+    } else {
+        //! [tiled_dp_pieces]
+        // dP^T and dS^T kDpColumns query columns at a time: the float32 P^T of the whole step stays
+        // in registers, but only one piece of dP^T beside it. Each piece reads the V_w fragments
+        // again (the price: Bn / kDpColumns times the A loads of dP^T).
+        constexpr int kPieceTiles = kDpColumns<F> / 8;  // 8-query column tiles per piece
+#pragma unroll
+        for (int piece = 0; piece < S::kNTiles / kPieceTiles; ++piece) {
+            const int pc0 = c0 + piece * kDpColumns<F>;  // the piece's first query column
+            float dp[S::kKeyTiles][kPieceTiles][4];
+#pragma unroll
+            for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < kPieceTiles; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dp[mt][nt][e] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < S::kKSteps; ++ks) {
+                uint32_t af[S::kKeyTiles][4];
+#pragma unroll
+                for (int mt = 0; mt < S::kKeyTiles; ++mt)
+                    ldmatrix_x4(af[mt], fragment_address<TileLayout<D, true>>(v_a, key_row0 + 16 * mt, ks * 16));
+#pragma unroll
+                for (int np = 0; np < kPieceTiles / 2; ++np) {
+                    uint32_t b[4];
+                    ldmatrix_x4(b, fragment_address<TileLayout<D, true>>(do_b, pc0 + np * 16, ks * 16));
+                    const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
+#pragma unroll
+                    for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                        mma_m16n8k16<T>(dp[mt][2 * np], af[mt], b_lo, dp[mt][2 * np]);
+                        mma_m16n8k16<T>(dp[mt][2 * np + 1], af[mt], b_hi, dp[mt][2 * np + 1]);
+                    }
+                }
+            }
+            // dS^T of the piece, from the float32 P^T of its columns.
+#pragma unroll
+            for (int nt = 0; nt < kPieceTiles; ++nt) {
+                const float2 d2 = *reinterpret_cast<const float2*>(delta_slot + pc0 + nt * 8 + 2 * t);
+#pragma unroll
+                for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                    const int r = key_row0 + 16 * mt + g, c = pc0 + nt * 8 + 2 * t;
+                    const float* x = dp[mt][nt];
+                    const float* p = s[mt][piece * kPieceTiles + nt];
+                    *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) =
+                        pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
+                    *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) =
+                        pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+                }
+            }
+        }
+        //! [tiled_dp_pieces]
     }
 }
 //! [tiled_sdp]
@@ -227,10 +303,12 @@ __device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccu
 /// dQ_i += dS K_j for rows [row0, row0 + 32) and features [col0, col0 + kDqCols) of the query
 /// block, added into the float32 accumulator. A = dS is dS^T read by ldmatrix.trans, B = K_j by
 /// ldmatrix.trans, as accumulate_dq of the first kernel; each fragment now feeds two m-tiles or
-/// kDqCols/8 n-tiles.
-template <class T, int D, class F, bool kDeterministic>
+/// kDqCols/8 n-tiles. `before_adding()` runs, in every thread, between the products and the
+/// additions: the deterministic mode waits for its turn there, so that the products are not part
+/// of the time other key blocks wait for it.
+template <class T, int D, class F, class BeforeAdding>
 __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_t* k_tile, float* dq_block, int row0,
-                                         int col0, int lane) {
+                                         int col0, int lane, BeforeAdding&& before_adding) {
     using S = TiledShape<T, D, F>;
     constexpr int kTiles = S::kDqCols / 8;
     const int g = lane / 4, t = lane % 4;
@@ -260,6 +338,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
             }
         }
     }
+    before_adding();
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -267,14 +346,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 float* p = dq_block + int64_t(row0 + 16 * mt + g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
-                if constexpr (kDeterministic) {
-                    float2 old = __ldcg(reinterpret_cast<const float2*>(p));  // L2, not a stale L1 line
-                    old.x += acc[mt][nt][2 * hh];
-                    old.y += acc[mt][nt][2 * hh + 1];
-                    __stcg(reinterpret_cast<float2*>(p), old);
-                } else {
-                    red_global_add_v2_f32(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
-                }
+                red_global_add_v2_f32(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
             }
 }
 //! [tiled_dq]
@@ -299,7 +371,7 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
     float* lse_ring = reinterpret_cast<float*>(dst_tile + S::kPElems);  // 2 x [Br] L_i log2(e)
     float* delta_ring = lse_ring + 2 * F::kBr;                         // 2 x [Br] D_i
 
-    const int j = int(blockIdx.x % unsigned(a.k_blocks));
+    const int j = detail::key_block_of_this_block<kDeterministic>(a);
     const int bh = int(blockIdx.x / unsigned(a.k_blocks)), b = bh / a.heads, h = bh % a.heads;
     const int kv0 = j * F::kBc;
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh;
@@ -370,11 +442,14 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
         }
         __syncthreads();  // all of P^T and dS^T stored before any warp reads another warp's piece
         detail::tiled_dkdv<T, D, F>(dk, dv, pt_tile, dst_tile, q_tile, do_tile, key_row0, dkv_col0, lane);
-        if constexpr (kDeterministic) {
-            detail::wait_for_turn(a, bh, i, j);
-            __syncthreads();  // the acquired turn before every thread's dQ_i accesses
-        }
-        detail::tiled_dq<T, D, F, kDeterministic>(dst_tile, k_tile, dq_head + int64_t(q0) * D, dq_row0, dq_col0, lane);
+        // dQ_i's products, then the additions; the deterministic mode waits for its turn between
+        // the two, holding its products in registers.
+        detail::tiled_dq<T, D, F>(dst_tile, k_tile, dq_head + int64_t(q0) * D, dq_row0, dq_col0, lane, [&] {
+            if constexpr (kDeterministic) {
+                detail::wait_for_turn<T, F::kBr, F::kBc>(a, bh, i, j);
+                __syncthreads();  // the turn thread 0 acquired, before every thread's dQ_i additions
+            }
+        });
         if constexpr (kDeterministic) detail::pass_turn(a, bh, i);
     }
     fa::cuda::ptx::cp_async_wait<0>();

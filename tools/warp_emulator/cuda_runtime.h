@@ -51,7 +51,13 @@ inline int next() { return gen++ & 1; }
 inline void __syncthreads() { emu::block_bar->arrive_and_wait(); }
 inline void __syncwarp() { emu::w->bar.arrive_and_wait(); }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __nanosleep(unsigned) {}
+// A thread sleeps only in a loop that waits for another block (stage 09's deterministic turns).
+// Blocks run here one at a time, in order: a wait that is not over at once is for a block that
+// runs later, and would never end. On the GPU that is a wait on a block that may not have started.
+inline void __nanosleep(unsigned) {
+    std::fprintf(stderr, "emulator: a block waits for a block that runs after it\n");
+    std::abort();
+}
 inline float __shfl_xor_sync(unsigned, float v, int offset) {
     const int p = emu::next();
     emu::w->f[p][emu::lane] = v;

@@ -10,13 +10,15 @@
 
 namespace emu {
 
-/// Runs `body` as `blocks` blocks of `threads` threads, one block after the other (block 0 first),
-/// in `smem` bytes of shared memory at `shared` filled with garbage before each block. Aborts on a
-/// cp.async group left pending at a thread's end.
-inline void launch(long blocks, int threads, unsigned char* shared, size_t smem, const std::function<void()>& body) {
+/// Runs `body` as `blocks` blocks of `threads` threads, one block after the other (block 0 first,
+/// or with `last_block_first` the last block first), in `smem` bytes of shared memory at `shared`
+/// filled with garbage before each block. Aborts on a cp.async group left pending at a thread's end.
+inline void launch(long blocks, int threads, unsigned char* shared, size_t smem, const std::function<void()>& body,
+                   bool last_block_first = false) {
     smem_base = shared;
     smem_limit = smem;
-    for (long b = 0; b < blocks; ++b) {
+    for (long n = 0; n < blocks; ++n) {
+        const long b = last_block_first ? blocks - 1 - n : n;
         std::memset(shared, 0xAB, smem);
         std::vector<Warp> warps(size_t(threads / 32));
         // The block's barrier lives on the heap and block_bar is cleared once the block's threads
