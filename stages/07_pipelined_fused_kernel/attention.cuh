@@ -35,6 +35,7 @@
 #include "fa/road.hpp"
 #include "fa/stage.hpp"
 #include "fa/tensor.hpp"
+#include "model_options.hpp"
 
 namespace fa::stage07 {
 
@@ -79,6 +80,19 @@ void attention_device(const Problem& problem, View4<const __nv_bfloat16> q, View
 /// Device entry point, fp16 (see the bf16 overload).
 void attention_device(const Problem& problem, View4<const __half> q, View4<const __half> k, View4<const __half> v,
                       View4<__half> o, View3<float> lse, cudaStream_t stream, int step = -1);
+
+/// Device entry point with stage 10's options, bf16: grouped-query heads, a sliding window and a
+/// soft cap (ModelOptions) on the final kernel. q and o are (B, Hq, Nq, d) with Hq =
+/// problem.heads, k and v are (B, Hk, Nk, d) with Hk = options.kv_heads, lse is (B, Hq, Nq).
+/// Throws fa::InputError when Hk does not divide Hq (naming both), for a bound below -1 or a
+/// negative soft cap. Plain options run exactly the kernel of the overload without them.
+void attention_device(const Problem& problem, const ModelOptions& options, View4<const __nv_bfloat16> q,
+                      View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o, View3<float> lse,
+                      cudaStream_t stream);
+
+/// Device entry point with stage 10's options, fp16 (see the bf16 overload).
+void attention_device(const Problem& problem, const ModelOptions& options, View4<const __half> q, View4<const __half> k,
+                      View4<const __half> v, View4<__half> o, View3<float> lse, cudaStream_t stream);
 
 /// A host entry point with the float32 signature every stage shares: q, k, v are copied to the
 /// device and rounded to `dtype` there, step `step` runs, o is widened back to float32.
