@@ -42,6 +42,7 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -66,6 +67,7 @@
 #include "fa/cuda/timing.hpp"
 #include "fa/error.hpp"
 #include "fa/metrics.hpp"
+#include "fa/varlen.hpp"
 
 namespace {
 
@@ -362,6 +364,73 @@ Stage09Check check_stage09(const fa::Problem& p, const HalfBackward<T>& g, float
 
 }  // namespace
 
+// One --model07 point: query heads per key/value head, the window, the soft cap.
+struct Model07 {
+    int64_t group = 1;
+    fa::Window window;
+    double softcap = 0.0;
+};
+
+Model07 parse_model07(const std::string& spec) {
+    std::vector<double> x;
+    size_t start = 0;
+    while (start <= spec.size()) {
+        const size_t slash = spec.find('/', start);
+        const std::string part = spec.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+        try {
+            size_t used = 0;
+            x.push_back(std::stod(part, &used));
+            if (used != part.size()) throw std::invalid_argument(part);
+        } catch (const std::exception&) {
+            throw fa::InputError("--model07 " + spec + ": expected GROUP/LEFT/RIGHT or GROUP/LEFT/RIGHT/SOFTCAP, numbers");
+        }
+        if (slash == std::string::npos) break;
+        start = slash + 1;
+    }
+    if (x.size() < 3 || x.size() > 4 || x[0] < 1) {
+        throw fa::InputError("--model07 " + spec + ": expected GROUP/LEFT/RIGHT or GROUP/LEFT/RIGHT/SOFTCAP with GROUP >= 1");
+    }
+    return {int64_t(x[0]), fa::Window{int64_t(x[1]), int64_t(x[2])}, x.size() == 4 ? x[3] : 0.0};
+}
+
+// Stage 07's final kernel with stage 10's switches at one point, beside the plain causal kernel on
+// the same q (B, H, N, d): k and v are read as their first H / group heads, in place. TFLOP/s of
+// the visible (query, key) pairs only (4 d FLOPs each).
+template <class T>
+void model07_points(const fa::Problem& dense, const std::string& dtype, fa::cuda::HalfTensors<T>& half, fa::View3<float> lse,
+                    const std::vector<Model07>& points, int warmup, int repeat) {
+    fa::Problem causal = dense;
+    causal.causal = true;
+    const double causal_ms = fa::cuda::time_on_gpu(
+        [&](cudaStream_t s) { fa::stage07::attention_device(causal, half.q, half.k, half.v, half.o, lse, s); }, warmup, repeat)
+                                 .median_ms;
+    for (const Model07& m : points) {
+        fa::stage07::ModelOptions options;
+        options.kv_heads = dense.heads / m.group, options.window = m.window, options.softcap = m.softcap;
+        fa::View4<const T> k = half.k, v = half.v;
+        k.shape[1] = v.shape[1] = std::max<int64_t>(1, options.kv_heads);
+        const char* what = "stage07 model";
+        try {
+            const double ms = fa::cuda::time_on_gpu(
+                [&](cudaStream_t s) { fa::stage07::attention_device(dense, options, half.q, k, v, half.o, lse, s); }, warmup, repeat)
+                                  .median_ms;
+            int64_t pairs = 0;
+            for (int64_t i = 0; i < dense.seq_q; ++i) {
+                pairs += fa::visible_key_range(i, dense.seq_q, dense.seq_k, m.window).size();
+            }
+            const double flops = 4.0 * double(dense.head_dim) * double(pairs) * double(dense.batch * dense.heads);
+            std::printf("%s %s d=%lld N=%lld B=%lld Hq=%lld Hk=%lld window=(%lld,%lld) softcap=%g: %.3f ms, %.1f TFLOP/s "
+                        "(visible pairs); plain causal kernel %.3f ms, ratio %.3f\n",
+                        what, dtype.c_str(), (long long)dense.head_dim, (long long)dense.seq_q, (long long)dense.batch,
+                        (long long)dense.heads, (long long)options.kv_heads, (long long)m.window.left, (long long)m.window.right,
+                        m.softcap, ms, flops / (ms * 1e-3) * 1e-12, causal_ms, ms / causal_ms);
+        } catch (const fa::InputError& e) {
+            std::printf("%s %s: skipped: %s\n", what, dtype.c_str(), e.what());
+        }
+        std::fflush(stdout);
+    }
+}
+
 int main(int argc, char** argv) {
     CLI::App app{"flashcourse bench_gpu: GPU stages 05, 06 (float32), 07 (bf16, fp16), 09 (the backward after stage "
                  "07's forward, bf16, fp16) and 11 (the Hopper kernel, bf16, fp16) over a sweep of shapes, timed with CUDA events"};
@@ -373,6 +442,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> step11_args;
     bool road05 = false;
     std::vector<int> steps09;
+    std::vector<std::string> model07_args;
     std::string causal_mode = "both";
     int64_t tokens = 16384, width = 2048;
     int repeat = 30, warmup = 5;
@@ -381,6 +451,7 @@ int main(int argc, char** argv) {
     double mma_ceiling_tflops = 0;
     double wgmma_ceiling_tflops = 0;
     std::string json_path = "bench_gpu.json", csv_path = "bench_gpu.csv";
+    std::vector<Model07> model07;
     app.add_option("--sizes", sizes, "sequence lengths N (Nq = Nk)")->capture_default_str();
     app.add_option("--head-dims", head_dims, "head dimensions d")->capture_default_str();
     app.add_option("--stages", stages,
@@ -405,6 +476,10 @@ int main(int argc, char** argv) {
                    "with stage 09: main kernels of its road (see stage09 --help) timed beside the default one, rows "
                    "stage09_step<i> (backward with atomic dQ, fwd+bwd), each checked by the guard")
         ->check(CLI::Range(0, int(fa::stage09::road().size()) - 1));
+    app.add_option("--model07", model07_args,
+                   "stage 07's final kernel with stage 10's switches, beside the plain causal kernel at each point: "
+                   "GROUP/LEFT/RIGHT[/SOFTCAP] (Hk = H / GROUP; window (LEFT, RIGHT), -1 unbounded), e.g. 8/-1/0 "
+                   "(GQA 8:1, causal) or 1/4095/0 (a 4096-key causal window); repeatable");
     app.add_option("--causal", causal_mode, "no, yes or both")->check(CLI::IsMember({"no", "yes", "both"}))->capture_default_str();
     app.add_option("--tokens", tokens, "B * N: batch = tokens / N")->check(CLI::PositiveNumber)->capture_default_str();
     app.add_option("--width", width, "H * d: heads = width / d")->check(CLI::PositiveNumber)->capture_default_str();
@@ -430,6 +505,7 @@ int main(int argc, char** argv) {
     std::vector<int> steps07, steps11;
     try {
         steps07 = resolve_steps(step_args, fa::stage07::road(), fa::stage07::final_step(), "--steps", "07");
+        for (const std::string& spec : model07_args) model07.push_back(parse_model07(spec));
 #ifdef FA_HAVE_STAGE11
         steps11 = resolve_steps(step11_args, fa::stage11::road(), fa::stage11::final_step(), "--steps11", "11");
 #endif
@@ -900,6 +976,15 @@ int main(int argc, char** argv) {
                             }
                             std::fflush(stdout);
                             records.push_back(std::move(r));
+                        }
+                    }
+
+                    // ---- stage 07 with stage 10's switches (--model07), beside its plain causal kernel.
+                    for (const std::string& t : has07 && !model07.empty() ? dtypes : std::vector<std::string>{}) {
+                        if (t == "bf16") {
+                            model07_points(p, t, *half.bf16, dev.lse, model07, warmup, repeat);
+                        } else {
+                            model07_points(p, t, *half.fp16, dev.lse, model07, warmup, repeat);
                         }
                     }
 

@@ -16,8 +16,12 @@
 /// memory must serve them without conflicts, and the loads from device memory must hide behind
 /// the math.
 ///
+/// **Stage 10's switches:** grouped-query heads, sliding windows and the soft cap
+/// (ModelOptions, the attention_device() overloads that take them), on the final kernel.
+///
 /// **Does not handle yet:** the backward pass (stages 08, 09); Hopper's own instructions (TMA,
-/// wgmma, warp specialization); head dimensions other than 32, 64, 128 and 256.
+/// wgmma, warp specialization); head dimensions other than 32, 64, 128 and 256; packed
+/// variable-length batches and dropout (stage 10).
 ///
 /// **Measured:** see the lesson page (stages/07_pipelined_fused_kernel/README.md): the table of
 /// the road and the sweep beside PyTorch SDPA's flash and cuDNN backends, on an H100.
