@@ -159,6 +159,16 @@ void run_device(const Problem& p, const ModelOptions& options, View4<const T> q,
     require_device_view("k", k);
     require_device_view("v", v);
     require_device_view("o", o);
+    if (!m.plain()) {
+        // The kernel reads K/V head h / (Hq/Hk) of k and v: views of another head count would be
+        // read past their end or only in part.
+        const int64_t hk = p.heads / m.kv_group;
+        if (q.shape[1] != p.heads || k.shape[1] != hk || v.shape[1] != hk) {
+            throw InputError("stage 07: q must have " + std::to_string(p.heads) + " heads and k, v " + std::to_string(hk) +
+                             " (Hq / Hk = " + std::to_string(m.kv_group) + "); got " + std::to_string(q.shape[1]) + ", " +
+                             std::to_string(k.shape[1]) + " and " + std::to_string(v.shape[1]));
+        }
+    }
     launcher(make_args<T>(p, m, q, k, v, o, lse, geo), stream);
 }
 
