@@ -74,7 +74,7 @@ constexpr int kFinalStep = 8;
 /// Step `Step` of the road at head dimension D, as a FeatureSet (kFeatures) for FeaturesOf.
 template <int D, int Step>
 struct RoadSet {
-    static constexpr FeatureSet kSteps[] = {kStep0, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6<D>, kStep7<D>, kStep8<D>};
+    static constexpr FeatureSet kSteps[kFinalStep + 1] = {kStep0, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6<D>, kStep7<D>, kStep8<D>};
     static constexpr FeatureSet kFeatures = kSteps[Step];  ///< the features of the step
 };
 /// The kernel's Features of step `Step` at head dimension D.
