@@ -21,6 +21,9 @@
 
 namespace fa::stage07 {
 
+// The tuned shapes and the road are read in the lesson (its snippets `tuned` and `road`, with the
+// words around them); Doxygen's reference pages leave them out, as when they lived in attention.cu.
+/// \cond
 //! [tuned]
 /// The tile shape of the final kernel for head dimension D: query rows per block, keys per
 /// tile, warps, pipeline depth, Q's fragments kept in registers or re-read, and whether O is
@@ -81,6 +84,7 @@ struct RoadSet {
 template <int D, int Step>
 using RoadStep = FeaturesOf<RoadSet<D, Step>>;
 //! [road]
+/// \endcond
 
 //! [model_steps]
 /// The final kernel with stage 10's switches: grouped-query heads and a sliding window (both
