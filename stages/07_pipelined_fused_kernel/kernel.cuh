@@ -189,7 +189,7 @@ struct Args {
     int q_tiles;     ///< query tiles per (batch, head): ceil(Nq / Br)
     int seq_q;       ///< Nq
     int seq_k;       ///< Nk
-    bool causal;     ///< bottom-right aligned causal mask
+    bool causal;     ///< bottom-right aligned causal mask (kWindow: the window masks; this only puts the heaviest query tiles first)
     bool negate_q;   ///< the scale is negative: Q's sign is flipped and |scale| used (exact)
     float scale;     ///< |softmax scale| (at least FLT_MIN, so that -inf * scale stays -inf)
     float scale_log2;  ///< |softmax scale| * log2(e)
