@@ -1,5 +1,5 @@
 // Stage 10's switches on stage 07's forward kernel (grouped-query heads, sliding windows, the soft
-// cap), checked the same way on the CPU (test_stage07_emulated: the warp emulator) and on the GPU
+// cap, packed batches of sequences of different lengths), checked the same way on the CPU (test_stage07_emulated: the warp emulator) and on the GPU
 // (test_stage07): the cases, the packed float64 reference (fa/reference_ext.hpp), the naive
 // attention in bf16 or fp16 that sets the limits (the low-precision rule of fa/tolerance.hpp) and
 // the checks. A test supplies only how the kernel runs.
@@ -181,33 +181,32 @@ struct RoundedInputs {
     std::vector<float> v;  ///< (total_k, Hk, d)
 };
 
-/// One case: `run(case, rounded inputs, o, lse)` runs the stage, writing o (total_q, Hq, d) and
+/// One packed call: `run(rounded inputs, o, lse)` runs the stage, writing o (total_q, Hq, d) and
 /// lse (Hq, total_q) (both start as NaN, so an element it forgets to write shows) and returning
-/// whether the kernel with stage 10's switches ran, if it can tell. Checked against the float64
-/// reference by the low-precision rule; rows that see no key must be O = 0 and LSE = -inf exactly,
-/// every other LSE finite.
+/// whether the kernel with stage 10's switches ran, if it can tell (checked against `model`).
+/// Checked against the float64 reference by the low-precision rule; rows that see no key must be
+/// O = 0 and LSE = -inf exactly, every other LSE finite.
 template <class Run>
-void check_model_case(const ModelCase& c, Run&& run) {
-    const VarlenProblem vp = packed_problem(c);
-    vp.validate();
-    const uint64_t seed = 7000 + uint64_t(c.Nq) * 31 + uint64_t(c.Nk) * 7 + uint64_t(c.d) + uint64_t(c.Hq);
-    const Inputs in = make_varlen_inputs(vp, c.inputs, seed);
-    INFO(c.describe() << " seed " << seed);
+void check_packed_case(const VarlenProblem& vp, Precision precision, InputKind inputs, uint64_t seed, bool model,
+                       Run&& run) {
+    const Inputs in = make_varlen_inputs(vp, inputs, seed);
+    INFO(to_string(precision) << " " << vp.describe() << " seed " << seed);
     const auto rounded = [&](const HostTensor& t) {
         std::vector<float> r(t.storage.size());
-        for (size_t i = 0; i < r.size(); ++i) r[i] = round_to(c.precision, t.storage[i]);
+        for (size_t i = 0; i < r.size(); ++i) r[i] = round_to(precision, t.storage[i]);
         return r;
     };
     const RoundedInputs r{rounded(in.q), rounded(in.k), rounded(in.v)};
-    std::vector<float> o(size_t(vp.total_q * c.Hq * c.d), std::numeric_limits<float>::quiet_NaN());
-    std::vector<float> lse(size_t(c.Hq * vp.total_q), std::numeric_limits<float>::quiet_NaN());
-    const std::optional<bool> ran_model = run(c, r, o, lse);
-    if (ran_model) CHECK(*ran_model == c.model);
+    const int64_t hq = vp.heads_q, d = vp.head_dim, total_q = vp.total_q;
+    std::vector<float> o(size_t(total_q * hq * d), std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> lse(size_t(hq * total_q), std::numeric_limits<float>::quiet_NaN());
+    const std::optional<bool> ran_model = run(r, o, lse);
+    if (ran_model) CHECK(*ran_model == model);
 
     const VarlenReference ref = reference_attention_varlen(vp, in.q.cview(), in.k.cview(), in.v.cview());
-    const EmulatedAttention naive = naive_model_emulated(c.precision, vp, in);
+    const EmulatedAttention naive = naive_model_emulated(precision, vp, in);
     const Tolerances tol =
-        low_precision_tolerance(packed_stats(vp, in), c.precision, compare(naive.o, ref.o), compare(naive.lse, ref.lse));
+        low_precision_tolerance(packed_stats(vp, in), precision, compare(naive.o, ref.o), compare(naive.lse, ref.lse));
     const Metrics mo = compare(o, ref.o), ml = compare(lse, ref.lse);
     INFO("O: max_abs " << mo.max_abs << " rel_l2 " << mo.rel_l2 << " nonfinite " << mo.nonfinite << " (limits " << tol.o.max_abs
                        << ", " << tol.o.rel_l2 << "); LSE: max_abs " << ml.max_abs << " nonfinite " << ml.nonfinite
@@ -216,21 +215,76 @@ void check_model_case(const ModelCase& c, Run&& run) {
     CHECK(passes(ml, tol.lse));
 
     int64_t empty_rows = 0, wrong = 0;
-    const int64_t total_q = vp.total_q;
-    for (int64_t h = 0; h < c.Hq; ++h)
+    for (int64_t h = 0; h < hq; ++h)
         for (int64_t t = 0; t < total_q; ++t) {
             const double want = ref.lse[size_t(h * total_q + t)];
             const float got = lse[size_t(h * total_q + t)];
             if (std::isinf(want)) {
                 ++empty_rows;
                 wrong += !(std::isinf(got) && got < 0);
-                for (int x = 0; x < c.d; ++x) wrong += o[size_t((t * c.Hq + h) * c.d + x)] != 0.0f;
+                for (int64_t x = 0; x < d; ++x) wrong += o[size_t((t * hq + h) * d + x)] != 0.0f;
             } else {
                 wrong += !std::isfinite(got);
             }
         }
     INFO(empty_rows << " rows see no key");
     CHECK(wrong == 0);
+}
+
+/// One dense case: `run(case, rounded inputs, o, lse)` runs the stage as check_packed_case()'s
+/// `run` does, on the case's B equal sequences (packed_problem()).
+template <class Run>
+void check_model_case(const ModelCase& c, Run&& run) {
+    const VarlenProblem vp = packed_problem(c);
+    vp.validate();
+    const uint64_t seed = 7000 + uint64_t(c.Nq) * 31 + uint64_t(c.Nk) * 7 + uint64_t(c.d) + uint64_t(c.Hq);
+    INFO(c.describe());
+    check_packed_case(vp, c.precision, c.inputs, seed, c.model,
+                      [&](const RoundedInputs& r, std::vector<float>& o, std::vector<float>& lse) { return run(c, r, o, lse); });
+}
+
+/// One packed call of sequences of different lengths, as flash_attn_varlen_func takes it.
+struct VarlenCase {
+    int d;
+    Precision precision;
+    std::vector<int64_t> seqlens_q;  ///< queries of each sequence
+    std::vector<int64_t> seqlens_k;  ///< keys of each sequence
+    int Hq, Hk;
+    Window window;  ///< (-1, 0): causal, bottom-right aligned in each sequence
+    double softcap;
+    double scale;
+    int64_t extra_max = 0;  ///< max_seqlen_q and max_seqlen_k given this much above the longest sequences
+
+    /// The packed problem.
+    VarlenProblem problem() const {
+        VarlenProblem vp;
+        vp.cu_seqlens_q = cu_seqlens_from_lengths(seqlens_q);
+        vp.cu_seqlens_k = cu_seqlens_from_lengths(seqlens_k);
+        vp.total_q = vp.cu_seqlens_q.back(), vp.total_k = vp.cu_seqlens_k.back();
+        vp.heads_q = Hq, vp.heads_k = Hk, vp.head_dim = d, vp.scale = scale;
+        vp.window = window, vp.softcap = softcap;
+        return vp;
+    }
+};
+
+/// The packed cases: sequences of length 0 and 1 (queries, keys or both), primes, Nq != Nk both
+/// ways within one batch, one long sequence among many short ones, Hq/Hk = 1, 2, 4, causal, a
+/// window narrower than a tile, both bounds, no mask at all, the soft cap, a negative scale,
+/// longest lengths given larger than needed, bf16 and fp16, d 64 and 128.
+inline std::vector<VarlenCase> varlen_cases() {
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    return {
+        // causal per sequence: empty sequences, a query with no key, Nq > Nk and Nq < Nk
+        {64, bf16, {0, 1, 7, 131, 1, 0, 37, 2}, {5, 1, 13, 131, 2, 0, 29, 0}, 4, 2, Window::causal(), 0.0, 0.125},
+        // one long sequence among many short ones, MQA, a window narrower than a tile
+        {128, fp16, {263, 1, 2, 3, 5, 7, 11, 13, 1}, {263, 3, 2, 1, 5, 17, 11, 13, 1}, 4, 1, Window{40, 0}, 0.0, 0.088},
+        // no mask at all, Hq = Hk
+        {128, bf16, {67, 0, 130, 1}, {200, 1, 64, 1}, 2, 2, Window::full(), 0.0, 0.088},
+        // both bounds, the soft cap, a negative scale, longest lengths larger than needed
+        {64, fp16, {97, 1, 61, 0, 19}, {53, 64, 61, 3, 23}, 4, 2, Window{20, 7}, 5.0, -0.3, 50},
+        {64, fp16, {29, 131, 3}, {31, 127, 140}, 2, 1, Window::causal(), 0.0, 0.125},
+        {128, bf16, {3, 71, 17}, {150, 70, 17}, 4, 2, Window{16, 16}, 30.0, 0.088},
+    };
 }
 
 }  // namespace fa::test

@@ -63,6 +63,9 @@ struct FeatureSet {
     bool grouped_heads = false;  ///< Hq/Hk query heads share each K/V head (GQA, MQA), read in place
     bool window = false;         ///< a sliding window (left, right) of keys: only the tiles it touches are loaded
     bool softcap = false;        ///< scores squashed by c tanh(s / c) before the softmax (Gemma 2's soft cap)
+    /// a packed batch of sequences of different lengths (cu_seqlens): each block finds its
+    /// sequence and query tile in a schedule the host builds, and sees that sequence alone
+    bool varlen = false;
 
     /// Fragments by `ldmatrix` (`.trans` for V).
     constexpr FeatureSet with_ldmatrix() const { FeatureSet f = *this; f.ldmatrix = true; return f; }
@@ -94,6 +97,8 @@ struct FeatureSet {
     constexpr FeatureSet with_window() const { FeatureSet f = *this; f.window = true; return f; }
     /// The soft cap c tanh(s / c) on the scores.
     constexpr FeatureSet with_softcap() const { FeatureSet f = *this; f.softcap = true; return f; }
+    /// Packed variable-length sequences, one (sequence, query tile) per block.
+    constexpr FeatureSet with_varlen() const { FeatureSet f = *this; f.varlen = true; return f; }
 };
 
 /// A FeatureSet as the type the kernel template takes, one template parameter per member
@@ -129,6 +134,19 @@ struct ModelFeatures : F {
     static constexpr bool kSoftcap = Softcap;            ///< FeatureSet::softcap
 };
 
+/// Features F on a packed batch of sequences (FeatureSet::varlen). A wrapper, like InOrder below,
+/// so that the types (and the machine code) of every kernel without it stay as they were.
+template <class F>
+struct Packed : F {
+    static constexpr bool kVarlen = true;  ///< FeatureSet::varlen
+};
+/// Whether F runs on a packed batch (Packed<...>).
+template <class F, class = void>
+struct PacksSequences : std::false_type {};
+/// PacksSequences of a Packed<...>.
+template <class F>
+struct PacksSequences<F, std::void_t<decltype(F::kVarlen)>> : std::bool_constant<F::kVarlen> {};
+
 /// Features<...> of a FeatureSet (every member but stage 10's switches).
 template <class Set>
 using PlainFeaturesOf = Features<Set::kFeatures.br, Set::kFeatures.bc, Set::kFeatures.warps, Set::kFeatures.stages,
@@ -136,14 +154,18 @@ using PlainFeaturesOf = Features<Set::kFeatures.br, Set::kFeatures.bc, Set::kFea
                                  Set::kFeatures.exp2, Set::kFeatures.causal_skip, Set::kFeatures.q_in_registers,
                                  Set::kFeatures.lazy_rescale, Set::kFeatures.min_blocks_per_sm, Set::kFeatures.bn>;
 
-/// The Features of `Set::kFeatures`, a constexpr FeatureSet: `FeaturesOf<RoadSet<D, 3>>`. With
-/// none of stage 10's switches on, it is the plain Features<...> type the road has always used.
+/// The Features of `Set::kFeatures` but the varlen switch, a constexpr FeatureSet:
+/// `FeaturesOf<RoadSet<D, 3>>`. With none of stage 10's switches on, it is the plain Features<...>
+/// type the road has always used.
 template <class Set>
-using FeaturesOf =
+using UnpackedFeaturesOf =
     std::conditional_t<Set::kFeatures.grouped_heads || Set::kFeatures.window || Set::kFeatures.softcap,
                        ModelFeatures<PlainFeaturesOf<Set>, Set::kFeatures.grouped_heads, Set::kFeatures.window,
                                      Set::kFeatures.softcap>,
                        PlainFeaturesOf<Set>>;
+/// The Features of `Set::kFeatures`, Packed<...> when it runs on packed sequences.
+template <class Set>
+using FeaturesOf = std::conditional_t<Set::kFeatures.varlen, Packed<UnpackedFeaturesOf<Set>>, UnpackedFeaturesOf<Set>>;
 //! [features]
 
 /// Features F with the query tiles run in order under a causal mask too (stage 06's order at the
@@ -200,6 +222,12 @@ struct Args {
     int window_right;   ///< kWindow: keys after the diagonal a query sees; -1 all, 0 causal
     float softcap;      ///< kSoftcap: c in c tanh(s / c); scale and scale_log2 are then 1 and log2(e)
     float softcap_scale;  ///< kSoftcap: |softmax scale| / c, applied to Q K^T before the tanh
+    // Packed batches (kVarlen). q, o are then (1, Hq, total_q, d), k, v (1, Hk, total_k, d) and lse
+    // (1, Hq, total_q), as views of the packed (total, H, d) buffers; q_tiles counts the entries of
+    // tile_schedule (the blocks of one head), seq_q and seq_k are the longest sequences.
+    const int* cu_seqlens_q;   ///< kVarlen: (B+1) sequence b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1])
+    const int* cu_seqlens_k;   ///< kVarlen: (B+1) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1])
+    const int* tile_schedule;  ///< kVarlen: (q_tiles, 2) block i of a head runs query tile [2i+1] of sequence [2i]
 };
 
 /// Shape constants of one kernel instance, derived from the head dimension and the features.
@@ -548,6 +576,33 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 }
 //! [process_tile]
 
+//! [model_varlen_block]
+/// The arguments one block of a packed batch runs with (kVarlen): a one-sequence problem whose
+/// views start at its sequence's first query and key rows, with that sequence's Nq and Nk, and
+/// the query tile the block runs (`tile`). Entry `blockIdx.x mod q_tiles` of the host's schedule
+/// names the two; cu_seqlens give where the sequence starts and how long it is. Everything after
+/// this reads the one sequence as stage 07 reads a dense head, bottom-right causal alignment and
+/// windows included. Without kVarlen: the arguments as they are.
+template <class T, class F>
+__device__ __forceinline__ Args<T> block_args(const Args<T>& args, int& tile) {
+    if constexpr (PacksSequences<F>::value) {
+        const int entry = int(blockIdx.x % unsigned(args.q_tiles));
+        const int seq = args.tile_schedule[2 * entry];
+        tile = args.tile_schedule[2 * entry + 1];
+        const int q_begin = args.cu_seqlens_q[seq], k_begin = args.cu_seqlens_k[seq];
+        Args<T> a = args;
+        a.seq_q = args.cu_seqlens_q[seq + 1] - q_begin;
+        a.seq_k = args.cu_seqlens_k[seq + 1] - k_begin;
+        a.q += q_begin * args.q_sn, a.o += q_begin * args.o_sn, a.lse += q_begin * args.lse_sn;  // row q_begin
+        a.k += k_begin * args.k_sn, a.v += k_begin * args.v_sn;                                  // row k_begin
+        return a;
+    } else {
+        tile = 0;
+        return args;
+    }
+}
+//! [model_varlen_block]
+
 }  // namespace detail
 
 //! [key_tiles]
@@ -595,9 +650,10 @@ __host__ __device__ inline void window_key_tiles(int q0, int br, int bc, int seq
 
 //! [kernel]
 //! [kernel_start]
-/// The whole forward pass for one query tile of one (batch, head); grid: query tiles x B x H blocks.
+/// The whole forward pass for one query tile of one (batch, head); grid: query tiles x B x H blocks
+/// (packed batches, kVarlen: entries of the tile schedule x H blocks).
 template <class T, int D, class F>
-__global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_forward_kernel(const Args<T> a) {
+__global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_forward_kernel(const Args<T> args) {
     using S = Shape<T, D, F>;  ///< the shape constants
     extern __shared__ __align__(128) unsigned char smem_raw[];
     uint16_t* q_tile = reinterpret_cast<uint16_t*>(smem_raw);  // [Br, d]                 swizzled
@@ -610,8 +666,13 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     // and the short ones then fill the gaps at the end of the run.
     // One flat grid (its x dimension holds 2^31 - 1 blocks; y and z only 65535): query tile
     // fastest, so the blocks running together share one head's K and V in L2.
+    // A packed batch's blocks take their sequence and query tile from the schedule, in the order
+    // the host gave it (heaviest first as well), and see B = 1 (see block_args).
+    int scheduled_tile;
+    const Args<T> a = detail::block_args<T, F>(args, scheduled_tile);
     const int q_tile_index = int(blockIdx.x % unsigned(a.q_tiles));
-    const int q0 = (a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
+    const int q0 = (PacksSequences<F>::value ? scheduled_tile
+                    : a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
     const int bh = int(blockIdx.x / unsigned(a.q_tiles)), b = bh / a.heads, h = bh % a.heads;
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh;  // [Nq, d] global
     //! [model_heads]

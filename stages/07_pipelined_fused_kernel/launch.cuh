@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
@@ -111,6 +112,27 @@ decltype(auto) with_final_features(const ResolvedOptions& options, Run&& run) {
 }
 //! [model_steps]
 
+//! [varlen_steps]
+/// ModelSet on packed batches: the final kernel with grouped heads and the window (causal is the
+/// window (-1, 0) of each sequence), the soft cap where `Softcap`, and the varlen switch.
+template <int D, bool Softcap>
+struct VarlenSet {
+    /// ModelSet's features with the varlen switch
+    static constexpr FeatureSet kFeatures = ModelSet<D, Softcap>::kFeatures.with_varlen();
+};
+/// The kernel's Features on packed batches.
+template <int D, bool Softcap>
+using VarlenStep = FeaturesOf<VarlenSet<D, Softcap>>;
+
+/// Calls `run(F{})` with the Features F a packed call runs for `options`: VarlenStep with or
+/// without the soft cap.
+template <int D, class Run>
+decltype(auto) with_varlen_features(const ResolvedOptions& options, Run&& run) {
+    if (options.softcap > 0.0) return run(VarlenStep<D, true>{});
+    return run(VarlenStep<D, false>{});
+}
+//! [varlen_steps]
+
 /// The block shape of one instance, for the host.
 struct Geometry {
     int br;      ///< query rows per block
@@ -169,6 +191,54 @@ Args<T> make_args(const Problem& p, const ResolvedOptions& m, View4<const T> q, 
     return a;
 }
 //! [make_args]
+
+//! [tile_schedule]
+/// The blocks of one head of a packed call, as the kernel's tile schedule: entry i is (sequence,
+/// query tile), 2 ints, one entry per query tile of `br` rows that holds a query (so none for an
+/// empty sequence, none past a sequence's end). Ordered heaviest first: by the key tiles of `bc`
+/// keys the tile visits under the window (window_key_tiles(), each sequence bottom-right aligned),
+/// most first, ties in sequence and tile order. The long sequences' heavy tiles then start
+/// first and the short ones fill the gaps at the end of the run, as the causal order of a dense
+/// call does.
+inline std::vector<int32_t> tile_schedule(const VarlenProblem& vp, const ResolvedOptions& m, int br, int bc) {
+    struct Entry {
+        int32_t seq, tile, key_tiles;
+    };
+    std::vector<Entry> entries;
+    for (int64_t b = 0; b < vp.batch(); ++b) {
+        const int nq = int(vp.seq_q(b)), nk = int(vp.seq_k(b));
+        for (int tile = 0; tile * br < nq; ++tile) {
+            int first, full_first, full_end, end;
+            window_key_tiles(tile * br, br, bc, nq, nk, Window{m.left, m.right}, first, full_first, full_end, end);
+            entries.push_back({int32_t(b), int32_t(tile), int32_t(end - first)});
+        }
+    }
+    std::stable_sort(entries.begin(), entries.end(), [](const Entry& x, const Entry& y) { return x.key_tiles > y.key_tiles; });
+    std::vector<int32_t> schedule;
+    schedule.reserve(2 * entries.size());
+    for (const Entry& e : entries) schedule.insert(schedule.end(), {e.seq, e.tile});
+    return schedule;
+}
+//! [tile_schedule]
+
+//! [make_varlen_args]
+/// The kernel's arguments for one packed call: make_args() of the dense problem of one batch
+/// entry at the longest lengths (varlen_bounds_problem()), with the packed views q, o (1, Hq,
+/// total_q, d), k, v (1, Hk, total_k, d), lse (1, Hq, total_q), and the three device arrays:
+/// cu_seqlens_q and cu_seqlens_k (B+1 each) and the tile schedule of `schedule_entries` entries
+/// (tile_schedule(), 2 ints each). q_tiles is the schedule's length: blocks per head.
+template <class T>
+Args<T> make_varlen_args(const VarlenProblem& vp, const MaxSeqlens& max, const ResolvedOptions& m, View4<const T> q,
+                         View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse, const Geometry& geo,
+                         const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, const int32_t* schedule,
+                         int64_t schedule_entries) {
+    Args<T> a = make_args<T>(varlen_bounds_problem(vp, max), m, q, k, v, o, lse, geo);
+    a.q_tiles = int(schedule_entries);
+    a.causal = false;  // the schedule orders the tiles; the window masks
+    a.cu_seqlens_q = cu_seqlens_q, a.cu_seqlens_k = cu_seqlens_k, a.tile_schedule = schedule;
+    return a;
+}
+//! [make_varlen_args]
 
 /// Thread blocks of one launch: query tiles x B x Hq.
 template <class T>

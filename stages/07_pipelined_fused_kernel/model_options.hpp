@@ -4,12 +4,15 @@
 ///
 /// These are fa/varlen.hpp's definitions (Window, KeyRange, visible_key_range(), the soft cap of
 /// VarlenProblem) for a dense call: q is (B, Hq, Nq, d), k and v are (B, Hk, Nk, d), o and lse
-/// follow q. Hk divides Hq and query head h reads K/V head h / (Hq/Hk). Host code only.
+/// follow q. Hk divides Hq and query head h reads K/V head h / (Hq/Hk). A packed call (a
+/// VarlenProblem with its longest lengths, resolve_varlen()) resolves to the same options. Host
+/// code only.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "fa/error.hpp"
 #include "fa/problem.hpp"
@@ -64,6 +67,52 @@ inline ResolvedOptions resolve_options(const Problem& problem, const ModelOption
     }
     r.softcap = options.softcap;
     return r;
+}
+
+/// The longest sequences of a packed call, as flash_attn_varlen_func takes them (`max_seqlen_q`,
+/// `max_seqlen_k`): every sequence must fit in them, and the kernel's options are resolved
+/// against them.
+struct MaxSeqlens {
+    int64_t q = 0;  ///< no sequence has more queries
+    int64_t k = 0;  ///< no sequence has more keys
+};
+
+/// The dense problem a packed call's options are resolved against: one batch entry, Hq heads,
+/// the longest lengths, the scale; never causal (a packed call says causal as the window (-1, 0)).
+inline Problem varlen_bounds_problem(const VarlenProblem& vp, const MaxSeqlens& max) {
+    Problem p;
+    p.batch = 1, p.heads = vp.heads_q, p.seq_q = max.q, p.seq_k = max.k, p.head_dim = vp.head_dim;
+    p.scale = vp.scale, p.causal = false;
+    return p;
+}
+
+/// Checks a packed call (InputError naming what is wrong and what is allowed): the problem itself
+/// (VarlenProblem::validate(): cu_seqlens of B+1 entries starting at 0, nondecreasing, ending at
+/// total_q and total_k; Hk dividing Hq; the window and the soft cap), every sequence within the
+/// longest lengths `max`, and no dropout (not in this kernel yet). Returns the options the kernel
+/// takes, resolved against the longest lengths: a window bound no sequence reaches past is -1.
+inline ResolvedOptions resolve_varlen(const VarlenProblem& vp, const MaxSeqlens& max) {
+    vp.validate();
+    if (vp.dropout.enabled()) {
+        throw InputError("--dropout " + std::to_string(vp.dropout.p) +
+                         ": stage 07's forward kernel has no dropout yet; use 0 (off) with packed batches");
+    }
+    if (max.q < 0 || max.k < 0 || max.q > INT32_MAX || max.k > INT32_MAX) {
+        throw InputError("max_seqlen_q " + std::to_string(max.q) + " and max_seqlen_k " + std::to_string(max.k) +
+                         " must be between 0 and 2^31 - 1");
+    }
+    for (int64_t b = 0; b < vp.batch(); ++b) {
+        for (const auto& [name, len, most] : {std::tuple{"q", vp.seq_q(b), max.q}, std::tuple{"k", vp.seq_k(b), max.k}}) {
+            if (len > most) {
+                throw InputError(std::string("cu_seqlens_") + name + " gives sequence " + std::to_string(b) + " length " +
+                                 std::to_string(len) + ", more than max_seqlen_" + name + " = " + std::to_string(most) +
+                                 ": the longest length must bound every sequence");
+            }
+        }
+    }
+    ModelOptions o;
+    o.kv_heads = vp.heads_k, o.window = vp.window, o.softcap = vp.softcap;
+    return resolve_options(varlen_bounds_problem(vp, max), o);
 }
 
 }  // namespace fa::stage07
