@@ -134,6 +134,28 @@ LaunchFn<T> find_final_launcher(int d, const ResolvedOptions& options, Geometry&
     }
 }
 
+/// The launcher and geometry of a packed call at head dimension D (launch.cuh's
+/// with_varlen_features).
+template <class T, int D>
+LaunchFn<T> find_varlen_for_d(const ResolvedOptions& options, Geometry& geo) {
+    return with_varlen_features<D>(options, [&](auto features) {
+        using F = decltype(features);
+        geo = geometry<T, D, F>();
+        return LaunchFn<T>(launch<T, D, F>);
+    });
+}
+
+template <class T>
+LaunchFn<T> find_varlen_launcher(int d, const ResolvedOptions& options, Geometry& geo) {
+    switch (d) {
+        case 32: return find_varlen_for_d<T, 32>(options, geo);
+        case 64: return find_varlen_for_d<T, 64>(options, geo);
+        case 128: return find_varlen_for_d<T, 128>(options, geo);
+        case 256: return find_varlen_for_d<T, 256>(options, geo);
+        default: return nullptr;
+    }
+}
+
 int resolve(int step) { return step < 0 ? kFinalStep : step; }
 
 template <class T>
@@ -170,6 +192,57 @@ void run_device(const Problem& p, const ModelOptions& options, View4<const T> q,
         }
     }
     launcher(make_args<T>(p, m, q, k, v, o, lse, geo), stream);
+}
+
+template <class T>
+void run_varlen_device(const VarlenProblem& vp, const MaxSeqlens& max, View4<const T> q, View4<const T> k,
+                       View4<const T> v, View4<T> o, View3<float> lse, const VarlenDeviceArrays& arrays,
+                       cudaStream_t stream) {
+    const ResolvedOptions m = resolve_varlen(vp, max);
+    Geometry geo{};
+    const LaunchFn<T> launcher = find_varlen_launcher<T>(int(vp.head_dim), m, geo);
+    if (launcher == nullptr) {
+        throw InputError("head_dim " + std::to_string(vp.head_dim) + " is not supported by stage 07: use 32, 64, 128 or 256");
+    }
+    // The packed views: (1, H, total, d) for q, k, v, o and (1, Hq, total_q) for the LSE.
+    const auto require_shape = [](const char* name, const auto& view, int64_t heads, int64_t total, int64_t last) {
+        if (view.shape[0] != 1 || view.shape[1] != heads || view.shape[2] != total || view.shape[3] != last) {
+            throw InputError(std::string("stage 07: packed ") + name + " must be (1, " + std::to_string(heads) + ", " +
+                             std::to_string(total) + ", " + std::to_string(last) + "), a (total, H, d) buffer; got (" +
+                             std::to_string(view.shape[0]) + ", " + std::to_string(view.shape[1]) + ", " +
+                             std::to_string(view.shape[2]) + ", " + std::to_string(view.shape[3]) + ")");
+        }
+    };
+    require_shape("q", q, vp.heads_q, vp.total_q, vp.head_dim);
+    require_shape("k", k, vp.heads_k, vp.total_k, vp.head_dim);
+    require_shape("v", v, vp.heads_k, vp.total_k, vp.head_dim);
+    require_shape("o", o, vp.heads_q, vp.total_q, vp.head_dim);
+    if (lse.shape[0] != 1 || lse.shape[1] != vp.heads_q || lse.shape[2] != vp.total_q) {
+        throw InputError("stage 07: the packed LSE must be (1, " + std::to_string(vp.heads_q) + ", " +
+                         std::to_string(vp.total_q) + "), an (Hq, total_q) buffer");
+    }
+    require_device_view("q", q);
+    require_device_view("k", k);
+    require_device_view("v", v);
+    require_device_view("o", o);
+    if (vp.total_q > INT32_MAX || vp.total_k > INT32_MAX) {
+        throw InputError("stage 07: total_q and total_k must fit in int32 (cu_seqlens are int32)");
+    }
+    const std::vector<int32_t> schedule = tile_schedule(vp, m, geo.br, geo.bc);
+    const int64_t entries = int64_t(schedule.size() / 2);
+    if (entries * vp.heads_q >= (int64_t(1) << 31)) {
+        throw InputError("stage 07: the packed problem needs more than 2^31 thread blocks");
+    }
+    if (entries == 0) return;  // every sequence is empty: nothing to write
+    if (arrays.cu_seqlens_q == nullptr || arrays.cu_seqlens_k == nullptr || arrays.schedule == nullptr) {
+        throw InputError("stage 07: a packed call needs cu_seqlens_q, cu_seqlens_k and the schedule on the device");
+    }
+    // From pageable memory: the call returns once the schedule is staged, so the vector may go.
+    FA_CUDA_CHECK(cudaMemcpyAsync(arrays.schedule, schedule.data(), schedule.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream));
+    launcher(make_varlen_args<T>(vp, max, m, q, k, v, o, lse, geo, arrays.cu_seqlens_q, arrays.cu_seqlens_k,
+                                 arrays.schedule, entries),
+             stream);
 }
 
 template <class T>
@@ -277,6 +350,24 @@ void attention_device(const Problem& p, const ModelOptions& options, View4<const
 void attention_device(const Problem& p, const ModelOptions& options, View4<const __half> q, View4<const __half> k,
                       View4<const __half> v, View4<__half> o, View3<float> lse, cudaStream_t stream) {
     run_device<__half>(p, options, q, k, v, o, lse, stream, kFinalStep);
+}
+
+int64_t varlen_schedule_ints(const VarlenProblem& problem) {
+    int64_t tiles = 0;
+    for (int64_t b = 0; b < problem.batch(); ++b) tiles += (problem.seq_q(b) + 63) / 64;  // Br >= 64 in every instance
+    return 2 * tiles;
+}
+
+void attention_varlen_device(const VarlenProblem& problem, const MaxSeqlens& max, View4<const __nv_bfloat16> q,
+                             View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o,
+                             View3<float> lse, const VarlenDeviceArrays& arrays, cudaStream_t stream) {
+    run_varlen_device<__nv_bfloat16>(problem, max, q, k, v, o, lse, arrays, stream);
+}
+
+void attention_varlen_device(const VarlenProblem& problem, const MaxSeqlens& max, View4<const __half> q,
+                             View4<const __half> k, View4<const __half> v, View4<__half> o, View3<float> lse,
+                             const VarlenDeviceArrays& arrays, cudaStream_t stream) {
+    run_varlen_device<__half>(problem, max, q, k, v, o, lse, arrays, stream);
 }
 
 AttentionFn host_entry(DType dtype, int step) {

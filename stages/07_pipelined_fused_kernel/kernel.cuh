@@ -330,6 +330,19 @@ __device__ __forceinline__ void load_v_fragments(uint32_t (&b)[4], const uint16_
     //! [step_ldmatrix]
 }
 
+/// Nq the block works with: its own sequence's (`seq_q`, packed batches) or the call's. Read from
+/// the arguments where it is used, as the kernels before packed batches always did (a copy held
+/// in a register from the start would change their machine code).
+template <class F, class T>
+__device__ __forceinline__ int block_seq_q(const Args<T>& a, int seq_q) {
+    return PacksSequences<F>::value ? seq_q : a.seq_q;
+}
+/// Nk the block works with (see block_seq_q).
+template <class F, class T>
+__device__ __forceinline__ int block_seq_k(const Args<T>& a, int seq_k) {
+    return PacksSequences<F>::value ? seq_k : a.seq_k;
+}
+
 /// What one warp keeps in registers across the K/V tiles.
 template <class T, int D, class F>
 struct WarpState {
@@ -347,7 +360,7 @@ struct WarpState {
 template <class T, int D, class F, bool kMask>
 __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint16_t* q_tile, const uint16_t* k_tile,
                                              const uint16_t* v_tile, uint16_t* p_tile, int q0, int kv0, int warp_row0,
-                                             const Args<T>& a, int lane) {
+                                             int seq_q, int seq_k, const Args<T>& a, int lane) {
     using S = Shape<T, D, F>;  ///< the shape constants
     const int g = lane / 4, t = lane % 4;
     // This tile's lane addresses: computed here, from the slot's base, so that the compiler
@@ -421,7 +434,8 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = q0 + warp_row0 + mt * 16 + g + 8 * h;
-                const KeyRange r = row < a.seq_q ? visible_key_range(row, a.seq_q, a.seq_k, Window{a.window_left, a.window_right})
+                const int nq = block_seq_q<F>(a, seq_q), nk = block_seq_k<F>(a, seq_k);
+                const KeyRange r = row < nq ? visible_key_range(row, nq, nk, Window{a.window_left, a.window_right})
                                                  : KeyRange{0, 0};
                 key_begin[mt][h] = int(r.begin), key_end[mt][h] = int(r.end);
             }
@@ -442,7 +456,8 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = q0 + warp_row0 + mt * 16 + g + 8 * h;
-                key_end[mt][h] = row < a.seq_q ? int(visible_key_end(row, a.seq_q, a.seq_k, a.causal)) : 0;
+                const int nq = block_seq_q<F>(a, seq_q), nk = block_seq_k<F>(a, seq_k);
+                key_end[mt][h] = row < nq ? int(visible_key_end(row, nq, nk, a.causal)) : 0;
             }
 #pragma unroll
         for (int mt = 0; mt < S::kMTiles; ++mt)
@@ -577,29 +592,21 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 //! [process_tile]
 
 //! [model_varlen_block]
-/// The arguments one block of a packed batch runs with (kVarlen): a one-sequence problem whose
-/// views start at its sequence's first query and key rows, with that sequence's Nq and Nk, and
-/// the query tile the block runs (`tile`). Entry `blockIdx.x mod q_tiles` of the host's schedule
-/// names the two; cu_seqlens give where the sequence starts and how long it is. Everything after
-/// this reads the one sequence as stage 07 reads a dense head, bottom-right causal alignment and
-/// windows included. Without kVarlen: the arguments as they are.
-template <class T, class F>
-__device__ __forceinline__ Args<T> block_args(const Args<T>& args, int& tile) {
-    if constexpr (PacksSequences<F>::value) {
-        const int entry = int(blockIdx.x % unsigned(args.q_tiles));
-        const int seq = args.tile_schedule[2 * entry];
-        tile = args.tile_schedule[2 * entry + 1];
-        const int q_begin = args.cu_seqlens_q[seq], k_begin = args.cu_seqlens_k[seq];
-        Args<T> a = args;
-        a.seq_q = args.cu_seqlens_q[seq + 1] - q_begin;
-        a.seq_k = args.cu_seqlens_k[seq + 1] - k_begin;
-        a.q += q_begin * args.q_sn, a.o += q_begin * args.o_sn, a.lse += q_begin * args.lse_sn;  // row q_begin
-        a.k += k_begin * args.k_sn, a.v += k_begin * args.v_sn;                                  // row k_begin
-        return a;
-    } else {
-        tile = 0;
-        return args;
-    }
+/// Where one block of a packed batch (kVarlen) works: entry `blockIdx.x mod q_tiles` of the host's
+/// tile schedule names its sequence and query tile (`tile`); cu_seqlens give the sequence's first
+/// query and key rows (`q_row0`, `k_row0`) and its lengths (`seq_q`, `seq_k`). From there the
+/// block reads its sequence as stage 07 reads a dense head, bottom-right causal alignment and
+/// windows included, and never touches another sequence's rows.
+template <class T>
+__device__ __forceinline__ void find_sequence(const Args<T>& a, int& tile, int& q_row0, int& k_row0, int& seq_q,
+                                              int& seq_k) {
+    const int entry = int(blockIdx.x % unsigned(a.q_tiles));
+    const int seq = a.tile_schedule[2 * entry];
+    tile = a.tile_schedule[2 * entry + 1];
+    const int q_begin = a.cu_seqlens_q[seq], k_begin = a.cu_seqlens_k[seq];
+    seq_q = a.cu_seqlens_q[seq + 1] - q_begin;
+    seq_k = a.cu_seqlens_k[seq + 1] - k_begin;
+    q_row0 = q_begin, k_row0 = k_begin;
 }
 //! [model_varlen_block]
 
@@ -653,7 +660,7 @@ __host__ __device__ inline void window_key_tiles(int q0, int br, int bc, int seq
 /// The whole forward pass for one query tile of one (batch, head); grid: query tiles x B x H blocks
 /// (packed batches, kVarlen: entries of the tile schedule x H blocks).
 template <class T, int D, class F>
-__global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_forward_kernel(const Args<T> args) {
+__global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_forward_kernel(const Args<T> a) {
     using S = Shape<T, D, F>;  ///< the shape constants
     extern __shared__ __align__(128) unsigned char smem_raw[];
     uint16_t* q_tile = reinterpret_cast<uint16_t*>(smem_raw);  // [Br, d]                 swizzled
@@ -667,20 +674,22 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     // One flat grid (its x dimension holds 2^31 - 1 blocks; y and z only 65535): query tile
     // fastest, so the blocks running together share one head's K and V in L2.
     // A packed batch's blocks take their sequence and query tile from the schedule, in the order
-    // the host gave it (heaviest first as well), and see B = 1 (see block_args).
-    int scheduled_tile;
-    const Args<T> a = detail::block_args<T, F>(args, scheduled_tile);
+    // the host gave it (heaviest first as well), and see B = 1 (find_sequence); a dense call's
+    // blocks see Nq and Nk of the call and start at row 0.
+    int scheduled_tile = 0, seq_q = 0, seq_k = 0;  // (kVarlen) the sequence's Nq and Nk: block_seq_q/k()
+    int q_row0 = 0, k_row0 = 0;  // the sequence's first query and key rows (cu_seqlens are int32)
+    if constexpr (PacksSequences<F>::value) detail::find_sequence(a, scheduled_tile, q_row0, k_row0, seq_q, seq_k);
     const int q_tile_index = int(blockIdx.x % unsigned(a.q_tiles));
     const int q0 = (PacksSequences<F>::value ? scheduled_tile
                     : a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
     const int bh = int(blockIdx.x / unsigned(a.q_tiles)), b = bh / a.heads, h = bh % a.heads;
-    const T* q_head = a.q + b * a.q_sb + h * a.q_sh;  // [Nq, d] global
+    const T* q_head = a.q + b * a.q_sb + h * a.q_sh + q_row0 * a.q_sn;  // [Nq, d] global
     //! [model_heads]
     // Grouped-query heads: query head h reads K/V head h / (Hq/Hk), in place (never copied).
     const int h_kv = F::kGroupedHeads ? h / a.kv_group : h;
     //! [model_heads]
-    const T* k_head = a.k + b * a.k_sb + h_kv * a.k_sh;  // [Nk, d] global
-    const T* v_head = a.v + b * a.v_sb + h_kv * a.v_sh;  // [Nk, d] global
+    const T* k_head = a.k + b * a.k_sb + h_kv * a.k_sh + k_row0 * a.k_sn;  // [Nk, d] global
+    const T* v_head = a.v + b * a.v_sb + h_kv * a.v_sh + k_row0 * a.v_sn;  // [Nk, d] global
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int g = lane / 4, t = lane % 4;
     const int warp_row0 = warp * S::kRowsPerWarp;  // first row of this warp inside the tile
@@ -706,20 +715,20 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     //! [model_window_tiles]
     if constexpr (F::kWindow) {
         int full_end, window_end;
-        window_key_tiles(q0, F::kBr, F::kBc, a.seq_q, a.seq_k, Window{a.window_left, a.window_right}, first, full_first,
+        window_key_tiles(q0, F::kBr, F::kBc, detail::block_seq_q<F>(a, seq_q), detail::block_seq_k<F>(a, seq_k), Window{a.window_left, a.window_right}, first, full_first,
                          full_end, window_end);
         end = window_end - first, full = full_end - first, full_first -= first;  // counted from `first`
     } else {
-        key_tiles(q0, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal, F::kCausalSkip, full, end);
+        key_tiles(q0, F::kBr, F::kBc, detail::block_seq_q<F>(a, seq_q), detail::block_seq_k<F>(a, seq_k), a.causal, F::kCausalSkip, full, end);
     }
     //! [model_window_tiles]
 
     const auto load_kv = [&](int tile) {
         const int key_tile = F::kWindow ? first + tile : tile;
         cuda::load_tile_gmem_to_smem<F::kBc, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(k_slot(tile)), k_head, a.k_sn,
-                                                                            key_tile * F::kBc, a.seq_k);
+                                                                            key_tile * F::kBc, detail::block_seq_k<F>(a, seq_k));
         cuda::load_tile_gmem_to_smem<F::kBc, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(v_slot(tile)), v_head, a.v_sn,
-                                                                            key_tile * F::kBc, a.seq_k);
+                                                                            key_tile * F::kBc, detail::block_seq_k<F>(a, seq_k));
     };
     const auto run_tile = [&](int tile) {
 #pragma unroll 1  // one softmax step at a time: unrolled, the compiler would interleave them and need both S tiles
@@ -728,9 +737,9 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
             const uint16_t* v_rows = v_slot(tile) + step * F::kBn * D;
             const int kv0 = (F::kWindow ? first + tile : tile) * F::kBc + step * F::kBn;
             if (tile < full && (!F::kWindow || tile >= full_first)) {
-                detail::process_tile<T, D, F, false>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, a, lane);
+                detail::process_tile<T, D, F, false>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, seq_q, seq_k, a, lane);
             } else {
-                detail::process_tile<T, D, F, true>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, a, lane);
+                detail::process_tile<T, D, F, true>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, seq_q, seq_k, a, lane);
             }
         }
     };
@@ -751,7 +760,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     //! [kernel_start]
     if (end > 0) {  // a query tile that sees no key writes O = 0, LSE = -inf straight away
         cuda::load_tile_gmem_to_smem<F::kBr, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(q_tile), q_head, a.q_sn, q0,
-                                                                            a.seq_q);
+                                                                            detail::block_seq_q<F>(a, seq_q));
         //! [step_pipeline]
         if constexpr (F::kStages == 1) {
             // No pipeline: load, wait, compute, one tile after the other.
@@ -809,22 +818,22 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
                     fa::cuda::ptx::pack2<T>(st.o[mt][dt][2 * hh] * inv, st.o[mt][dt][2 * hh + 1] * inv);
             }
             const int row = q0 + r;
-            if (t == 0 && row < a.seq_q) {
+            if (t == 0 && row < detail::block_seq_q<F>(a, seq_q)) {
                 // LSE = ln(sum_j exp(scale*s_j)) = m*|scale| + ln(l), in natural-log units.
                 const float lse = l > 0.0f ? st.m[mt][hh] * a.scale + logf(l) : -INFINITY;
-                a.lse[b * a.lse_sb + h * a.lse_sh + row * a.lse_sn] = lse;
+                a.lse[b * a.lse_sb + h * a.lse_sh + (q_row0 + row) * a.lse_sn] = lse;
             }
         }
     }
     __syncwarp();  // orders this warp's staging stores before its 16-byte reads of the same rows
-    T* o_head = a.o + b * a.o_sb + h * a.o_sh;
+    T* o_head = a.o + b * a.o_sb + h * a.o_sh + q_row0 * a.o_sn;
     constexpr int kChunks = S::kRowsPerWarp * S::kChunksPerRow;
 #pragma unroll
     for (int i = 0; i < (kChunks + 31) / 32; ++i) {
         const int chunk = lane + 32 * i;
         if (kChunks % 32 != 0 && chunk >= kChunks) break;
         const int r = warp_row0 + chunk / S::kChunksPerRow, col = (chunk % S::kChunksPerRow) * 8;
-        if (q0 + r < a.seq_q) {
+        if (q0 + r < detail::block_seq_q<F>(a, seq_q)) {
             *reinterpret_cast<uint4*>(o_head + int64_t(q0 + r) * a.o_sn + col) =
                 *reinterpret_cast<const uint4*>(o_stage + S::Tile::offset(r, col));
         }
