@@ -1,6 +1,7 @@
 // Stage 07 (tensor-core kernel, bf16 and fp16) against the float64 reference and stage 06, by the
 // low-precision rule; every step of the road; the contract for rows that see no key; any scale.
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -89,7 +90,84 @@ std::optional<bool> run_model_case(const test::ModelCase& c, const test::Rounded
                                               : run_model_on_gpu<__half>(c, in, o, lse);
 }
 
+// A packed call of tests/model_cases.hpp through stage07::attention_varlen_device, in T: the
+// packed (total, H, d) buffers and cu_seqlens on the device, max lengths `max`.
+template <class T>
+std::optional<bool> run_varlen_on_gpu(const VarlenProblem& vp, const stage07::MaxSeqlens& max, const test::RoundedInputs& in,
+                                      std::vector<float>& o, std::vector<float>& lse) {
+    const auto to_device = [](const std::vector<float>& x) {
+        std::vector<T> h(x.size());
+        for (size_t i = 0; i < x.size(); ++i) h[i] = from_float<T>(x[i]);
+        cuda::DeviceBuffer<T> d(x.size());
+        if (!h.empty()) d.copy_from_host(h.data(), h.size());
+        return d;
+    };
+    const auto ints_to_device = [](const std::vector<int32_t>& x) {
+        cuda::DeviceBuffer<int32_t> d(x.size());
+        d.copy_from_host(x.data(), x.size());
+        return d;
+    };
+    const cuda::DeviceBuffer<T> q = to_device(in.q), k = to_device(in.k), v = to_device(in.v);
+    const cuda::DeviceBuffer<int32_t> cu_q = ints_to_device(vp.cu_seqlens_q), cu_k = ints_to_device(vp.cu_seqlens_k);
+    cuda::DeviceBuffer<int32_t> schedule(size_t(stage07::varlen_schedule_ints(vp)));
+    cuda::DeviceBuffer<T> od(o.size());
+    cuda::DeviceBuffer<float> ld(lse.size());
+    if (od.bytes() > 0) FA_CUDA_CHECK(cudaMemset(od.data(), 0xff, od.bytes()));  // NaN: what the kernel forgets shows
+    if (ld.bytes() > 0) FA_CUDA_CHECK(cudaMemset(ld.data(), 0xff, ld.bytes()));
+    const int64_t d = vp.head_dim;
+    const auto packed = [&](const cuda::DeviceBuffer<T>& x, int64_t total, int64_t heads) {
+        return make_packed_view(static_cast<const T*>(x.data()), total, heads, d);
+    };
+    const View3<float> lv{ld.data(), {1, vp.heads_q, vp.total_q}, {vp.heads_q * vp.total_q, vp.total_q, 1}};
+    stage07::attention_varlen_device(vp, max, packed(q, vp.total_q, vp.heads_q), packed(k, vp.total_k, vp.heads_k),
+                                     packed(v, vp.total_k, vp.heads_k), make_packed_view(od.data(), vp.total_q, vp.heads_q, d),
+                                     lv, stage07::VarlenDeviceArrays{cu_q.data(), cu_k.data(), schedule.data()}, nullptr);
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<T> oh(o.size());
+    if (!oh.empty()) od.copy_to_host(oh.data(), oh.size());
+    for (size_t i = 0; i < o.size(); ++i) o[i] = to_float(oh[i]);
+    if (!lse.empty()) ld.copy_to_host(lse.data(), lse.size());
+    return std::nullopt;
+}
+
+void check_varlen_on_gpu(const test::VarlenCase& c, uint64_t seed) {
+    const VarlenProblem vp = c.problem();
+    const stage07::MaxSeqlens max{vp.max_seq_q() + c.extra_max, vp.max_seq_k() + c.extra_max};
+    test::check_packed_case(vp, c.precision, InputKind::Normal, seed, true,
+                            [&](const test::RoundedInputs& in, std::vector<float>& o, std::vector<float>& lse) {
+                                return c.precision == Precision::BFloat16
+                                           ? run_varlen_on_gpu<__nv_bfloat16>(vp, max, in, o, lse)
+                                           : run_varlen_on_gpu<__half>(vp, max, in, o, lse);
+                            });
+}
+
 }  // namespace
+
+TEST_CASE("stage 07 on packed batches of different lengths matches the float64 reference") {
+    // The cases of tests/model_cases.hpp (also run on the CPU by test_stage07_emulated), and larger
+    // ones: a long sequence among short ones with many tiles on both sides of a window, d = 32 and
+    // 256 too.
+    uint64_t seed = 9100;
+    for (const test::VarlenCase& c : test::varlen_cases()) check_varlen_on_gpu(c, ++seed);
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    const test::VarlenCase large[] = {
+        {128, bf16, {2000, 1, 0, 300, 129, 7}, {2000, 5, 3, 300, 64, 900}, 8, 2, Window::causal(), 0.0, 0.088},
+        {64, fp16, {1500, 3, 257, 1024}, {1700, 3, 257, 1024}, 16, 2, Window{255, 0}, 0.0, 0.125},
+        {256, bf16, {600, 1, 31}, {600, 40, 31}, 4, 1, Window{300, 50}, 30.0, 0.0625},
+        {32, fp16, {129, 0, 1000}, {129, 1, 1000}, 4, 4, Window::full(), 0.0, 0.17},
+    };
+    for (const test::VarlenCase& c : large) check_varlen_on_gpu(c, ++seed);
+}
+
+TEST_CASE("stage 07 refuses a packed call whose lengths exceed the longest given, naming them") {
+    VarlenProblem vp;
+    vp.cu_seqlens_q = {0, 3, 10}, vp.cu_seqlens_k = {0, 4, 9};
+    vp.total_q = 10, vp.total_k = 9;
+    CHECK_THROWS_WITH_AS(stage07::attention_varlen_device(vp, stage07::MaxSeqlens{6, 5}, View4<const __half>{},
+                                                          View4<const __half>{}, View4<const __half>{}, View4<__half>{},
+                                                          View3<float>{}, stage07::VarlenDeviceArrays{}, nullptr),
+                         doctest::Contains("sequence 1 length 7, more than max_seqlen_q = 6"), InputError);
+}
 
 TEST_CASE("stage 07 with grouped-query heads, sliding windows and the soft cap matches the float64 reference") {
     // The cases of tests/model_cases.hpp (also run on the CPU by test_stage07_emulated), and the
