@@ -432,6 +432,79 @@ void model07_points(const fa::Problem& dense, const std::string& dtype, fa::cuda
     }
 }
 
+// --varlen07: stage 07's kernel on a packed batch of sequences of the given lengths (causal, each
+// sequence aligned bottom-right, Hq = Hk = H), beside the same kernel on a packed batch of B equal
+// lengths (the same tokens, up to B - 1 dropped) and the dense causal kernel on that uniform batch.
+// TFLOP/s of the visible (query, key) pairs only. The packed calls' times include what the call
+// does on the host (checking cu_seqlens, building and copying the tile schedule).
+template <class T>
+void varlen07_point(const std::vector<int64_t>& lengths, int64_t heads, int64_t d, const std::string& dtype, int warmup,
+                    int repeat) {
+    const auto packed_problem = [&](const std::vector<int64_t>& lens) {
+        fa::VarlenProblem vp;
+        vp.cu_seqlens_q = vp.cu_seqlens_k = fa::cu_seqlens_from_lengths(lens);
+        vp.total_q = vp.total_k = vp.cu_seqlens_q.back();
+        vp.heads_q = vp.heads_k = heads, vp.head_dim = d, vp.window = fa::Window::causal();
+        return vp;
+    };
+    const fa::VarlenProblem mixed = packed_problem(lengths);
+    const int64_t total = mixed.total_q, batch = mixed.batch(), n = std::max<int64_t>(1, total / batch);
+    const fa::VarlenProblem uniform = packed_problem(std::vector<int64_t>(size_t(batch), n));
+    const int64_t rows = std::max(total, uniform.total_q);
+    const fa::Inputs in = fa::make_varlen_inputs(packed_problem({rows}), fa::InputKind::Normal, 1);
+    const auto upload = [&](const fa::HostTensor& t) {
+        fa::cuda::DeviceBuffer<float> f(t.storage.size());
+        f.copy_from_host(t.storage.data(), t.storage.size());
+        fa::cuda::DeviceBuffer<T> h(t.storage.size());
+        fa::cuda::convert(fa::make_packed_view(static_cast<const float*>(f.data()), rows, heads, d),
+                          fa::make_packed_view(h.data(), rows, heads, d));
+        FA_CUDA_CHECK(cudaDeviceSynchronize());
+        return h;
+    };
+    const fa::cuda::DeviceBuffer<T> q = upload(in.q), k = upload(in.k), v = upload(in.v);
+    fa::cuda::DeviceBuffer<T> o(size_t(rows * heads * d));
+    fa::cuda::DeviceBuffer<float> lse(size_t(rows * heads));
+    const auto time_packed = [&](const fa::VarlenProblem& vp) {
+        fa::cuda::DeviceBuffer<int32_t> cu(vp.cu_seqlens_q.size());
+        cu.copy_from_host(vp.cu_seqlens_q.data(), vp.cu_seqlens_q.size());
+        fa::cuda::DeviceBuffer<int32_t> schedule(size_t(fa::stage07::varlen_schedule_ints(vp)));
+        const auto packed = [&](const fa::cuda::DeviceBuffer<T>& x) {
+            return fa::make_packed_view(static_cast<const T*>(x.data()), vp.total_q, heads, d);
+        };
+        const fa::View3<float> lv{lse.data(), {1, heads, vp.total_q}, {heads * vp.total_q, vp.total_q, 1}};
+        const fa::stage07::VarlenDeviceArrays arrays{cu.data(), cu.data(), schedule.data()};
+        return fa::cuda::time_on_gpu(
+                   [&](cudaStream_t s) {
+                       fa::stage07::attention_varlen_device(vp, fa::stage07::MaxSeqlens{vp.max_seq_q(), vp.max_seq_k()},
+                                                            packed(q), packed(k), packed(v),
+                                                            fa::make_packed_view(o.data(), vp.total_q, heads, d), lv, arrays, s);
+                   },
+                   warmup, repeat)
+            .median_ms;
+    };
+    const double mixed_ms = time_packed(mixed), uniform_ms = time_packed(uniform);
+    fa::Problem p;
+    p.batch = batch, p.heads = heads, p.seq_q = p.seq_k = n, p.head_dim = d, p.causal = true;
+    const auto dense = [&](const fa::cuda::DeviceBuffer<T>& x) {  // the uniform packed rows as (B, H, N, d)
+        return fa::View4<const T>{x.data(), {batch, heads, n, d}, {n * heads * d, d, heads * d, 1}};
+    };
+    const fa::View4<T> od{o.data(), {batch, heads, n, d}, {n * heads * d, d, heads * d, 1}};
+    const fa::View3<float> ld{lse.data(), {batch, heads, n}, {heads * n, n, 1}};
+    const double dense_ms = fa::cuda::time_on_gpu(
+                                [&](cudaStream_t s) { fa::stage07::attention_device(p, dense(q), dense(k), dense(v), od, ld, s); },
+                                warmup, repeat)
+                                .median_ms;
+    const auto tflops = [&](const fa::VarlenProblem& vp, double ms) {
+        return 4.0 * double(d) * double(vp.visible_pairs_per_head()) * double(heads) / (ms * 1e-3) * 1e-12;
+    };
+    std::printf("stage07 varlen %s d=%lld H=%lld B=%lld tokens=%lld (longest %lld): mixed lengths %.3f ms %.1f TFLOP/s; "
+                "uniform N=%lld packed %.3f ms %.1f TFLOP/s, dense %.3f ms %.1f TFLOP/s; mixed / dense rate %.3f\n",
+                dtype.c_str(), (long long)d, (long long)heads, (long long)batch, (long long)total, (long long)mixed.max_seq_q(),
+                mixed_ms, tflops(mixed, mixed_ms), (long long)n, uniform_ms, tflops(uniform, uniform_ms), dense_ms,
+                tflops(uniform, dense_ms), tflops(mixed, mixed_ms) / tflops(uniform, dense_ms));
+    std::fflush(stdout);
+}
+
 int main(int argc, char** argv) {
     CLI::App app{"flashcourse bench_gpu: GPU stages 05, 06 (float32), 07 (bf16, fp16), 09 (the backward after stage "
                  "07's forward, bf16, fp16) and 11 (the Hopper kernel, bf16, fp16) over a sweep of shapes, timed with CUDA events"};
@@ -453,6 +526,7 @@ int main(int argc, char** argv) {
     double wgmma_ceiling_tflops = 0;
     std::string json_path = "bench_gpu.json", csv_path = "bench_gpu.csv";
     std::vector<Model07> model07;
+    std::vector<int64_t> varlen07;
     app.add_option("--sizes", sizes, "sequence lengths N (Nq = Nk)")->capture_default_str();
     app.add_option("--head-dims", head_dims, "head dimensions d")->capture_default_str();
     app.add_option("--stages", stages,
@@ -481,6 +555,10 @@ int main(int argc, char** argv) {
                    "stage 07's final kernel with stage 10's switches, beside the plain causal kernel at each point: "
                    "GROUP/LEFT/RIGHT[/SOFTCAP] (Hk = H / GROUP; window (LEFT, RIGHT), -1 unbounded), e.g. 8/-1/0 "
                    "(GQA 8:1, causal) or 1/4095/0 (a 4096-key causal window); repeatable");
+    app.add_option("--varlen07", varlen07,
+                   "stage 07 on one packed batch of sequences of these lengths (comma-separated; causal, H = width / d), "
+                   "beside a uniform batch of the same tokens packed and dense, for each d and dtype, before the sweep")
+        ->delimiter(',');
     app.add_option("--causal", causal_mode, "no, yes or both")->check(CLI::IsMember({"no", "yes", "both"}))->capture_default_str();
     app.add_option("--tokens", tokens, "B * N: batch = tokens / N")->check(CLI::PositiveNumber)->capture_default_str();
     app.add_option("--width", width, "H * d: heads = width / d")->check(CLI::PositiveNumber)->capture_default_str();
@@ -794,6 +872,16 @@ int main(int argc, char** argv) {
 #endif
 
     try {
+        for (int64_t d : has07 && !varlen07.empty() ? head_dims : std::vector<int64_t>{}) {
+            for (const std::string& t : dtypes) {
+                const int64_t heads = std::max<int64_t>(1, width / d);
+                if (t == "bf16") {
+                    varlen07_point<__nv_bfloat16>(varlen07, heads, d, t, warmup, repeat);
+                } else {
+                    varlen07_point<__half>(varlen07, heads, d, t, warmup, repeat);
+                }
+            }
+        }
         for (int64_t d : head_dims) {
             for (int64_t n : sizes) {
                 fa::Problem p;
