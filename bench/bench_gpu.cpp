@@ -43,6 +43,7 @@
 #include <functional>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -67,6 +68,7 @@
 #include "fa/cuda/timing.hpp"
 #include "fa/error.hpp"
 #include "fa/metrics.hpp"
+#include "fa/varlen.hpp"
 
 namespace {
 
@@ -363,6 +365,147 @@ Stage09Check check_stage09(const fa::Problem& p, const HalfBackward<T>& g, float
 
 }  // namespace
 
+// One --model07 point: query heads per key/value head, the window, the soft cap.
+struct Model07 {
+    int64_t group = 1;
+    fa::Window window;
+    double softcap = 0.0;
+};
+
+Model07 parse_model07(const std::string& spec) {
+    std::vector<double> x;
+    size_t start = 0;
+    while (start <= spec.size()) {
+        const size_t slash = spec.find('/', start);
+        const std::string part = spec.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+        try {
+            size_t used = 0;
+            x.push_back(std::stod(part, &used));
+            if (used != part.size()) throw std::invalid_argument(part);
+        } catch (const std::exception&) {
+            throw fa::InputError("--model07 " + spec + ": expected GROUP/LEFT/RIGHT or GROUP/LEFT/RIGHT/SOFTCAP, numbers");
+        }
+        if (slash == std::string::npos) break;
+        start = slash + 1;
+    }
+    if (x.size() < 3 || x.size() > 4 || x[0] < 1) {
+        throw fa::InputError("--model07 " + spec + ": expected GROUP/LEFT/RIGHT or GROUP/LEFT/RIGHT/SOFTCAP with GROUP >= 1");
+    }
+    return {int64_t(x[0]), fa::Window{int64_t(x[1]), int64_t(x[2])}, x.size() == 4 ? x[3] : 0.0};
+}
+
+// Stage 07's final kernel with stage 10's switches at one point, beside the plain causal kernel on
+// the same q (B, H, N, d): k and v are read as their first H / group heads, in place. TFLOP/s of
+// the visible (query, key) pairs only (4 d FLOPs each).
+template <class T>
+void model07_points(const fa::Problem& dense, const std::string& dtype, fa::cuda::HalfTensors<T>& half, fa::View3<float> lse,
+                    const std::vector<Model07>& points, int warmup, int repeat) {
+    fa::Problem causal = dense, windowed = dense;
+    causal.causal = true;
+    windowed.causal = false;  // the window says which keys each query sees
+    const double causal_ms = fa::cuda::time_on_gpu(
+        [&](cudaStream_t s) { fa::stage07::attention_device(causal, half.q, half.k, half.v, half.o, lse, s); }, warmup, repeat)
+                                 .median_ms;
+    for (const Model07& m : points) {
+        fa::stage07::ModelOptions options;
+        options.kv_heads = dense.heads / m.group, options.window = m.window, options.softcap = m.softcap;
+        fa::View4<const T> k = half.k, v = half.v;
+        k.shape[1] = v.shape[1] = std::max<int64_t>(1, options.kv_heads);
+        const char* what = "stage07 model";
+        try {
+            const double ms = fa::cuda::time_on_gpu(
+                [&](cudaStream_t s) { fa::stage07::attention_device(windowed, options, half.q, k, v, half.o, lse, s); }, warmup, repeat)
+                                  .median_ms;
+            int64_t pairs = 0;
+            for (int64_t i = 0; i < dense.seq_q; ++i) {
+                pairs += fa::visible_key_range(i, dense.seq_q, dense.seq_k, m.window).size();
+            }
+            const double flops = 4.0 * double(dense.head_dim) * double(pairs) * double(dense.batch * dense.heads);
+            std::printf("%s %s d=%lld N=%lld B=%lld Hq=%lld Hk=%lld window=(%lld,%lld) softcap=%g: %.3f ms, %.1f TFLOP/s "
+                        "(visible pairs); plain causal kernel %.3f ms, ratio %.3f\n",
+                        what, dtype.c_str(), (long long)dense.head_dim, (long long)dense.seq_q, (long long)dense.batch,
+                        (long long)dense.heads, (long long)options.kv_heads, (long long)m.window.left, (long long)m.window.right,
+                        m.softcap, ms, flops / (ms * 1e-3) * 1e-12, causal_ms, ms / causal_ms);
+        } catch (const fa::InputError& e) {
+            std::printf("%s %s: skipped: %s\n", what, dtype.c_str(), e.what());
+        }
+        std::fflush(stdout);
+    }
+}
+
+// --varlen07: stage 07's kernel on a packed batch of sequences of the given lengths (causal, each
+// sequence aligned bottom-right, Hq = Hk = H), beside the same kernel on a packed batch of B equal
+// lengths (the same tokens, up to B - 1 dropped) and the dense causal kernel on that uniform batch.
+// TFLOP/s of the visible (query, key) pairs only. The packed calls' times include what the call
+// does on the host (checking cu_seqlens, building and copying the tile schedule).
+template <class T>
+void varlen07_point(const std::vector<int64_t>& lengths, int64_t heads, int64_t d, const std::string& dtype, int warmup,
+                    int repeat) {
+    const auto packed_problem = [&](const std::vector<int64_t>& lens) {
+        fa::VarlenProblem vp;
+        vp.cu_seqlens_q = vp.cu_seqlens_k = fa::cu_seqlens_from_lengths(lens);
+        vp.total_q = vp.total_k = vp.cu_seqlens_q.back();
+        vp.heads_q = vp.heads_k = heads, vp.head_dim = d, vp.window = fa::Window::causal();
+        return vp;
+    };
+    const fa::VarlenProblem mixed = packed_problem(lengths);
+    const int64_t total = mixed.total_q, batch = mixed.batch(), n = std::max<int64_t>(1, total / batch);
+    const fa::VarlenProblem uniform = packed_problem(std::vector<int64_t>(size_t(batch), n));
+    const int64_t rows = std::max(total, uniform.total_q);
+    const fa::Inputs in = fa::make_varlen_inputs(packed_problem({rows}), fa::InputKind::Normal, 1);
+    const auto upload = [&](const fa::HostTensor& t) {
+        fa::cuda::DeviceBuffer<float> f(t.storage.size());
+        f.copy_from_host(t.storage.data(), t.storage.size());
+        fa::cuda::DeviceBuffer<T> h(t.storage.size());
+        fa::cuda::convert(fa::make_packed_view(static_cast<const float*>(f.data()), rows, heads, d),
+                          fa::make_packed_view(h.data(), rows, heads, d));
+        FA_CUDA_CHECK(cudaDeviceSynchronize());
+        return h;
+    };
+    const fa::cuda::DeviceBuffer<T> q = upload(in.q), k = upload(in.k), v = upload(in.v);
+    fa::cuda::DeviceBuffer<T> o(size_t(rows * heads * d));
+    fa::cuda::DeviceBuffer<float> lse(size_t(rows * heads));
+    const auto time_packed = [&](const fa::VarlenProblem& vp) {
+        fa::cuda::DeviceBuffer<int32_t> cu(vp.cu_seqlens_q.size());
+        cu.copy_from_host(vp.cu_seqlens_q.data(), vp.cu_seqlens_q.size());
+        fa::cuda::DeviceBuffer<int32_t> schedule(size_t(fa::stage07::varlen_schedule_ints(vp)));
+        const auto packed = [&](const fa::cuda::DeviceBuffer<T>& x) {
+            return fa::make_packed_view(static_cast<const T*>(x.data()), vp.total_q, heads, d);
+        };
+        const fa::View3<float> lv{lse.data(), {1, heads, vp.total_q}, {heads * vp.total_q, vp.total_q, 1}};
+        const fa::stage07::VarlenDeviceArrays arrays{cu.data(), cu.data(), schedule.data()};
+        return fa::cuda::time_on_gpu(
+                   [&](cudaStream_t s) {
+                       fa::stage07::attention_varlen_device(vp, fa::stage07::MaxSeqlens{vp.max_seq_q(), vp.max_seq_k()},
+                                                            packed(q), packed(k), packed(v),
+                                                            fa::make_packed_view(o.data(), vp.total_q, heads, d), lv, arrays, s);
+                   },
+                   warmup, repeat)
+            .median_ms;
+    };
+    const double mixed_ms = time_packed(mixed), uniform_ms = time_packed(uniform);
+    fa::Problem p;
+    p.batch = batch, p.heads = heads, p.seq_q = p.seq_k = n, p.head_dim = d, p.causal = true;
+    const auto dense = [&](const fa::cuda::DeviceBuffer<T>& x) {  // the uniform packed rows as (B, H, N, d)
+        return fa::View4<const T>{x.data(), {batch, heads, n, d}, {n * heads * d, d, heads * d, 1}};
+    };
+    const fa::View4<T> od{o.data(), {batch, heads, n, d}, {n * heads * d, d, heads * d, 1}};
+    const fa::View3<float> ld{lse.data(), {batch, heads, n}, {heads * n, n, 1}};
+    const double dense_ms = fa::cuda::time_on_gpu(
+                                [&](cudaStream_t s) { fa::stage07::attention_device(p, dense(q), dense(k), dense(v), od, ld, s); },
+                                warmup, repeat)
+                                .median_ms;
+    const auto tflops = [&](const fa::VarlenProblem& vp, double ms) {
+        return 4.0 * double(d) * double(vp.visible_pairs_per_head()) * double(heads) / (ms * 1e-3) * 1e-12;
+    };
+    std::printf("stage07 varlen %s d=%lld H=%lld B=%lld tokens=%lld (longest %lld): mixed lengths %.3f ms %.1f TFLOP/s; "
+                "uniform N=%lld packed %.3f ms %.1f TFLOP/s, dense %.3f ms %.1f TFLOP/s; mixed / dense rate %.3f\n",
+                dtype.c_str(), (long long)d, (long long)heads, (long long)batch, (long long)total, (long long)mixed.max_seq_q(),
+                mixed_ms, tflops(mixed, mixed_ms), (long long)n, uniform_ms, tflops(uniform, uniform_ms), dense_ms,
+                tflops(uniform, dense_ms), tflops(mixed, mixed_ms) / tflops(uniform, dense_ms));
+    std::fflush(stdout);
+}
+
 int main(int argc, char** argv) {
     CLI::App app{"flashcourse bench_gpu: GPU stages 05, 06 (float32), 07 (bf16, fp16), 09 (the backward after stage "
                  "07's forward, bf16, fp16) and 11 (the Hopper kernel, bf16, fp16) over a sweep of shapes, timed with CUDA events"};
@@ -374,6 +517,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> step11_args;
     bool road05 = false;
     std::vector<int> steps09;
+    std::vector<std::string> model07_args;
     std::string causal_mode = "both";
     int64_t tokens = 16384, width = 2048;
     int repeat = 30, warmup = 5;
@@ -382,6 +526,8 @@ int main(int argc, char** argv) {
     double mma_ceiling_tflops = 0;
     double wgmma_ceiling_tflops = 0;
     std::string json_path = "bench_gpu.json", csv_path = "bench_gpu.csv";
+    std::vector<Model07> model07;
+    std::vector<int64_t> varlen07;
     app.add_option("--sizes", sizes, "sequence lengths N (Nq = Nk)")->capture_default_str();
     app.add_option("--head-dims", head_dims, "head dimensions d")->capture_default_str();
     app.add_option("--stages", stages,
@@ -407,6 +553,14 @@ int main(int argc, char** argv) {
                    "stage09_step<i> (backward with atomic dQ, fwd+bwd) and stage09_step<i>_deterministic (backward with "
                    "deterministic dQ), each checked by the guard")
         ->check(CLI::Range(0, int(fa::stage09::road().size()) - 1));
+    app.add_option("--model07", model07_args,
+                   "stage 07's final kernel with stage 10's switches, beside the plain causal kernel at each point: "
+                   "GROUP/LEFT/RIGHT[/SOFTCAP] (Hk = H / GROUP; window (LEFT, RIGHT), -1 unbounded), e.g. 8/-1/0 "
+                   "(GQA 8:1, causal) or 1/4095/0 (a 4096-key causal window); repeatable");
+    app.add_option("--varlen07", varlen07,
+                   "stage 07 on one packed batch of sequences of these lengths (comma-separated; causal, H = width / d), "
+                   "beside a uniform batch of the same tokens packed and dense, for each d and dtype, before the sweep")
+        ->delimiter(',');
     app.add_option("--causal", causal_mode, "no, yes or both")->check(CLI::IsMember({"no", "yes", "both"}))->capture_default_str();
     app.add_option("--tokens", tokens, "B * N: batch = tokens / N")->check(CLI::PositiveNumber)->capture_default_str();
     app.add_option("--width", width, "H * d: heads = width / d")->check(CLI::PositiveNumber)->capture_default_str();
@@ -432,6 +586,7 @@ int main(int argc, char** argv) {
     std::vector<int> steps07, steps11;
     try {
         steps07 = resolve_steps(step_args, fa::stage07::road(), fa::stage07::final_step(), "--steps", "07");
+        for (const std::string& spec : model07_args) model07.push_back(parse_model07(spec));
 #ifdef FA_HAVE_STAGE11
         steps11 = resolve_steps(step11_args, fa::stage11::road(), fa::stage11::final_step(), "--steps11", "11");
 #endif
@@ -733,6 +888,16 @@ int main(int argc, char** argv) {
 #endif
 
     try {
+        for (int64_t d : has07 && !varlen07.empty() ? head_dims : std::vector<int64_t>{}) {
+            for (const std::string& t : dtypes) {
+                const int64_t heads = std::max<int64_t>(1, width / d);
+                if (t == "bf16") {
+                    varlen07_point<__nv_bfloat16>(varlen07, heads, d, t, warmup, repeat);
+                } else {
+                    varlen07_point<__half>(varlen07, heads, d, t, warmup, repeat);
+                }
+            }
+        }
         for (int64_t d : head_dims) {
             for (int64_t n : sizes) {
                 fa::Problem p;
@@ -916,6 +1081,17 @@ int main(int argc, char** argv) {
                             }
                             std::fflush(stdout);
                             records.push_back(std::move(r));
+                        }
+                    }
+
+                    // ---- stage 07 with stage 10's switches (--model07), beside its plain causal kernel.
+                    // Once per shape (the window carries the causal mask: (-1, 0) is causal), at the last causal value.
+                    const bool last_causal_value = causal == causal_values.back();
+                    for (const std::string& t : has07 && !model07.empty() && last_causal_value ? dtypes : std::vector<std::string>{}) {
+                        if (t == "bf16") {
+                            model07_points(p, t, *half.bf16, dev.lse, model07, warmup, repeat);
+                        } else {
+                            model07_points(p, t, *half.fp16, dev.lse, model07, warmup, repeat);
                         }
                     }
 

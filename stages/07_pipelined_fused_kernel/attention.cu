@@ -1,8 +1,6 @@
 // Stage 07: the tensor-core kernel's instances, its entry points and the road of its features.
 #include "attention.cuh"
 
-#include <cfloat>
-#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -10,72 +8,11 @@
 #include "fa/cuda/stage.hpp"
 #include "fa/cuda/tensors.hpp"
 #include "fa/error.hpp"
-#include "kernel.cuh"
+#include "launch.cuh"
 
 namespace fa::stage07 {
 
 namespace {
-
-//! [tuned]
-/// The tile shape of the final kernel for head dimension D: query rows per block, keys per
-/// tile, warps, pipeline depth, Q's fragments kept in registers or re-read, and whether O is
-/// rescaled lazily. Chosen by measurement on an H100 (see the lesson): each warp owns 16 or 32
-/// query rows; more rows per warp reuse every K and V fragment more often, but need more
-/// registers (Q fragments, O accumulators and S all stay in registers).
-template <int D>
-struct Tuned;
-template <>
-struct Tuned<32> {
-    static constexpr int kBr = 128, kBc = 64, kWarps = 4, kStages = 2;
-    static constexpr bool kQInRegisters = true, kLazyRescale = false;
-};
-template <>
-struct Tuned<64> {
-    static constexpr int kBr = 128, kBc = 64, kWarps = 4, kStages = 2;
-    static constexpr bool kQInRegisters = true, kLazyRescale = false;
-};
-template <>
-struct Tuned<128> {  // 32 rows per warp fit only with Q re-read from shared memory
-    static constexpr int kBr = 128, kBc = 64, kWarps = 4, kStages = 2;
-    static constexpr bool kQInRegisters = false, kLazyRescale = true;
-};
-template <>
-struct Tuned<256> {
-    static constexpr int kBr = 64, kBc = 32, kWarps = 4, kStages = 2;
-    static constexpr bool kQInRegisters = false, kLazyRescale = false;
-};
-//! [tuned]
-
-//! [road]
-// Step 0, the first tensor-core kernel: mma.sync on fragments gathered by 32-bit shared loads
-// from plain row-major tiles; load, wait, compute; P through shared memory; expf; under a causal
-// mask every key tile visited and masked. Blocks of 64 query rows, 4 warps of 16 rows, 64 keys
-// per tile. Each later step is the one before with one more idea switched on.
-constexpr FeatureSet kStep0 = FeatureSet{};
-constexpr FeatureSet kStep1 = kStep0.with_ldmatrix();
-constexpr FeatureSet kStep2 = kStep1.with_swizzle();
-constexpr FeatureSet kStep3 = kStep2.with_pipeline(2);
-constexpr FeatureSet kStep4 = kStep3.with_p_in_registers();
-constexpr FeatureSet kStep5 = kStep4.with_exp2();
-template <int D>  // the block shape measured best for this d
-constexpr FeatureSet kStep6 = kStep5.with_tile(Tuned<D>::kBr, Tuned<D>::kBc, Tuned<D>::kWarps, Tuned<D>::kStages,
-                                               Tuned<D>::kQInRegisters);
-template <int D>
-constexpr FeatureSet kStep7 = kStep6<D>.with_causal_skip();
-template <int D>  // where it measured faster (d = 128): the final kernel
-constexpr FeatureSet kStep8 = kStep7<D>.with_lazy_rescale(Tuned<D>::kLazyRescale);
-constexpr int kFinalStep = 8;
-
-/// Step `Step` of the road at head dimension D, as a FeatureSet (kFeatures) for FeaturesOf.
-template <int D, int Step>
-struct RoadSet {
-    static constexpr FeatureSet kSteps[] = {kStep0, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6<D>, kStep7<D>, kStep8<D>};
-    static constexpr FeatureSet kFeatures = kSteps[Step];  ///< the features of the step
-};
-/// The kernel's Features of step `Step` at head dimension D.
-template <int D, int Step>
-using RoadStep = FeaturesOf<RoadSet<D, Step>>;
-//! [road]
 
 #ifdef FA_STAGE07_TUNING
 constexpr int kRoadSteps = kFinalStep + 1;  // the candidates are numbered after the road
@@ -109,26 +46,16 @@ struct CandidateSet {
 template <class T>
 using LaunchFn = void (*)(const Args<T>&, cudaStream_t);
 
-struct Geometry {
-    int br, bc, warps, stages;
-    bool q_in_registers;
-    bool causal_skip;  // key tiles above the causal diagonal skipped (otherwise visited and masked)
-    size_t smem;
-};
 
 template <class T, int D, class F>
 void launch(const Args<T>& a, cudaStream_t stream) {
     using S = Shape<T, D, F>;
     cuda::allow_dynamic_shared_memory<flash_forward_kernel<T, D, F>>(S::kSmemBytes);
-    flash_forward_kernel<T, D, F><<<unsigned(a.q_tiles) * unsigned(a.batch_heads), S::kThreads, S::kSmemBytes, stream>>>(a);
+    flash_forward_kernel<T, D, F><<<unsigned(grid_blocks(a)), S::kThreads, S::kSmemBytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH("stage07 flash_forward_kernel<d=" + std::to_string(D) + ", Br=" + std::to_string(F::kBr) +
                          ", Bc=" + std::to_string(F::kBc) + ">");
 }
 
-template <class T, int D, class F>
-Geometry geometry() {
-    return {F::kBr, F::kBc, F::kWarps, F::kStages, F::kQInRegisters, F::kCausalSkip, Shape<T, D, F>::kSmemBytes};
-}
 
 /// The launcher and geometry of (T, D, step), or nullptr when that instance is not built.
 template <class T, int D>
@@ -185,6 +112,50 @@ LaunchFn<T> find_launcher(int d, int step, Geometry& geo) {
     }
 }
 
+/// The launcher and geometry of the final kernel for `options` at head dimension D (launch.cuh's
+/// with_final_features: the final kernel itself, or it with stage 10's switches).
+template <class T, int D>
+LaunchFn<T> find_final_for_d(const ResolvedOptions& options, Geometry& geo) {
+    return with_final_features<D>(options, [&](auto features) {
+        using F = decltype(features);
+        geo = geometry<T, D, F>();
+        return LaunchFn<T>(launch<T, D, F>);
+    });
+}
+
+template <class T>
+LaunchFn<T> find_final_launcher(int d, const ResolvedOptions& options, Geometry& geo) {
+    switch (d) {
+        case 32: return find_final_for_d<T, 32>(options, geo);
+        case 64: return find_final_for_d<T, 64>(options, geo);
+        case 128: return find_final_for_d<T, 128>(options, geo);
+        case 256: return find_final_for_d<T, 256>(options, geo);
+        default: return nullptr;
+    }
+}
+
+/// The launcher and geometry of a packed call at head dimension D (launch.cuh's
+/// with_varlen_features).
+template <class T, int D>
+LaunchFn<T> find_varlen_for_d(const ResolvedOptions& options, Geometry& geo) {
+    return with_varlen_features<D>(options, [&](auto features) {
+        using F = decltype(features);
+        geo = geometry<T, D, F>();
+        return LaunchFn<T>(launch<T, D, F>);
+    });
+}
+
+template <class T>
+LaunchFn<T> find_varlen_launcher(int d, const ResolvedOptions& options, Geometry& geo) {
+    switch (d) {
+        case 32: return find_varlen_for_d<T, 32>(options, geo);
+        case 64: return find_varlen_for_d<T, 64>(options, geo);
+        case 128: return find_varlen_for_d<T, 128>(options, geo);
+        case 256: return find_varlen_for_d<T, 256>(options, geo);
+        default: return nullptr;
+    }
+}
+
 int resolve(int step) { return step < 0 ? kFinalStep : step; }
 
 template <class T>
@@ -193,37 +164,85 @@ void require_device_view(const char* name, const View4<T>& view) {
 }
 
 template <class T>
-void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse,
-                cudaStream_t stream, int step) {
+void run_device(const Problem& p, const ModelOptions& options, View4<const T> q, View4<const T> k, View4<const T> v,
+                View4<T> o, View3<float> lse, cudaStream_t stream, int step) {
     step = resolve(step);
     check_supported(p, step);
+    const ResolvedOptions m = resolve_options(p, options);
+    if (!m.plain() && step != kFinalStep) {
+        throw InputError("stage 07: grouped heads, a window or a soft cap run on the final kernel only (step " +
+                         std::to_string(kFinalStep) + "), not on step " + std::to_string(step));
+    }
     Geometry geo{};
-    const LaunchFn<T> launcher = find_launcher<T>(int(p.head_dim), step, geo);
+    const LaunchFn<T> launcher =
+        step == kFinalStep ? find_final_launcher<T>(int(p.head_dim), m, geo) : find_launcher<T>(int(p.head_dim), step, geo);
     if (launcher == nullptr) throw InputError("stage 07: no kernel is built for this head dimension and step");
     require_device_view("q", q);
     require_device_view("k", k);
     require_device_view("v", v);
     require_device_view("o", o);
-    Args<T> a{};
-    a.q = q.data, a.k = k.data, a.v = v.data, a.o = o.data, a.lse = lse.data;
-    a.q_sb = q.stride[0], a.q_sh = q.stride[1], a.q_sn = q.stride[2];
-    a.k_sb = k.stride[0], a.k_sh = k.stride[1], a.k_sn = k.stride[2];
-    a.v_sb = v.stride[0], a.v_sh = v.stride[1], a.v_sn = v.stride[2];
-    a.o_sb = o.stride[0], a.o_sh = o.stride[1], a.o_sn = o.stride[2];
-    a.lse_sb = lse.stride[0], a.lse_sh = lse.stride[1], a.lse_sn = lse.stride[2];
-    a.heads = int(p.heads);
-    a.batch_heads = int(p.batch * p.heads);
-    a.q_tiles = int((p.seq_q + geo.br - 1) / geo.br);
-    a.seq_q = int(p.seq_q);
-    a.seq_k = int(p.seq_k);
-    a.causal = p.causal;
-    const double scale = p.softmax_scale();
-    a.negate_q = scale < 0;
-    // A zero scale would turn the -inf of a masked score into NaN (-inf * 0); the smallest normal
-    // float gives the same uniform weights, since |s| * FLT_MIN rounds to 0 for every finite score.
-    a.scale = std::max(float(std::fabs(scale)), FLT_MIN);
-    a.scale_log2 = std::max(float(std::fabs(scale) * 1.4426950408889634), FLT_MIN);  // log2(e)
-    launcher(a, stream);
+    if (!m.plain()) {
+        // The kernel reads K/V head h / (Hq/Hk) of k and v: views of another head count would be
+        // read past their end or only in part.
+        const int64_t hk = p.heads / m.kv_group;
+        if (q.shape[1] != p.heads || k.shape[1] != hk || v.shape[1] != hk) {
+            throw InputError("stage 07: q must have " + std::to_string(p.heads) + " heads and k, v " + std::to_string(hk) +
+                             " (Hq / Hk = " + std::to_string(m.kv_group) + "); got " + std::to_string(q.shape[1]) + ", " +
+                             std::to_string(k.shape[1]) + " and " + std::to_string(v.shape[1]));
+        }
+    }
+    launcher(make_args<T>(p, m, q, k, v, o, lse, geo), stream);
+}
+
+template <class T>
+void run_varlen_device(const VarlenProblem& vp, const MaxSeqlens& max, View4<const T> q, View4<const T> k,
+                       View4<const T> v, View4<T> o, View3<float> lse, const VarlenDeviceArrays& arrays,
+                       cudaStream_t stream) {
+    const ResolvedOptions m = resolve_varlen(vp, max);
+    Geometry geo{};
+    const LaunchFn<T> launcher = find_varlen_launcher<T>(int(vp.head_dim), m, geo);
+    if (launcher == nullptr) {
+        throw InputError("head_dim " + std::to_string(vp.head_dim) + " is not supported by stage 07: use 32, 64, 128 or 256");
+    }
+    // The packed views: (1, H, total, d) for q, k, v, o and (1, Hq, total_q) for the LSE.
+    const auto require_shape = [](const char* name, const auto& view, int64_t heads, int64_t total, int64_t last) {
+        if (view.shape[0] != 1 || view.shape[1] != heads || view.shape[2] != total || view.shape[3] != last) {
+            throw InputError(std::string("stage 07: packed ") + name + " must be (1, " + std::to_string(heads) + ", " +
+                             std::to_string(total) + ", " + std::to_string(last) + "), a (total, H, d) buffer; got (" +
+                             std::to_string(view.shape[0]) + ", " + std::to_string(view.shape[1]) + ", " +
+                             std::to_string(view.shape[2]) + ", " + std::to_string(view.shape[3]) + ")");
+        }
+    };
+    require_shape("q", q, vp.heads_q, vp.total_q, vp.head_dim);
+    require_shape("k", k, vp.heads_k, vp.total_k, vp.head_dim);
+    require_shape("v", v, vp.heads_k, vp.total_k, vp.head_dim);
+    require_shape("o", o, vp.heads_q, vp.total_q, vp.head_dim);
+    if (lse.shape[0] != 1 || lse.shape[1] != vp.heads_q || lse.shape[2] != vp.total_q) {
+        throw InputError("stage 07: the packed LSE must be (1, " + std::to_string(vp.heads_q) + ", " +
+                         std::to_string(vp.total_q) + "), an (Hq, total_q) buffer");
+    }
+    require_device_view("q", q);
+    require_device_view("k", k);
+    require_device_view("v", v);
+    require_device_view("o", o);
+    if (vp.total_q > INT32_MAX || vp.total_k > INT32_MAX) {
+        throw InputError("stage 07: total_q and total_k must fit in int32 (cu_seqlens are int32)");
+    }
+    const std::vector<int32_t> schedule = tile_schedule(vp, m, geo.br, geo.bc);
+    const int64_t entries = int64_t(schedule.size() / 2);
+    if (entries * vp.heads_q >= (int64_t(1) << 31)) {
+        throw InputError("stage 07: the packed problem needs more than 2^31 thread blocks");
+    }
+    if (entries == 0) return;  // every sequence is empty: nothing to write
+    if (arrays.cu_seqlens_q == nullptr || arrays.cu_seqlens_k == nullptr || arrays.schedule == nullptr) {
+        throw InputError("stage 07: a packed call needs cu_seqlens_q, cu_seqlens_k and the schedule on the device");
+    }
+    // From pageable memory: the call returns once the schedule is staged, so the vector may go.
+    FA_CUDA_CHECK(cudaMemcpyAsync(arrays.schedule, schedule.data(), schedule.size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream));
+    launcher(make_varlen_args<T>(vp, max, m, q, k, v, o, lse, geo, arrays.cu_seqlens_q, arrays.cu_seqlens_k,
+                                 arrays.schedule, entries),
+             stream);
 }
 
 template <class T>
@@ -237,7 +256,7 @@ AttentionFn host_entry_for(int step) {
         cuda::DeviceTensors dev(p, q, k, v, o, lse);
         cuda::HalfTensors<T> half(p, layout);
         half.load(dev.q, dev.k, dev.v);
-        run_device<T>(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step);
+        run_device<T>(p, ModelOptions{}, half.q, half.k, half.v, half.o, dev.lse, nullptr, step);
         cuda::convert(View4<const T>(half.o), dev.o);
         FA_CUDA_CHECK(cudaDeviceSynchronize());
         dev.copy_outputs_to(o, lse);
@@ -314,12 +333,41 @@ void check_supported(const Problem& p, int step) {
 
 void attention_device(const Problem& p, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
                       View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o, View3<float> lse, cudaStream_t stream, int step) {
-    run_device<__nv_bfloat16>(p, q, k, v, o, lse, stream, step);
+    run_device<__nv_bfloat16>(p, ModelOptions{}, q, k, v, o, lse, stream, step);
 }
 
 void attention_device(const Problem& p, View4<const __half> q, View4<const __half> k, View4<const __half> v,
                       View4<__half> o, View3<float> lse, cudaStream_t stream, int step) {
-    run_device<__half>(p, q, k, v, o, lse, stream, step);
+    run_device<__half>(p, ModelOptions{}, q, k, v, o, lse, stream, step);
+}
+
+void attention_device(const Problem& p, const ModelOptions& options, View4<const __nv_bfloat16> q,
+                      View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o, View3<float> lse,
+                      cudaStream_t stream) {
+    run_device<__nv_bfloat16>(p, options, q, k, v, o, lse, stream, kFinalStep);
+}
+
+void attention_device(const Problem& p, const ModelOptions& options, View4<const __half> q, View4<const __half> k,
+                      View4<const __half> v, View4<__half> o, View3<float> lse, cudaStream_t stream) {
+    run_device<__half>(p, options, q, k, v, o, lse, stream, kFinalStep);
+}
+
+int64_t varlen_schedule_ints(const VarlenProblem& problem) {
+    int64_t tiles = 0;
+    for (int64_t b = 0; b < problem.batch(); ++b) tiles += (problem.seq_q(b) + 63) / 64;  // Br >= 64 in every instance
+    return 2 * tiles;
+}
+
+void attention_varlen_device(const VarlenProblem& problem, const MaxSeqlens& max, View4<const __nv_bfloat16> q,
+                             View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o,
+                             View3<float> lse, const VarlenDeviceArrays& arrays, cudaStream_t stream) {
+    run_varlen_device<__nv_bfloat16>(problem, max, q, k, v, o, lse, arrays, stream);
+}
+
+void attention_varlen_device(const VarlenProblem& problem, const MaxSeqlens& max, View4<const __half> q,
+                             View4<const __half> k, View4<const __half> v, View4<__half> o, View3<float> lse,
+                             const VarlenDeviceArrays& arrays, cudaStream_t stream) {
+    run_varlen_device<__half>(problem, max, q, k, v, o, lse, arrays, stream);
 }
 
 AttentionFn host_entry(DType dtype, int step) {

@@ -16,13 +16,19 @@
 /// memory must serve them without conflicts, and the loads from device memory must hide behind
 /// the math.
 ///
+/// **Stage 10's switches:** grouped-query heads, sliding windows and the soft cap
+/// (ModelOptions, the attention_device() overloads that take them), on the final kernel; packed
+/// batches of sequences of different lengths (attention_varlen_device(), cu_seqlens).
+///
 /// **Does not handle yet:** the backward pass (stages 08, 09); Hopper's own instructions (TMA,
-/// wgmma, warp specialization); head dimensions other than 32, 64, 128 and 256.
+/// wgmma, warp specialization); head dimensions other than 32, 64, 128 and 256; dropout
+/// (stage 10).
 ///
 /// **Measured:** see the lesson page (stages/07_pipelined_fused_kernel/README.md): the table of
 /// the road and the sweep beside PyTorch SDPA's flash and cuDNN backends, on an H100.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -35,6 +41,7 @@
 #include "fa/road.hpp"
 #include "fa/stage.hpp"
 #include "fa/tensor.hpp"
+#include "model_options.hpp"
 
 namespace fa::stage07 {
 
@@ -79,6 +86,49 @@ void attention_device(const Problem& problem, View4<const __nv_bfloat16> q, View
 /// Device entry point, fp16 (see the bf16 overload).
 void attention_device(const Problem& problem, View4<const __half> q, View4<const __half> k, View4<const __half> v,
                       View4<__half> o, View3<float> lse, cudaStream_t stream, int step = -1);
+
+/// Device entry point with stage 10's options, bf16: grouped-query heads, a sliding window and a
+/// soft cap (ModelOptions) on the final kernel. q and o are (B, Hq, Nq, d) with Hq =
+/// problem.heads, k and v are (B, Hk, Nk, d) with Hk = options.kv_heads, lse is (B, Hq, Nq).
+/// Throws fa::InputError when Hk does not divide Hq (naming both), for a bound below -1 or a
+/// negative soft cap. Plain options run exactly the kernel of the overload without them.
+void attention_device(const Problem& problem, const ModelOptions& options, View4<const __nv_bfloat16> q,
+                      View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o, View3<float> lse,
+                      cudaStream_t stream);
+
+/// Device entry point with stage 10's options, fp16 (see the bf16 overload).
+void attention_device(const Problem& problem, const ModelOptions& options, View4<const __half> q, View4<const __half> k,
+                      View4<const __half> v, View4<__half> o, View3<float> lse, cudaStream_t stream);
+
+/// The device arrays of a packed call: cu_seqlens as flash_attn_varlen_func takes them, and room
+/// for the tile schedule the call writes (varlen_schedule_ints() ints). The host copies of the
+/// same cu_seqlens travel in the VarlenProblem, which the call checks and builds the schedule from.
+struct VarlenDeviceArrays {
+    const int32_t* cu_seqlens_q = nullptr;  ///< (B+1) on the device, equal to problem.cu_seqlens_q
+    const int32_t* cu_seqlens_k = nullptr;  ///< (B+1) on the device, equal to problem.cu_seqlens_k
+    int32_t* schedule = nullptr;            ///< varlen_schedule_ints(problem) ints on the device, written
+};
+
+/// Ints of device memory the tile schedule of `problem` may need (2 per query tile of 64 rows).
+int64_t varlen_schedule_ints(const VarlenProblem& problem);
+
+/// Device entry point for a packed batch of sequences of different lengths, bf16, as
+/// flash_attn_varlen_func: q and o are packed (total_q, Hq, d) buffers, k and v (total_k, Hk, d),
+/// passed as make_packed_view() views (1, H, total, d); lse is (Hq, total_q), the View3 (1, Hq,
+/// total_q). Sequence b's queries see its keys only, causal and windows aligned bottom-right in
+/// each sequence (problem.window; causal is (-1, 0)), with grouped heads and the soft cap of the
+/// problem. Throws fa::InputError naming what is wrong (resolve_varlen(): cu_seqlens, the longest
+/// lengths, Hk not dividing Hq, dropout; then the views' shapes). Queues a copy of the tile
+/// schedule and the kernel on `stream`; one block per (query tile of a sequence, head), none for
+/// padding.
+void attention_varlen_device(const VarlenProblem& problem, const MaxSeqlens& max, View4<const __nv_bfloat16> q,
+                             View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o,
+                             View3<float> lse, const VarlenDeviceArrays& arrays, cudaStream_t stream);
+
+/// Device entry point for a packed batch, fp16 (see the bf16 overload).
+void attention_varlen_device(const VarlenProblem& problem, const MaxSeqlens& max, View4<const __half> q,
+                             View4<const __half> k, View4<const __half> v, View4<__half> o, View3<float> lse,
+                             const VarlenDeviceArrays& arrays, cudaStream_t stream);
 
 /// A host entry point with the float32 signature every stage shares: q, k, v are copied to the
 /// device and rounded to `dtype` there, step `step` runs, o is widened back to float32.

@@ -30,6 +30,7 @@
 #include "fa/cuda/ptx.cuh"
 #include "fa/cuda/tile_copy.cuh"
 #include "fa/problem.hpp"
+#include "fa/varlen.hpp"
 
 namespace fa::stage07 {
 
@@ -58,6 +59,13 @@ struct FeatureSet {
     /// keys per softmax step (0: bc): a K/V tile of bc keys is loaded (one barrier) and consumed bn
     /// keys at a time, so the registers of S and P follow bn while the barriers follow bc
     int bn = 0;
+    /// Stage 10's switches, what real models call (off on the road; see ModelFeatures below):
+    bool grouped_heads = false;  ///< Hq/Hk query heads share each K/V head (GQA, MQA), read in place
+    bool window = false;         ///< a sliding window (left, right) of keys: only the tiles it touches are loaded
+    bool softcap = false;        ///< scores squashed by c tanh(s / c) before the softmax (Gemma 2's soft cap)
+    /// a packed batch of sequences of different lengths (cu_seqlens): each block finds its
+    /// sequence and query tile in a schedule the host builds, and sees that sequence alone
+    bool varlen = false;
 
     /// Fragments by `ldmatrix` (`.trans` for V).
     constexpr FeatureSet with_ldmatrix() const { FeatureSet f = *this; f.ldmatrix = true; return f; }
@@ -83,6 +91,14 @@ struct FeatureSet {
     constexpr FeatureSet with_min_blocks_per_sm(int blocks) const { FeatureSet f = *this; f.min_blocks_per_sm = blocks; return f; }
     /// Softmax steps of `keys` keys inside each K/V tile.
     constexpr FeatureSet with_softmax_step(int keys) const { FeatureSet f = *this; f.bn = keys; return f; }
+    /// Query head h reads K/V head h / (Hq/Hk).
+    constexpr FeatureSet with_grouped_heads() const { FeatureSet f = *this; f.grouped_heads = true; return f; }
+    /// Keys seen through a sliding window (left, right), its tiles only.
+    constexpr FeatureSet with_window() const { FeatureSet f = *this; f.window = true; return f; }
+    /// The soft cap c tanh(s / c) on the scores.
+    constexpr FeatureSet with_softcap() const { FeatureSet f = *this; f.softcap = true; return f; }
+    /// Packed variable-length sequences, one (sequence, query tile) per block.
+    constexpr FeatureSet with_varlen() const { FeatureSet f = *this; f.varlen = true; return f; }
 };
 
 /// A FeatureSet as the type the kernel template takes, one template parameter per member
@@ -104,14 +120,52 @@ struct Features {
     static constexpr int kMinBlocksPerSm = MinBlocksPerSm;  ///< FeatureSet::min_blocks_per_sm
     static constexpr int kBn = Bn == 0 ? Bc : Bn;      ///< keys per softmax step (FeatureSet::bn)
     static_assert(kBc % kBn == 0, "a tile holds whole softmax steps");
+    static constexpr bool kGroupedHeads = false;  ///< FeatureSet::grouped_heads (ModelFeatures turns it on)
+    static constexpr bool kWindow = false;        ///< FeatureSet::window (ModelFeatures turns it on)
+    static constexpr bool kSoftcap = false;       ///< FeatureSet::softcap (ModelFeatures turns it on)
 };
 
-/// The Features of `Set::kFeatures`, a constexpr FeatureSet: `FeaturesOf<RoadSet<D, 3>>`.
+/// Features F with stage 10's switches. A separate type rather than three more parameters of
+/// Features, so that every kernel without them keeps its type, its name and its machine code.
+template <class F, bool GroupedHeads, bool Window, bool Softcap>
+struct ModelFeatures : F {
+    static constexpr bool kGroupedHeads = GroupedHeads;  ///< FeatureSet::grouped_heads
+    static constexpr bool kWindow = Window;              ///< FeatureSet::window
+    static constexpr bool kSoftcap = Softcap;            ///< FeatureSet::softcap
+};
+
+/// Features F on a packed batch of sequences (FeatureSet::varlen). A wrapper, like InOrder below,
+/// so that the types (and the machine code) of every kernel without it stay as they were.
+template <class F>
+struct Packed : F {
+    static constexpr bool kVarlen = true;  ///< FeatureSet::varlen
+};
+/// Whether F runs on a packed batch (Packed<...>).
+template <class F, class = void>
+struct PacksSequences : std::false_type {};
+/// PacksSequences of a Packed<...>.
+template <class F>
+struct PacksSequences<F, std::void_t<decltype(F::kVarlen)>> : std::bool_constant<F::kVarlen> {};
+
+/// Features<...> of a FeatureSet (every member but stage 10's switches).
 template <class Set>
-using FeaturesOf = Features<Set::kFeatures.br, Set::kFeatures.bc, Set::kFeatures.warps, Set::kFeatures.stages,
-                            Set::kFeatures.ldmatrix, Set::kFeatures.swizzle, Set::kFeatures.p_in_registers,
-                            Set::kFeatures.exp2, Set::kFeatures.causal_skip, Set::kFeatures.q_in_registers,
-                            Set::kFeatures.lazy_rescale, Set::kFeatures.min_blocks_per_sm, Set::kFeatures.bn>;
+using PlainFeaturesOf = Features<Set::kFeatures.br, Set::kFeatures.bc, Set::kFeatures.warps, Set::kFeatures.stages,
+                                 Set::kFeatures.ldmatrix, Set::kFeatures.swizzle, Set::kFeatures.p_in_registers,
+                                 Set::kFeatures.exp2, Set::kFeatures.causal_skip, Set::kFeatures.q_in_registers,
+                                 Set::kFeatures.lazy_rescale, Set::kFeatures.min_blocks_per_sm, Set::kFeatures.bn>;
+
+/// The Features of `Set::kFeatures` but the varlen switch, a constexpr FeatureSet:
+/// `FeaturesOf<RoadSet<D, 3>>`. With none of stage 10's switches on, it is the plain Features<...>
+/// type the road has always used.
+template <class Set>
+using UnpackedFeaturesOf =
+    std::conditional_t<Set::kFeatures.grouped_heads || Set::kFeatures.window || Set::kFeatures.softcap,
+                       ModelFeatures<PlainFeaturesOf<Set>, Set::kFeatures.grouped_heads, Set::kFeatures.window,
+                                     Set::kFeatures.softcap>,
+                       PlainFeaturesOf<Set>>;
+/// The Features of `Set::kFeatures`, Packed<...> when it runs on packed sequences.
+template <class Set>
+using FeaturesOf = std::conditional_t<Set::kFeatures.varlen, Packed<UnpackedFeaturesOf<Set>>, UnpackedFeaturesOf<Set>>;
 //! [features]
 
 /// Features F with the query tiles run in order under a causal mask too (stage 06's order at the
@@ -157,10 +211,23 @@ struct Args {
     int q_tiles;     ///< query tiles per (batch, head): ceil(Nq / Br)
     int seq_q;       ///< Nq
     int seq_k;       ///< Nk
-    bool causal;     ///< bottom-right aligned causal mask
+    bool causal;     ///< bottom-right aligned causal mask (kWindow: the window masks; this only puts the heaviest query tiles first)
     bool negate_q;   ///< the scale is negative: Q's sign is flipped and |scale| used (exact)
     float scale;     ///< |softmax scale| (at least FLT_MIN, so that -inf * scale stays -inf)
     float scale_log2;  ///< |softmax scale| * log2(e)
+    // Stage 10's fields, read only by kernels that switch the feature on (appended, so that the
+    // fields above keep their offsets and the kernels without these switches their machine code).
+    int kv_group;       ///< kGroupedHeads: Hq / Hk, query heads per K/V head (heads above is Hq)
+    int window_left;    ///< kWindow: keys before the diagonal a query sees; -1 all
+    int window_right;   ///< kWindow: keys after the diagonal a query sees; -1 all, 0 causal
+    float softcap;      ///< kSoftcap: c in c tanh(s / c); scale and scale_log2 are then 1 and log2(e)
+    float softcap_scale;  ///< kSoftcap: |softmax scale| / c, applied to Q K^T before the tanh
+    // Packed batches (kVarlen). q, o are then (1, Hq, total_q, d), k, v (1, Hk, total_k, d) and lse
+    // (1, Hq, total_q), as views of the packed (total, H, d) buffers; q_tiles counts the entries of
+    // tile_schedule (the blocks of one head), seq_q and seq_k are the longest sequences.
+    const int* cu_seqlens_q;   ///< kVarlen: (B+1) sequence b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1])
+    const int* cu_seqlens_k;   ///< kVarlen: (B+1) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1])
+    const int* tile_schedule;  ///< kVarlen: (q_tiles, 2) block i of a head runs query tile [2i+1] of sequence [2i]
 };
 
 /// Shape constants of one kernel instance, derived from the head dimension and the features.
@@ -263,6 +330,19 @@ __device__ __forceinline__ void load_v_fragments(uint32_t (&b)[4], const uint16_
     //! [step_ldmatrix]
 }
 
+/// Nq the block works with: its own sequence's (`seq_q`, packed batches) or the call's. Read from
+/// the arguments where it is used, as the kernels before packed batches always did (a copy held
+/// in a register from the start would change their machine code).
+template <class F, class T>
+__device__ __forceinline__ int block_seq_q(const Args<T>& a, int seq_q) {
+    return PacksSequences<F>::value ? seq_q : a.seq_q;
+}
+/// Nk the block works with (see block_seq_q).
+template <class F, class T>
+__device__ __forceinline__ int block_seq_k(const Args<T>& a, int seq_k) {
+    return PacksSequences<F>::value ? seq_k : a.seq_k;
+}
+
 /// What one warp keeps in registers across the K/V tiles.
 template <class T, int D, class F>
 struct WarpState {
@@ -280,7 +360,7 @@ struct WarpState {
 template <class T, int D, class F, bool kMask>
 __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint16_t* q_tile, const uint16_t* k_tile,
                                              const uint16_t* v_tile, uint16_t* p_tile, int q0, int kv0, int warp_row0,
-                                             const Args<T>& a, int lane) {
+                                             int seq_q, int seq_k, const Args<T>& a, int lane) {
     using S = Shape<T, D, F>;  ///< the shape constants
     const int g = lane / 4, t = lane % 4;
     // This tile's lane addresses: computed here, from the slot's base, so that the compiler
@@ -327,17 +407,57 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
         }
     }
 
+    //! [model_softcap]
+    // The soft cap, s <- c tanh(|scale| s / c): the scale is applied here, before the tanh, so the
+    // softmax below runs with scale 1 (the host passes scale = 1 and scale_log2 = log2(e)). Masked
+    // keys still become -inf below, after the cap.
+    if constexpr (F::kSoftcap) {
+#pragma unroll
+        for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[mt][nt][e] = a.softcap * tanhf(s[mt][nt][e] * a.softcap_scale);
+    }
+    //! [model_softcap]
+
     // Keys this row may not see (above the diagonal, past Nk) score -inf: exp gives 0. The end of
     // each row's visible keys is worked out here, in masked tiles only, rather than kept in
     // registers through the whole loop.
-    if constexpr (kMask) {
+    //! [model_window_mask]
+    if constexpr (kMask && F::kWindow) {
+        // A window bounds each row on both sides: keys [begin, end) of visible_key_range()
+        // (fa/varlen.hpp), the same rule as the float64 reference; rows past Nq see nothing.
+        int key_begin[S::kMTiles][2], key_end[S::kMTiles][2];
+#pragma unroll
+        for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = q0 + warp_row0 + mt * 16 + g + 8 * h;
+                const int nq = block_seq_q<F>(a, seq_q), nk = block_seq_k<F>(a, seq_k);
+                const KeyRange r = row < nq ? visible_key_range(row, nq, nk, Window{a.window_left, a.window_right})
+                                                 : KeyRange{0, 0};
+                key_begin[mt][h] = int(r.begin), key_end[mt][h] = int(r.end);
+            }
+#pragma unroll
+        for (int mt = 0; mt < S::kMTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int key = kv0 + nt * 8 + 2 * t + (e % 2);
+                    if (key < key_begin[mt][e / 2] || key >= key_end[mt][e / 2]) s[mt][nt][e] = -INFINITY;
+                }
+    } else if constexpr (kMask) {
+    //! [model_window_mask]
         int key_end[S::kMTiles][2];
 #pragma unroll
         for (int mt = 0; mt < S::kMTiles; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = q0 + warp_row0 + mt * 16 + g + 8 * h;
-                key_end[mt][h] = row < a.seq_q ? int(visible_key_end(row, a.seq_q, a.seq_k, a.causal)) : 0;
+                const int nq = block_seq_q<F>(a, seq_q), nk = block_seq_k<F>(a, seq_k);
+                key_end[mt][h] = row < nq ? int(visible_key_end(row, nq, nk, a.causal)) : 0;
             }
 #pragma unroll
         for (int mt = 0; mt < S::kMTiles; ++mt)
@@ -471,6 +591,25 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 }
 //! [process_tile]
 
+//! [model_varlen_block]
+/// Where one block of a packed batch (kVarlen) works: entry `blockIdx.x mod q_tiles` of the host's
+/// tile schedule names its sequence and query tile (`tile`); cu_seqlens give the sequence's first
+/// query and key rows (`q_row0`, `k_row0`) and its lengths (`seq_q`, `seq_k`). From there the
+/// block reads its sequence as stage 07 reads a dense head, bottom-right causal alignment and
+/// windows included, and never touches another sequence's rows.
+template <class T>
+__device__ __forceinline__ void find_sequence(const Args<T>& a, int& tile, int& q_row0, int& k_row0, int& seq_q,
+                                              int& seq_k) {
+    const int entry = int(blockIdx.x % unsigned(a.q_tiles));
+    const int seq = a.tile_schedule[2 * entry];
+    tile = a.tile_schedule[2 * entry + 1];
+    const int q_begin = a.cu_seqlens_q[seq], k_begin = a.cu_seqlens_k[seq];
+    seq_q = a.cu_seqlens_q[seq + 1] - q_begin;
+    seq_k = a.cu_seqlens_k[seq + 1] - k_begin;
+    q_row0 = q_begin, k_row0 = k_begin;
+}
+//! [model_varlen_block]
+
 }  // namespace detail
 
 //! [key_tiles]
@@ -492,9 +631,34 @@ __host__ __device__ inline void key_tiles(int q0, int br, int bc, int seq_q, int
 }
 //! [key_tiles]
 
+//! [window_key_tiles]
+/// The key tiles of the query tile `[q0, q0 + Br)` under the window (left, right) (fa/varlen.hpp's
+/// Window, -1 unbounded): the tiles `[first, end)` are visited, of which `[full_first, full_end)`
+/// every row sees in full (no mask); the others, at both ends, some row sees only in part; the
+/// tiles before `first` and from `end` on no row sees, and are never loaded. The tile classes of
+/// key_tiles() with a second edge: a row's first visible key, like its last, only grows with
+/// the row, so the tile's first row bounds where the tile starts and where its unmasked keys end,
+/// and its last row where it ends and where its unmasked keys start. With (-1, 0) these are
+/// key_tiles()'s numbers with first = full_first = 0.
+__host__ __device__ inline void window_key_tiles(int q0, int br, int bc, int seq_q, int seq_k, Window window, int& first,
+                                                 int& full_first, int& full_end, int& end) {
+    const int q_last = (q0 + br < seq_q ? q0 + br : seq_q) - 1;
+    const KeyRange top = visible_key_range(q0, seq_q, seq_k, window);        // the tile's first row
+    const KeyRange bottom = visible_key_range(q_last, seq_q, seq_k, window);  // its last row
+    first = int(top.begin / bc);
+    end = int((bottom.end + bc - 1) / bc);
+    if (end < first) end = first;  // no row sees a key (every range empty)
+    full_first = int((bottom.begin + bc - 1) / bc);
+    full_end = int(top.end / bc);
+    full_first = full_first < first ? first : (full_first > end ? end : full_first);
+    full_end = full_end < full_first ? full_first : (full_end > end ? end : full_end);
+}
+//! [window_key_tiles]
+
 //! [kernel]
 //! [kernel_start]
-/// The whole forward pass for one query tile of one (batch, head); grid: query tiles x B x H blocks.
+/// The whole forward pass for one query tile of one (batch, head); grid: query tiles x B x H blocks
+/// (packed batches, kVarlen: entries of the tile schedule x H blocks).
 template <class T, int D, class F>
 __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) flash_forward_kernel(const Args<T> a) {
     using S = Shape<T, D, F>;  ///< the shape constants
@@ -509,12 +673,23 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     // and the short ones then fill the gaps at the end of the run.
     // One flat grid (its x dimension holds 2^31 - 1 blocks; y and z only 65535): query tile
     // fastest, so the blocks running together share one head's K and V in L2.
+    // A packed batch's blocks take their sequence and query tile from the schedule, in the order
+    // the host gave it (heaviest first as well), and see B = 1 (find_sequence); a dense call's
+    // blocks see Nq and Nk of the call and start at row 0.
+    int scheduled_tile = 0, seq_q = 0, seq_k = 0;  // (kVarlen) the sequence's Nq and Nk: block_seq_q/k()
+    int q_row0 = 0, k_row0 = 0;  // the sequence's first query and key rows (cu_seqlens are int32)
+    if constexpr (PacksSequences<F>::value) detail::find_sequence(a, scheduled_tile, q_row0, k_row0, seq_q, seq_k);
     const int q_tile_index = int(blockIdx.x % unsigned(a.q_tiles));
-    const int q0 = (a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
+    const int q0 = (PacksSequences<F>::value ? scheduled_tile
+                    : a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
     const int bh = int(blockIdx.x / unsigned(a.q_tiles)), b = bh / a.heads, h = bh % a.heads;
-    const T* q_head = a.q + b * a.q_sb + h * a.q_sh;  // [Nq, d] global
-    const T* k_head = a.k + b * a.k_sb + h * a.k_sh;  // [Nk, d] global
-    const T* v_head = a.v + b * a.v_sb + h * a.v_sh;  // [Nk, d] global
+    const T* q_head = a.q + b * a.q_sb + h * a.q_sh + q_row0 * a.q_sn;  // [Nq, d] global
+    //! [model_heads]
+    // Grouped-query heads: query head h reads K/V head h / (Hq/Hk), in place (never copied).
+    const int h_kv = F::kGroupedHeads ? h / a.kv_group : h;
+    //! [model_heads]
+    const T* k_head = a.k + b * a.k_sb + h_kv * a.k_sh + k_row0 * a.k_sn;  // [Nk, d] global
+    const T* v_head = a.v + b * a.v_sb + h_kv * a.v_sh + k_row0 * a.v_sn;  // [Nk, d] global
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int g = lane / 4, t = lane % 4;
     const int warp_row0 = warp * S::kRowsPerWarp;  // first row of this warp inside the tile
@@ -533,25 +708,38 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
             for (int e = 0; e < 4; ++e) st.o[mt][dt][e] = 0.0f;
     }
 
+    // The loop below counts the visited key tiles from 0 (`tile`, which also picks the ring slot);
+    // key tile `first + tile` is loaded. Only a window makes `first` more than 0.
     int full, end;
-    key_tiles(q0, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal, F::kCausalSkip, full, end);
+    int first = 0, full_first = 0;  // (kWindow) the first visited and the first unmasked key tile
+    //! [model_window_tiles]
+    if constexpr (F::kWindow) {
+        int full_end, window_end;
+        window_key_tiles(q0, F::kBr, F::kBc, detail::block_seq_q<F>(a, seq_q), detail::block_seq_k<F>(a, seq_k), Window{a.window_left, a.window_right}, first, full_first,
+                         full_end, window_end);
+        end = window_end - first, full = full_end - first, full_first -= first;  // counted from `first`
+    } else {
+        key_tiles(q0, F::kBr, F::kBc, detail::block_seq_q<F>(a, seq_q), detail::block_seq_k<F>(a, seq_k), a.causal, F::kCausalSkip, full, end);
+    }
+    //! [model_window_tiles]
 
     const auto load_kv = [&](int tile) {
+        const int key_tile = F::kWindow ? first + tile : tile;
         cuda::load_tile_gmem_to_smem<F::kBc, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(k_slot(tile)), k_head, a.k_sn,
-                                                                            tile * F::kBc, a.seq_k);
+                                                                            key_tile * F::kBc, detail::block_seq_k<F>(a, seq_k));
         cuda::load_tile_gmem_to_smem<F::kBc, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(v_slot(tile)), v_head, a.v_sn,
-                                                                            tile * F::kBc, a.seq_k);
+                                                                            key_tile * F::kBc, detail::block_seq_k<F>(a, seq_k));
     };
     const auto run_tile = [&](int tile) {
 #pragma unroll 1  // one softmax step at a time: unrolled, the compiler would interleave them and need both S tiles
         for (int step = 0; step < F::kBc / F::kBn; ++step) {  // Bn keys at a time (rows step*Bn.. of the tile)
             const uint16_t* k_rows = k_slot(tile) + step * F::kBn * D;
             const uint16_t* v_rows = v_slot(tile) + step * F::kBn * D;
-            const int kv0 = tile * F::kBc + step * F::kBn;
-            if (tile < full) {
-                detail::process_tile<T, D, F, false>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, a, lane);
+            const int kv0 = (F::kWindow ? first + tile : tile) * F::kBc + step * F::kBn;
+            if (tile < full && (!F::kWindow || tile >= full_first)) {
+                detail::process_tile<T, D, F, false>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, seq_q, seq_k, a, lane);
             } else {
-                detail::process_tile<T, D, F, true>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, a, lane);
+                detail::process_tile<T, D, F, true>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, seq_q, seq_k, a, lane);
             }
         }
     };
@@ -572,7 +760,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     //! [kernel_start]
     if (end > 0) {  // a query tile that sees no key writes O = 0, LSE = -inf straight away
         cuda::load_tile_gmem_to_smem<F::kBr, typename S::Tile, S::kThreads>(reinterpret_cast<T*>(q_tile), q_head, a.q_sn, q0,
-                                                                            a.seq_q);
+                                                                            detail::block_seq_q<F>(a, seq_q));
         //! [step_pipeline]
         if constexpr (F::kStages == 1) {
             // No pipeline: load, wait, compute, one tile after the other.
@@ -630,22 +818,22 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
                     fa::cuda::ptx::pack2<T>(st.o[mt][dt][2 * hh] * inv, st.o[mt][dt][2 * hh + 1] * inv);
             }
             const int row = q0 + r;
-            if (t == 0 && row < a.seq_q) {
+            if (t == 0 && row < detail::block_seq_q<F>(a, seq_q)) {
                 // LSE = ln(sum_j exp(scale*s_j)) = m*|scale| + ln(l), in natural-log units.
                 const float lse = l > 0.0f ? st.m[mt][hh] * a.scale + logf(l) : -INFINITY;
-                a.lse[b * a.lse_sb + h * a.lse_sh + row * a.lse_sn] = lse;
+                a.lse[b * a.lse_sb + h * a.lse_sh + (q_row0 + row) * a.lse_sn] = lse;
             }
         }
     }
     __syncwarp();  // orders this warp's staging stores before its 16-byte reads of the same rows
-    T* o_head = a.o + b * a.o_sb + h * a.o_sh;
+    T* o_head = a.o + b * a.o_sb + h * a.o_sh + q_row0 * a.o_sn;
     constexpr int kChunks = S::kRowsPerWarp * S::kChunksPerRow;
 #pragma unroll
     for (int i = 0; i < (kChunks + 31) / 32; ++i) {
         const int chunk = lane + 32 * i;
         if (kChunks % 32 != 0 && chunk >= kChunks) break;
         const int r = warp_row0 + chunk / S::kChunksPerRow, col = (chunk % S::kChunksPerRow) * 8;
-        if (q0 + r < a.seq_q) {
+        if (q0 + r < detail::block_seq_q<F>(a, seq_q)) {
             *reinterpret_cast<uint4*>(o_head + int64_t(q0 + r) * a.o_sn + col) =
                 *reinterpret_cast<const uint4*>(o_stage + S::Tile::offset(r, col));
         }
