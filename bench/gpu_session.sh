@@ -22,7 +22,9 @@
 #              road, the number of steps read from stage11_hopper_kernel --help; what the tool
 #              says about an instruction it does not support is recorded in the summary;
 #              SANITIZE11_STEPS="1 3" picks steps, SANITIZE09_STEPS="0 2" stage 09's main kernels
-#              (default: all four), SANITIZE_TOOLS="memcheck racecheck" tools)
+#              (default: all four), SANITIZE_TOOLS="memcheck racecheck" tools; 07m adds stage 07's
+#              kernels with stage 10's switches, through test_stage07's cases of them: packed
+#              batches, grouped heads, windows, the soft cap)
 #   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates; wgmma_ceiling:
 #              dense wgmma bf16/fp16 (on a Hopper GPU)
 #   road05     stage 05, every step of its road (float32), d 64/128, N 1024/4096, non-causal, each
@@ -39,6 +41,10 @@
 #              forward sweep runs again in the same call (SWEEP09_STAGES="07 09"), because the SDPA
 #              forward rows are measured again too and stage 07 is compared with them; its
 #              gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
+#   switches07 stage 07 with stage 10's switches beside its plain causal kernel, bf16 and fp16, d 64/128,
+#              N 4096/16384: grouped heads 8:1 and 4:1, a 4096-key causal window, the soft cap; and one
+#              packed batch of mixed lengths (drawn from 128 to 8192, 16384 tokens, seed 7) beside a
+#              uniform batch of the same tokens, packed and dense: switches07.txt
 #   sweep      every stage beside every SDPA backend, the full grid (as the committed data)
 #   quick      the same at two sizes (QUICK_SIZES), 10 runs each; QUICK_STAGES="05 06 07 09" adds
 #              stage 09 beside SDPA's backward, 11 stage 11 beside SDPA cuDNN and flash
@@ -101,10 +107,11 @@ build_targets() {
         case $s in
             test) return 0 ;;  # no list: build all
             sanitize | lessons)
-                targets+=(stage05_shared_memory_kernel stage06_causal_masking stage07_pipelined_fused_kernel stage09_backward_kernel) ;;
+                targets+=(stage05_shared_memory_kernel stage06_causal_masking stage07_pipelined_fused_kernel stage09_backward_kernel
+                    test_stage07) ;;
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts make_npy_inputs) ;;
-            road | road05 | road11 | groups11 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu11)
+            road | road05 | road11 | groups11 | switches07 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu11)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -236,6 +243,13 @@ sanitize_cases07=(
     "--seq-q 77 --seq-k 93 --heads 2 --head-dim 64 --causal --dtype fp16"
     "--seq-q 130 --seq-k 70 --head-dim 128 --causal --layout bnhd --step 0"
 )
+# Stage 07's kernels with stage 10's switches, through test_stage07's cases (doctest filters): packed
+# batches with sequences of length 0, 1 and primes, Nq != Nk, windows narrower than a tile and wider
+# than N; grouped heads, windows and the soft cap on dense batches; d 32 to 256, bf16 and fp16.
+sanitize_cases07m=(
+    "-tc=*packed*batches*"
+    "-tc=*grouped-query*"
+)
 # Stage 09 (the backward, after stage 07's forward): tails (200 and 333 are not multiples of the
 # 64-row blocks), Nq < Nk and Nq > Nk, both layouts, d 64 and 128, causal with Nq > Nk (the first
 # 133 query rows see no key, and the key blocks past the last query see no query), dQ by atomics
@@ -289,6 +303,7 @@ step_sanitize() {
                 for s in 0 1 2 3 4 5; do cases+=("${sanitize_cases05_road[0]} $s"); done ;;
             06) exe=$STAGE06 cases=("${sanitize_cases[@]}") ;;
             07) exe=$STAGE07 cases=("${sanitize_cases07[@]}") ;;
+            07m) exe=$BUILD/tests/test_stage07 cases=("${sanitize_cases07m[@]}") ;;
             09) exe=$STAGE09 cases=()
                 local c
                 local s9
@@ -310,7 +325,7 @@ step_sanitize() {
                 local one="$WORK/sanitize_one.log" rc
                 # shellcheck disable=SC2046,SC2086  # $args is a list of options
                 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 $( [ "$tool" = memcheck ] && echo --leak-check full ) \
-                    "$exe" $args --reference never >"$one" 2>&1
+                    "$exe" $args $( [ "$stage" != 07m ] && echo --reference never ) >"$one" 2>&1
                 rc=$?
                 cat "$one" >>"$log"
                 if [ "$rc" -eq 0 ]; then
@@ -382,11 +397,11 @@ step_groups11() {
     mkdir -p "$dir"
     for mib in ${GROUP11_MIB:-4 16 64 1073741824}; do
         FA_STAGE11_GROUP_MIB=$mib "$BUILD/bench/bench_gpu" --stages 11 --steps11 5 6 --dtypes bf16 --sizes 1024 4096 16384 \
-            --head-dims 64 128 --causal yes --repeat 20 --warmup 3 --check false \
+            --head-dims 64 128 --causal yes --repeat 20 --warmup 3 --check false --json "$RESULTS/switches07.json" --csv "$RESULTS/switches07.csv" \
             --json "$dir/sweep_$mib.json" --csv "$dir/sweep_$mib.csv" >>"$LOGS/groups11.log" 2>&1 || status=1
         for d in 64 128; do
             FA_STAGE11_GROUP_MIB=$mib "$BUILD/bench/bench_gpu" --stages 11 --steps11 5 6 --dtypes bf16 --sizes 4096 \
-                --head-dims $d --causal yes --tokens 4096 --width $((16 * d)) --repeat 20 --warmup 3 --check false \
+                --head-dims $d --causal yes --tokens 4096 --width $((16 * d)) --repeat 20 --warmup 3 --check false --json "$RESULTS/switches07.json" --csv "$RESULTS/switches07.csv" \
                 --json "$dir/h16_${mib}_$d.json" --csv "$dir/h16_${mib}_$d.csv" >>"$LOGS/groups11.log" 2>&1 || status=1
         done
     done
@@ -447,6 +462,20 @@ PY
     tee -a "$LOGS/summary.txt" <"$RESULTS/road05/road05_table.txt"
 }
 
+step_switches07() {
+    note "switches07: stage 07 with stage 10's switches beside its plain causal kernel; a packed batch of mixed lengths"
+    local lengths
+    lengths=$(python3 -c 'import random
+r = random.Random(7); out = []; left = 16384
+while left > 0:
+    n = min(left, r.randint(128, 8192)); out.append(n); left -= n
+print(",".join(map(str, out)))')
+    record "packed lengths: $lengths"
+    "$BUILD/bench/bench_gpu" --stages 07 --dtypes bf16 fp16 --sizes 4096 16384 --head-dims 64 128 --causal yes \
+        --model07 8/-1/0 4/-1/0 1/4095/0 1/-1/0/50 --varlen07 "$lengths" --repeat 20 --warmup 3 --check false --json "$RESULTS/switches07.json" --csv "$RESULTS/switches07.csv" \
+        >"$RESULTS/switches07.txt" 2>&1 || { record "FAIL  switches07 (see switches07.txt)"; status=1; }
+    grep -E "^stage07 (model|varlen)" "$RESULTS/switches07.txt" | tee -a "$LOGS/summary.txt"
+}
 step_sweep07() {
     note "sweep07: stage 07 (bf16, fp16) beside SDPA flash and cuDNN, the full grid"
     local merge=()
@@ -807,7 +836,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu11 lessons"
         status=2
         continue
     fi
