@@ -397,11 +397,11 @@ step_groups11() {
     mkdir -p "$dir"
     for mib in ${GROUP11_MIB:-4 16 64 1073741824}; do
         FA_STAGE11_GROUP_MIB=$mib "$BUILD/bench/bench_gpu" --stages 11 --steps11 5 6 --dtypes bf16 --sizes 1024 4096 16384 \
-            --head-dims 64 128 --causal yes --repeat 20 --warmup 3 --check false --json "$RESULTS/switches07.json" --csv "$RESULTS/switches07.csv" \
+            --head-dims 64 128 --causal yes --repeat 20 --warmup 3 --check false \
             --json "$dir/sweep_$mib.json" --csv "$dir/sweep_$mib.csv" >>"$LOGS/groups11.log" 2>&1 || status=1
         for d in 64 128; do
             FA_STAGE11_GROUP_MIB=$mib "$BUILD/bench/bench_gpu" --stages 11 --steps11 5 6 --dtypes bf16 --sizes 4096 \
-                --head-dims $d --causal yes --tokens 4096 --width $((16 * d)) --repeat 20 --warmup 3 --check false --json "$RESULTS/switches07.json" --csv "$RESULTS/switches07.csv" \
+                --head-dims $d --causal yes --tokens 4096 --width $((16 * d)) --repeat 20 --warmup 3 --check false \
                 --json "$dir/h16_${mib}_$d.json" --csv "$dir/h16_${mib}_$d.csv" >>"$LOGS/groups11.log" 2>&1 || status=1
         done
     done
