@@ -638,10 +638,12 @@ ncu_one() {
     local sections
     mapfile -t sections < <(known_sections SpeedOfLight Occupancy LaunchStats MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables \
                             ComputeWorkloadAnalysis WarpStateStats 2>>"$LOGS/$name.log" | tr ' ' '\n')
-    timeout 300 ncu --clock-control none -k "regex:$kernel" --launch-count 1 --force-overwrite -o "$WORK/ncu-rep/$name" \
+    # NCU_NAME_BASE=demangled lets the regex name template arguments (one instance of a kernel).
+    timeout 300 ncu --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:$kernel" --launch-count 1 \
+        --force-overwrite -o "$WORK/ncu-rep/$name" \
         "${sections[@]}" "${bench[@]}" >>"$LOGS/$name.log" 2>&1 || { status=1; tail -5 "$LOGS/$name.log"; }
     ncu_text "$WORK/ncu-rep/$name.ncu-rep" >"$RESULTS/$name.txt" 2>&1
-    timeout 300 ncu --clock-control none -k "regex:$kernel" --launch-count 1 \
+    timeout 300 ncu --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:$kernel" --launch-count 1 \
         --metrics "$(known_metrics "${ncu_set[@]}" 2>>"$LOGS/$name.log")" \
         "${bench[@]}" 2>&1 | strip_bench >"$RESULTS/${name}_metrics.txt" || status=1
 }
@@ -714,26 +716,33 @@ step_ncu11() {
 }
 
 step_ncu09() {
-    note "ncu09: stage 09 $KERNEL09 (atomic dQ), bf16, N=4096 non-causal, d=64 (B=4 H=32) and d=128 (B=4 H=16), one launch each"
+    note "ncu09: stage 09 $KERNEL09 (step 0) and $KERNEL09_TILED (steps 1-3; atomic dQ), bf16, N=4096 non-causal, d=64 (B=4 H=32) and d=128 (B=4 H=16), one launch each"
     local d
     for d in 64 128; do
-        # bench_gpu's first stage 09 launch is its untimed run: stage 07's forward, then the backward
-        # with atomic dQ (profiled here), then the deterministic one.
-        ncu_one "$KERNEL09" "ncu_stage09_d$d" --stages 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no
+        # Step 0's kernel (flash_backward_kernel) runs only as --steps09 0: its first launch is the
+        # backward with atomic dQ.
+        ncu_one "$KERNEL09" "ncu_stage09_d$d" --stages 09 --steps09 0 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no
         record "-- d=$d"
         grep -E "$KERNEL09|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Dynamic Shared|Block Limit|Bank Conflicts" \
             "$RESULTS/ncu_stage09_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
         grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|ldgsts|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
             "$RESULTS/ncu_stage09_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
         # How the backward's time splits between its three kernels: the first launch of each.
-        timeout 300 ncu --clock-control none -k "regex:backward_preprocess_kernel|$KERNEL09|backward_postprocess_kernel" \
+        # (the default main kernel is the warp-tiled one, step 2)
+        timeout 300 ncu --clock-control none -k "regex:backward_preprocess_kernel|$KERNEL09_TILED|backward_postprocess_kernel" \
             --launch-count 3 --metrics gpu__time_duration.sum \
             "$BUILD/bench/bench_gpu" --stages 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no --repeat 1 --warmup 0 \
             --check false --json /tmp/ncu.json --csv /tmp/ncu.csv 2>&1 | strip_bench >"$RESULTS/ncu_stage09_split_d$d.txt" || status=1
         grep -E "^ +void .*_kernel<|gpu__time_duration" "$RESULTS/ncu_stage09_split_d$d.txt" | tee -a "$LOGS/summary.txt"
-        # The warp-tiled kernel (step 1): its only launches are those of --steps09 1.
-        ncu_one "$KERNEL09_TILED" "ncu_stage09_tiled_d$d" --stages 09 --steps09 1 --dtypes bf16 --sizes 4096 --head-dims "$d" \
-            --causal no
+        # The warp-tiled kernel of step 1 (at d = 64 the default step 2 runs the same instance; at
+        # d = 128 step 1's instance is the one with 128 x 64 blocks, picked by its template arguments).
+        if [ "$d" = 128 ]; then
+            NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<.*TiledFeatures<128, 64," "ncu_stage09_tiled_d$d" --stages 09 \
+                --steps09 1 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no
+        else
+            ncu_one "$KERNEL09_TILED" "ncu_stage09_tiled_d$d" --stages 09 --steps09 1 --dtypes bf16 --sizes 4096 --head-dims "$d" \
+                --causal no
+        fi
         record "-- step 1 (warp-tiled), d=$d"
         grep -E "$KERNEL09_TILED|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts" \
             "$RESULTS/ncu_stage09_tiled_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
@@ -742,9 +751,10 @@ step_ncu09() {
     done
     # Steps 2 and 3 (NCU09_STEPS) differ from step 1 only at d = 128: their 64 x 128 blocks there.
     local s
+    local -A instance=([2]="TiledFeatures<64, 128," [3]="WithDpPieces<")
     for s in ${NCU09_STEPS:-2 3}; do
-        ncu_one "$KERNEL09_TILED" "ncu_stage09_step${s}_d128" --stages 09 --steps09 "$s" --dtypes bf16 --sizes 4096 \
-            --head-dims 128 --causal no
+        NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<.*${instance[$s]}" "ncu_stage09_step${s}_d128" --stages 09 \
+            --steps09 "$s" --dtypes bf16 --sizes 4096 --head-dims 128 --causal no
         record "-- step $s, d=128"
         grep -E "$KERNEL09_TILED|Duration|Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts" \
             "$RESULTS/ncu_stage09_step${s}_d128.txt" | head -20 | tee -a "$LOGS/summary.txt"

@@ -333,14 +333,22 @@ TEST_CASE("stage 09 refuses what it cannot do, naming the option and what is all
     CHECK_THROWS_WITH_AS(stage09::attention_backward_device(p, strided, dense, dense, dense, lse, dense, dense, dense, dense,
                                                             false, nullptr),
                          doctest::Contains("contiguous features"), InputError);
-    const std::string config = stage09::describe_config(test::make_problem(1, 1, 300, 200, 64, true), {});
-    CHECK(config.find("Br=64 Bc=64") != std::string::npos);
+    // Blocks per step at d = 64: step 0's are 64 x 64, the warp-tiled steps' 128 x 128; the default
+    // is a step of the road.
+    stage09::Options first;
+    first.step = 0;
+    const std::string config0 = stage09::describe_config(test::make_problem(1, 1, 300, 200, 64, true), first);
+    CHECK(config0.find("Br=64 Bc=64") != std::string::npos);
     stage09::Options tiled;
     tiled.step = 1;
     const std::string config1 = stage09::describe_config(test::make_problem(1, 1, 300, 200, 64, true), tiled);
     CHECK(config1.find("Br=128 Bc=128") != std::string::npos);
+    CHECK(stage09::kDefaultStep >= 0);
+    CHECK(stage09::kDefaultStep < int(stage09::road().size()));
     // A step that does not exist is refused with the steps that do.
-    for (int step : {-2, 2}) {
-        CHECK_THROWS_WITH_AS(stage09::check_supported(p, step), doctest::Contains("steps 0 to 1"), InputError);
+    const int last = int(stage09::road().size()) - 1;
+    const std::string allowed = "steps 0 to " + std::to_string(last);
+    for (int step : {-2, last + 1}) {
+        CHECK_THROWS_WITH_AS(stage09::check_supported(p, step), doctest::Contains(allowed.c_str()), InputError);
     }
 }
