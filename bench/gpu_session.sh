@@ -735,9 +735,10 @@ step_ncu09() {
             --check false --json /tmp/ncu.json --csv /tmp/ncu.csv 2>&1 | strip_bench >"$RESULTS/ncu_stage09_split_d$d.txt" || status=1
         grep -E "^ +void .*_kernel<|gpu__time_duration" "$RESULTS/ncu_stage09_split_d$d.txt" | tee -a "$LOGS/summary.txt"
         # The warp-tiled kernel of step 1 (at d = 64 the default step 2 runs the same instance; at
-        # d = 128 step 1's instance is the one with 128 x 64 blocks, picked by its template arguments).
+        # d = 128 step 1's instance is the one with 128 x 64 blocks, picked by its template arguments
+        # as Nsight Compute writes them demangled: "TiledFeatures<(int)128, (int)64, ...").
         if [ "$d" = 128 ]; then
-            NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<.*TiledFeatures<128, 64," "ncu_stage09_tiled_d$d" --stages 09 \
+            NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<[^<]*TiledFeatures<\\(int\\)128, \\(int\\)64," "ncu_stage09_tiled_d$d" --stages 09 \
                 --steps09 1 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no
         else
             ncu_one "$KERNEL09_TILED" "ncu_stage09_tiled_d$d" --stages 09 --steps09 1 --dtypes bf16 --sizes 4096 --head-dims "$d" \
@@ -751,9 +752,9 @@ step_ncu09() {
     done
     # Steps 2 and 3 (NCU09_STEPS) differ from step 1 only at d = 128: their 64 x 128 blocks there.
     local s
-    local -A instance=([2]="TiledFeatures<64, 128," [3]="WithDpPieces<")
+    local -A instance=([2]="[^<]*TiledFeatures<\\(int\\)64, \\(int\\)128," [3]=".*WithDpPieces<")
     for s in ${NCU09_STEPS:-2 3}; do
-        NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<.*${instance[$s]}" "ncu_stage09_step${s}_d128" --stages 09 \
+        NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<${instance[$s]}" "ncu_stage09_step${s}_d128" --stages 09 \
             --steps09 "$s" --dtypes bf16 --sizes 4096 --head-dims 128 --causal no
         record "-- step $s, d=128"
         grep -E "$KERNEL09_TILED|Duration|Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts" \
