@@ -86,6 +86,7 @@ RESULTS=$WORK/results
 KERNEL07=${KERNEL07:-flash_forward_kernel}  # stage 07's kernel, as Nsight Compute filters it
 KERNEL09=${KERNEL09:-flash_backward_kernel}  # stage 09's main kernel (between its pre- and postprocessing)
 KERNEL09_TILED=flash_backward_tiled_kernel    # stage 09's steps 1 to 3 (bench_gpu --steps09 1 2 3)
+ATOMIC09='\(bool\)0>\('  # the instance with atomic dQ, as Nsight Compute demangles it: "..., (bool)0>(fa::stage09::Args<T1>)"
 KERNEL11=${KERNEL11:-hopper_forward_kernel}  # stage 11's kernel (every step but 0)
 STAGE05=$BUILD/stages/05_shared_memory_kernel/stage05_shared_memory_kernel
 STAGE06=$BUILD/stages/06_causal_masking/stage06_causal_masking
@@ -719,9 +720,10 @@ step_ncu09() {
     note "ncu09: stage 09 $KERNEL09 (step 0) and $KERNEL09_TILED (steps 1-3; atomic dQ), bf16, N=4096 non-causal, d=64 (B=4 H=32) and d=128 (B=4 H=16), one launch each"
     local d
     for d in 64 128; do
-        # Step 0's kernel (flash_backward_kernel) runs only as --steps09 0: its first launch is the
-        # backward with atomic dQ.
-        ncu_one "$KERNEL09" "ncu_stage09_d$d" --stages 09 --steps09 0 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no
+        # Step 0's kernel (flash_backward_kernel) runs only as --steps09 0, whose first launch is the
+        # deterministic one: the regex names the atomic instance ($ATOMIC09).
+        NCU_NAME_BASE=demangled ncu_one "$KERNEL09<.*$ATOMIC09" "ncu_stage09_d$d" --stages 09 --steps09 0 --dtypes bf16 --sizes 4096 \
+            --head-dims "$d" --causal no
         record "-- d=$d"
         grep -E "$KERNEL09|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Dynamic Shared|Block Limit|Bank Conflicts" \
             "$RESULTS/ncu_stage09_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
@@ -738,7 +740,7 @@ step_ncu09() {
         # d = 128 step 1's instance is the one with 128 x 64 blocks, picked by its template arguments
         # as Nsight Compute writes them demangled: "TiledFeatures<(int)128, (int)64, ...").
         if [ "$d" = 128 ]; then
-            NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<[^<]*TiledFeatures<\\(int\\)128, \\(int\\)64," "ncu_stage09_tiled_d$d" --stages 09 \
+            NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<[^<]*TiledFeatures<\\(int\\)128, \\(int\\)64,.*$ATOMIC09" "ncu_stage09_tiled_d$d" --stages 09 \
                 --steps09 1 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no
         else
             ncu_one "$KERNEL09_TILED" "ncu_stage09_tiled_d$d" --stages 09 --steps09 1 --dtypes bf16 --sizes 4096 --head-dims "$d" \
@@ -754,7 +756,7 @@ step_ncu09() {
     local s
     local -A instance=([2]="[^<]*TiledFeatures<\\(int\\)64, \\(int\\)128," [3]=".*WithDpPieces<")
     for s in ${NCU09_STEPS:-2 3}; do
-        NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<${instance[$s]}" "ncu_stage09_step${s}_d128" --stages 09 \
+        NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<${instance[$s]}.*$ATOMIC09" "ncu_stage09_step${s}_d128" --stages 09 \
             --steps09 "$s" --dtypes bf16 --sizes 4096 --head-dims 128 --causal no
         record "-- step $s, d=128"
         grep -E "$KERNEL09_TILED|Duration|Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts" \
