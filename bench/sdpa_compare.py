@@ -48,7 +48,7 @@ code is 1 when a bench_gpu point failed its check (the files are written all the
 
 Ratios come from runs interleaved in one process: the whole sequence (bench_gpu, then SDPA) runs
 --rounds times (default 3). Each point's row in the files is that of the round with the median
-time; ratios_over_rounds.txt (stages 07 and 11) gives each ratio the targets name as its median over
+time; ratios_over_rounds.txt (stages 07, 09 and 11) gives each ratio the targets name as its median over
 the rounds, each taken between the two timings of one round, with its min and max. bench_gpu.csv
 and bench_gpu.json are the last round's.
 """
@@ -412,38 +412,56 @@ def round_ratio(round_idx, a, b, key):
     return med, xs[0], xs[-1], n
 
 
-def print_round_ratios(args, round_idx, gpu_name, date):
+def print_round_ratios(args, round_rows, gpu_name, date):
     """Per point and dtype, each ratio the targets name as its median over the rounds with min and
-    max (each ratio taken between the two timings of one round); then the worst median."""
+    max (each ratio taken between the two timings of one round); then the worst median. Stage 09's
+    ratios are of the forward + backward pair and of the backward alone, for the default main kernel
+    and for each other one timed (--steps09: rows stage09_step<i>)."""
+    # (what is compared, its pass, the rows of each round indexed for that pass)
+    by_pass = {p: [index(r, p) for r in round_rows] for p in ("forward", "fwd+bwd", "backward")}
     pairs = []
     if "07" in args.stages:
-        pairs += [("stage07", "sdpa_flash"), ("stage07", "sdpa_cudnn")]
+        pairs += [("stage07", "sdpa_flash", "forward"), ("stage07", "sdpa_cudnn", "forward")]
     if "11" in args.stages:
-        pairs += [("stage11", "sdpa_cudnn"), ("stage11", "sdpa_flash"), ("stage11", "stage07")]
-    short = {"stage07": "07", "stage11": "11", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}
+        pairs += [("stage11", "sdpa_cudnn", "forward"), ("stage11", "sdpa_flash", "forward"), ("stage11", "stage07", "forward")]
+    if "09" in args.stages:
+        steps09 = sorted({k[0] for i in by_pass["fwd+bwd"] for k in i
+                          if k[0].startswith("stage09_step") and not k[0].endswith("_deterministic")})
+        pairs += [("stage09", "sdpa_flash", "fwd+bwd"), ("stage09", "sdpa_cudnn", "fwd+bwd"), ("stage09", "sdpa_flash", "backward")]
+        for impl in steps09:
+            pairs += [(impl, "sdpa_flash", "fwd+bwd"), (impl, "sdpa_flash", "backward")]
+    short = {"stage07": "07", "stage11": "11", "stage09": "09", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}
+    tag = {"forward": "", "fwd+bwd": " f+b", "backward": " bwd"}
+
+    def name(a, b, p):
+        return short.get(a, a.replace("stage09_step", "09s")) + "/" + short[b] + tag[p]
+
     worst = {}
     print()
-    print(f"{gpu_name}, {date}: ratios over {len(round_idx)} rounds (ours, then SDPA, in each round): median [min, max]")
-    print(f"{'dtype':>5} {'d':>4} {'N':>6} {'causal':>7} " + " ".join(f"{short[a] + '/' + short[b]:>19}" for a, b in pairs))
-    for t in args.dtypes:
-        for d in args.head_dims:
-            for n in args.sizes:
-                for c in causal_values(args.causal):
-                    cells = []
-                    for a, b in pairs:
-                        st = round_ratio(round_idx, a, b, (t, n, d, int(c)))
-                        if st is None and b == "stage07":  # stage 07 not timed: step 0 of stage 11's road is its kernel
-                            st = round_ratio(round_idx, a, "stage11_step0", (t, n, d, int(c)))
-                        cells.append("-" if st is None else f"{st[0]:.2f} [{st[1]:.2f}, {st[2]:.2f}]")
-                        if st is not None and ((a, b) not in worst or st[0] < worst[(a, b)][0]):
-                            worst[(a, b)] = (st[0], st[1], st[2], t, d, n, c)
-                    if any(x != "-" for x in cells):
-                        print(f"{t:>5} {d:>4} {n:>6} {str(c):>7} " + " ".join(f"{x:>19}" for x in cells))
-    if worst:
+    print(f"{gpu_name}, {date}: ratios over {len(round_rows)} rounds (ours, then SDPA, in each round): median [min, max]"
+          + ("; 09s<i>: stage 09's main kernel of step i, f+b: stage 07's forward + the backward, bwd: the backward"
+             if "09" in args.stages else ""))
+    for chunk in range(0, len(pairs), 6):  # at most six ratios per table, so that a line stays readable
+        part = pairs[chunk:chunk + 6]
+        print(f"{'dtype':>5} {'d':>4} {'N':>6} {'causal':>7} " + " ".join(f"{name(*x):>19}" for x in part))
+        for t in args.dtypes:
+            for d in args.head_dims:
+                for n in args.sizes:
+                    for c in causal_values(args.causal):
+                        cells = []
+                        for a, b, p in part:
+                            st = round_ratio(by_pass[p], a, b, (t, n, d, int(c)))
+                            if st is None and b == "stage07":  # stage 07 not timed: step 0 of stage 11's road is its kernel
+                                st = round_ratio(by_pass[p], a, "stage11_step0", (t, n, d, int(c)))
+                            cells.append("-" if st is None else f"{st[0]:.2f} [{st[1]:.2f}, {st[2]:.2f}]")
+                            if st is not None and ((a, b, p) not in worst or st[0] < worst[(a, b, p)][0]):
+                                worst[(a, b, p)] = (st[0], st[1], st[2], t, d, n, c)
+                        if any(x != "-" for x in cells):
+                            print(f"{t:>5} {d:>4} {n:>6} {str(c):>7} " + " ".join(f"{x:>19}" for x in cells))
         print()
-    for (a, b), (med, lo, hi, t, d, n, c) in worst.items():
-        print(f"worst median {a} / {b} ratio over rounds: {med:.2f} [{lo:.2f}, {hi:.2f}] ({t}, d={d}, N={n}, "
-              f"{'causal' if c else 'non-causal'})")
+    for (a, b, p), (med, lo, hi, t, d, n, c) in worst.items():
+        print(f"worst median {a} / {b}{' (' + p + ')' if p != 'forward' else ''} ratio over rounds: {med:.2f} "
+              f"[{lo:.2f}, {hi:.2f}] ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
 
 
 def fmt(r, key="tflops", digits=1):
@@ -859,8 +877,9 @@ def main():
     rows = [dict(r, gpu=gpu_name, date=date, causal=int(r["causal"]), note="") for r in ours["results"]]
     if sdpa_rounds:
         rows += median_rows(sdpa_rounds)
-    round_idx = [index([dict(r, causal=int(r["causal"])) for r in o["results"]] + (sdpa_rounds[i] if sdpa_rounds else []))
-                 for i, o in enumerate(ours_rounds)]
+    round_rows = [[dict(r, causal=int(r["causal"])) for r in o["results"]] + (sdpa_rounds[i] if sdpa_rounds else [])
+                  for i, o in enumerate(ours_rounds)]
+    round_idx = [index(r) for r in round_rows]
     measured = rows  # the tables show this run only; the files may also keep an earlier sweep's rows
     idx = index(measured)
     if args.merge_with and os.path.exists(args.merge_with):
@@ -904,8 +923,8 @@ def main():
                        "stage11_road_table.txt", print_road11)
     elif "11" in args.stages:
         print("\nstage 11: no rows (bench_gpu skipped it: see its 'skipped' line)")
-    if args.rounds > 1 and any(s in ("07", "11") for s in args.stages):
-        tee_to_file(os.path.join(args.out_dir, "ratios_over_rounds.txt"), print_round_ratios, args, round_idx, gpu_name, date)
+    if args.rounds > 1 and any(s in ("07", "09", "11") for s in args.stages):
+        tee_to_file(os.path.join(args.out_dir, "ratios_over_rounds.txt"), print_round_ratios, args, round_rows, gpu_name, date)
     print(f"wrote {csv_path}")
     if not checks_ok:
         print("FAILED: bench_gpu marked at least one point BAD or MISMATCH (see its lines above)")
