@@ -618,6 +618,115 @@ __device__ __forceinline__ void pass_turn(const Args<T>& a, int bh, int i) {
 }
 //! [turns]
 
+//! [frame]
+/// Where one block of either main kernel works: its key block j (counted from the last one in the
+/// deterministic mode, key_block_of_this_block), its (batch, head) bh, and that head's rows of
+/// every tensor it reads or adds to.
+template <class T>
+struct BlockView {
+    int j;                  ///< the key block
+    int bh;                 ///< batch * heads + head
+    int b;                  ///< the batch
+    int h;                  ///< the head
+    int kv0;                ///< the key block's first key, j Bc
+    const T* q;             ///< [Nq, d]
+    const T* k;             ///< [Nk, d]
+    const T* v;             ///< [Nk, d]
+    const T* dout;          ///< [Nq, d]
+    const float* lse;       ///< [Nq_padded] L_i log2(e)
+    const float* delta;     ///< [Nq_padded] D_i
+    float* dq;              ///< [Nq_padded, d] the float32 dQ accumulator
+};
+
+/// The BlockView of this thread block, with key blocks of `Bc` keys and head dimension `D`.
+template <class T, int D, int Bc, bool kDeterministic>
+__device__ __forceinline__ BlockView<T> block_view(const Args<T>& a) {
+    BlockView<T> w;
+    w.j = key_block_of_this_block<kDeterministic>(a);
+    w.bh = int(blockIdx.x / unsigned(a.k_blocks));
+    w.b = w.bh / a.heads;
+    w.h = w.bh % a.heads;
+    w.kv0 = w.j * Bc;
+    w.q = a.q + w.b * a.q_sb + w.h * a.q_sh;
+    w.k = a.k + w.b * a.k_sb + w.h * a.k_sh;
+    w.v = a.v + w.b * a.v_sb + w.h * a.v_sh;
+    w.dout = a.dout + w.b * a.do_sb + w.h * a.do_sh;
+    w.lse = a.lse_log2 + int64_t(w.bh) * a.seq_q_padded;
+    w.delta = a.delta + int64_t(w.bh) * a.seq_q_padded;
+    w.dq = a.dq_accum + int64_t(w.bh) * a.seq_q_padded * D;
+    return w;
+}
+//! [frame]
+
+//! [pipeline]
+/// The pipeline both main kernels run around their work on each query block. Prologue: K_j and
+/// V_j (rows past Nk zero-filled) and the first query block's Q_i, dO_i, L_i and D_i, one commit
+/// group. Then for each query block i that key block j sees: wait for this thread's copies of
+/// block i, a barrier, `after_barrier(i, i_begin)`, the prefetch of block i+1 into the other slot
+/// of the rings (the slot iteration i-1 read: free since the barrier), and `body(i, slot)` while
+/// that prefetch is in flight. Nothing is still landing when it returns, even if no query block
+/// was visited.
+///
+/// The barrier orders every thread's copies of block i before any warp reads them, and every
+/// warp's reads of iteration i-1 (its Q/dO slot, and the kernel's own tiles of dS^T or P^T)
+/// before the prefetch and this iteration's stores overwrite them.
+template <class F, class L, int kThreads, int kQElems, class T, class AfterBarrier, class Body>
+__device__ __forceinline__ void query_block_pipeline(const Args<T>& a, const BlockView<T>& w, uint16_t* k_tile,
+                                                     uint16_t* v_tile, uint16_t* q_ring, uint16_t* do_ring,
+                                                     float* lse_ring, float* delta_ring, AfterBarrier&& after_barrier,
+                                                     Body&& body) {
+    const int i_begin = first_query_block(w.j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal);
+    const int i_end = a.q_blocks;
+    const auto load_query_block = [&](int i, int slot) {
+        cuda::load_tile_gmem_to_smem<F::kBr, L, kThreads>(reinterpret_cast<T*>(q_ring + slot * kQElems), w.q, a.q_sn,
+                                                          i * F::kBr, a.seq_q);
+        cuda::load_tile_gmem_to_smem<F::kBr, L, kThreads>(reinterpret_cast<T*>(do_ring + slot * kQElems), w.dout,
+                                                          a.do_sn, i * F::kBr, a.seq_q);
+        load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, w.lse, w.delta, i * F::kBr);
+    };
+
+    cuda::load_tile_gmem_to_smem<F::kBc, L, kThreads>(reinterpret_cast<T*>(k_tile), w.k, a.k_sn, w.kv0, a.seq_k);
+    cuda::load_tile_gmem_to_smem<F::kBc, L, kThreads>(reinterpret_cast<T*>(v_tile), w.v, a.v_sn, w.kv0, a.seq_k);
+    if (i_begin < i_end) load_query_block(i_begin, 0);
+    fa::cuda::ptx::cp_async_commit();
+
+    for (int i = i_begin; i < i_end; ++i) {
+        const int slot = (i - i_begin) % 2;
+        fa::cuda::ptx::cp_async_wait<0>();  // this thread's copies of block i (and of K_j, V_j) have landed
+        __syncthreads();
+        after_barrier(i, i_begin);
+        if (i + 1 < i_end) load_query_block(i + 1, slot ^ 1);
+        fa::cuda::ptx::cp_async_commit();  // (possibly empty) group of block i+1, in flight during the body
+        body(i, slot);
+    }
+    fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing (the loop may not have run)
+}
+//! [pipeline]
+
+//! [store_dkdv]
+/// The last part of both epilogues: rows [row0, row0 + rows) of dK_j and dV_j, already rounded to
+/// T and staged in the K_j and V_j tiles, written to global memory as 16-byte chunks, chunk c by
+/// the thread with c = first + n stride. Rows past Nk are not this block's to write.
+template <class T, int D, class L>
+__device__ __forceinline__ void store_dkdv_rows(const Args<T>& a, const BlockView<T>& w, const uint16_t* k_tile,
+                                                const uint16_t* v_tile, int row0, int rows, int first, int stride) {
+    T* dk_head = a.dk + w.b * a.dk_sb + w.h * a.dk_sh;
+    T* dv_head = a.dv + w.b * a.dv_sb + w.h * a.dv_sh;
+    constexpr int kChunksPerRow = D / 8;
+#pragma unroll
+    for (int c = first; c < rows * kChunksPerRow; c += stride) {
+        const int r = row0 + c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+        const int key = w.kv0 + r;
+        if (key < a.seq_k) {
+            *reinterpret_cast<uint4*>(dk_head + int64_t(key) * a.dk_sn + col) =
+                *reinterpret_cast<const uint4*>(k_tile + L::offset(r, col));
+            *reinterpret_cast<uint4*>(dv_head + int64_t(key) * a.dv_sn + col) =
+                *reinterpret_cast<const uint4*>(v_tile + L::offset(r, col));
+        }
+    }
+}
+//! [store_dkdv]
+
 }  // namespace detail
 
 //! [kernel]
@@ -638,16 +747,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     float* lse_ring = reinterpret_cast<float*>(ds_tile + S::kDsElems);  // 2 x [Br] L_i log2(e)
     float* delta_ring = lse_ring + 2 * F::kBr;                         // 2 x [Br] D_i
 
-    const int j = detail::key_block_of_this_block<kDeterministic>(a);
-    const int bh = int(blockIdx.x / unsigned(a.k_blocks)), b = bh / a.heads, h = bh % a.heads;
-    const int kv0 = j * F::kBc;
-    const T* q_head = a.q + b * a.q_sb + h * a.q_sh;       // [Nq, d] global
-    const T* k_head = a.k + b * a.k_sb + h * a.k_sh;       // [Nk, d] global
-    const T* v_head = a.v + b * a.v_sb + h * a.v_sh;       // [Nk, d] global
-    const T* do_head = a.dout + b * a.do_sb + h * a.do_sh;  // [Nq, d] global
-    const float* lse_head = a.lse_log2 + int64_t(bh) * a.seq_q_padded;    // [Nq_padded]
-    const float* delta_head = a.delta + int64_t(bh) * a.seq_q_padded;     // [Nq_padded]
-    float* dq_head = a.dq_accum + int64_t(bh) * a.seq_q_padded * D;       // [Nq_padded, d]
+    const detail::BlockView<T> w = detail::block_view<T, D, F::kBc, kDeterministic>(a);
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int g = lane / 4, t = lane % 4;
 
@@ -657,31 +757,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
 #pragma unroll
         for (int e = 0; e < 4; ++e) st.dk[dt][e] = st.dv[dt][e] = 0.0f;
 
-    const int i_begin = first_query_block(j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal);
-    const int i_end = a.q_blocks;
-
-    const auto load_query_block = [&](int i, int slot) {
-        cuda::load_tile_gmem_to_smem<F::kBr, L, S::kThreads>(reinterpret_cast<T*>(q_ring + slot * S::kQElems), q_head,
-                                                             a.q_sn, i * F::kBr, a.seq_q);
-        cuda::load_tile_gmem_to_smem<F::kBr, L, S::kThreads>(reinterpret_cast<T*>(do_ring + slot * S::kQElems), do_head,
-                                                             a.do_sn, i * F::kBr, a.seq_q);
-        detail::load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, lse_head, delta_head, i * F::kBr);
-    };
-
-    //! [pipeline]
-    // Prologue: K_j, V_j (rows past Nk zero-filled) and the first query block, one commit group.
-    cuda::load_tile_gmem_to_smem<F::kBc, L, S::kThreads>(reinterpret_cast<T*>(k_tile), k_head, a.k_sn, kv0, a.seq_k);
-    cuda::load_tile_gmem_to_smem<F::kBc, L, S::kThreads>(reinterpret_cast<T*>(v_tile), v_head, a.v_sn, kv0, a.seq_k);
-    if (i_begin < i_end) load_query_block(i_begin, 0);
-    fa::cuda::ptx::cp_async_commit();
-
-    for (int i = i_begin; i < i_end; ++i) {
-        const int slot = (i - i_begin) % 2;
-        fa::cuda::ptx::cp_async_wait<0>();  // this thread's copies of block i (and of K_j, V_j) have landed
-        // Orders every thread's copies of block i before any warp reads them, and every warp's
-        // reads of iteration i-1 (its Q/dO slot, dS^T, K_j in the dQ products) before the
-        // prefetch below overwrites that slot and this iteration's dS^T stores.
-        __syncthreads();
+    const auto kv_fragments_once = [&](int i, int i_begin) {
         if (F::kKVInRegisters && i == i_begin) {
             // K_w and V_w as A fragments, once: the same 16 keys for every query block.
             const uint32_t k_a = fa::cuda::ptx::smem_address(k_tile) + cuda::a_lane_bytes<L>(lane);
@@ -692,40 +768,39 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
                 fa::cuda::ptx::ldmatrix_x4(st.v[ks], cuda::fragment_address<L>(v_a, warp * 16, ks * 16));
             }
         }
-        if (i + 1 < i_end) load_query_block(i + 1, slot ^ 1);  // the slot iteration i-1 read: free since the barrier
-        fa::cuda::ptx::cp_async_commit();  // (possibly empty) group of block i+1, in flight during the math below
-
+    };
+    const auto query_block = [&](int i, int slot) {
         const int q0 = i * F::kBr;
         const uint16_t* q_tile = q_ring + slot * S::kQElems;
         const uint16_t* do_tile = do_ring + slot * S::kQElems;
         const float* lse_slot = lse_ring + slot * F::kBr;
         const float* delta_slot = delta_ring + slot * F::kBr;
-        const bool mask = block_needs_mask(q0, kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
+        const bool mask = block_needs_mask(q0, w.kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
 #pragma unroll 1  // one step at a time: unrolled, the compiler would keep two steps' S^T and dP^T alive
         for (int step = 0; step < S::kSteps; ++step) {
             if (mask) {
                 detail::process_step<T, D, F, true>(st, k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot, ds_tile, q0,
-                                                    step * F::kBn, kv0, a, warp, lane);
+                                                    step * F::kBn, w.kv0, a, warp, lane);
             } else {
                 detail::process_step<T, D, F, false>(st, k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot, ds_tile,
-                                                     q0, step * F::kBn, kv0, a, warp, lane);
+                                                     q0, step * F::kBn, w.kv0, a, warp, lane);
             }
         }
 
-        if constexpr (kDeterministic) detail::wait_for_turn<T, F::kBr, F::kBc>(a, bh, i, j);
+        if constexpr (kDeterministic) detail::wait_for_turn<T, F::kBr, F::kBc>(a, w.bh, i, w.j);
         // Orders every warp's dS^T stores before the dQ products read them (and, deterministic,
         // the turn thread 0 just acquired before every thread's dQ_i accesses).
         __syncthreads();
-        detail::accumulate_dq<T, D, F>(ds_tile, k_tile, dq_head + int64_t(q0) * D, warp, lane);
-        if constexpr (kDeterministic) detail::pass_turn(a, bh, i);
-    }
-    fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing (the loop may not have run)
-    //! [pipeline]
+        detail::accumulate_dq<T, D, F>(ds_tile, k_tile, w.dq + int64_t(q0) * D, warp, lane);
+        if constexpr (kDeterministic) detail::pass_turn(a, w.bh, i);
+    };
+    detail::query_block_pipeline<F, L, S::kThreads, S::kQElems>(a, w, k_tile, v_tile, q_ring, do_ring, lse_ring,
+                                                                delta_ring, kv_fragments_once, query_block);
 
     // Epilogue: dK_j = scale * sum dS^T Q and dV_j, rounded to T and written through shared memory
     // (whole 16-byte rows in global memory). Every warp has finished reading K_j (all of it, in
     // the dQ products) and V_j once all warps pass this barrier; each warp then stages its own 16
-    // rows of dK in K_j's tile and of dV in V_j's.
+    // rows of dK in K_j's tile and of dV in V_j's, and writes them.
     __syncthreads();
 #pragma unroll
     for (int dt = 0; dt < S::kDTiles; ++dt)
@@ -738,21 +813,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
                 fa::cuda::ptx::pack2<T>(st.dv[dt][2 * hh], st.dv[dt][2 * hh + 1]);
         }
     __syncwarp();  // orders this warp's staging stores before its 16-byte reads of the same rows
-    T* dk_head = a.dk + b * a.dk_sb + h * a.dk_sh;
-    T* dv_head = a.dv + b * a.dv_sb + h * a.dv_sh;
-    constexpr int kChunksPerRow = D / 8;
-    constexpr int kChunks = 16 * kChunksPerRow;  // this warp's 16 rows
-#pragma unroll
-    for (int c = lane; c < kChunks; c += 32) {
-        const int r = warp * 16 + c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-        const int key = kv0 + r;
-        if (key < a.seq_k) {  // rows past Nk are not ours to write
-            *reinterpret_cast<uint4*>(dk_head + int64_t(key) * a.dk_sn + col) =
-                *reinterpret_cast<const uint4*>(k_tile + L::offset(r, col));
-            *reinterpret_cast<uint4*>(dv_head + int64_t(key) * a.dv_sn + col) =
-                *reinterpret_cast<const uint4*>(v_tile + L::offset(r, col));
-        }
-    }
+    detail::store_dkdv_rows<T, D, L>(a, w, k_tile, v_tile, warp * 16, 16, lane, 32);
 }
 //! [kernel]
 

@@ -371,16 +371,7 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
     float* lse_ring = reinterpret_cast<float*>(dst_tile + S::kPElems);  // 2 x [Br] L_i log2(e)
     float* delta_ring = lse_ring + 2 * F::kBr;                         // 2 x [Br] D_i
 
-    const int j = detail::key_block_of_this_block<kDeterministic>(a);
-    const int bh = int(blockIdx.x / unsigned(a.k_blocks)), b = bh / a.heads, h = bh % a.heads;
-    const int kv0 = j * F::kBc;
-    const T* q_head = a.q + b * a.q_sb + h * a.q_sh;
-    const T* k_head = a.k + b * a.k_sb + h * a.k_sh;
-    const T* v_head = a.v + b * a.v_sb + h * a.v_sh;
-    const T* do_head = a.dout + b * a.do_sb + h * a.do_sh;
-    const float* lse_head = a.lse_log2 + int64_t(bh) * a.seq_q_padded;
-    const float* delta_head = a.delta + int64_t(bh) * a.seq_q_padded;
-    float* dq_head = a.dq_accum + int64_t(bh) * a.seq_q_padded * D;
+    const detail::BlockView<T> w = detail::block_view<T, D, F::kBc, kDeterministic>(a);
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int g = lane / 4, t = lane % 4;
     // The warp's pieces: keys (S^T, dP^T, dK, dV), query columns (S^T, dP^T), features (dK, dV),
@@ -399,60 +390,39 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
 #pragma unroll
             for (int e = 0; e < 4; ++e) dk[mt][nt][e] = dv[mt][nt][e] = 0.0f;
 
-    const int i_begin = first_query_block(j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal);
-    const int i_end = a.q_blocks;
-    const auto load_query_block = [&](int i, int slot) {
-        cuda::load_tile_gmem_to_smem<F::kBr, L, S::kThreads>(reinterpret_cast<T*>(q_ring + slot * S::kQElems), q_head,
-                                                             a.q_sn, i * F::kBr, a.seq_q);
-        cuda::load_tile_gmem_to_smem<F::kBr, L, S::kThreads>(reinterpret_cast<T*>(do_ring + slot * S::kQElems), do_head,
-                                                             a.do_sn, i * F::kBr, a.seq_q);
-        detail::load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, lse_head, delta_head, i * F::kBr);
-    };
-
-    cuda::load_tile_gmem_to_smem<F::kBc, L, S::kThreads>(reinterpret_cast<T*>(k_tile), k_head, a.k_sn, kv0, a.seq_k);
-    cuda::load_tile_gmem_to_smem<F::kBc, L, S::kThreads>(reinterpret_cast<T*>(v_tile), v_head, a.v_sn, kv0, a.seq_k);
-    if (i_begin < i_end) load_query_block(i_begin, 0);
-    fa::cuda::ptx::cp_async_commit();
-
-    for (int i = i_begin; i < i_end; ++i) {
-        const int slot = (i - i_begin) % 2;
-        fa::cuda::ptx::cp_async_wait<0>();
-        // Block i has landed for every thread, and every warp is done with iteration i-1: its Q/dO
-        // slot (overwritten by the prefetch below), P^T and dS^T (overwritten by this iteration).
-        __syncthreads();
-        if (i + 1 < i_end) load_query_block(i + 1, slot ^ 1);
-        fa::cuda::ptx::cp_async_commit();
-
+    const auto query_block = [&](int i, int slot) {
         const int q0 = i * F::kBr;
         const uint16_t* q_tile = q_ring + slot * S::kQElems;
         const uint16_t* do_tile = do_ring + slot * S::kQElems;
         const float* lse_slot = lse_ring + slot * F::kBr;
         const float* delta_slot = delta_ring + slot * F::kBr;
-        const bool mask = block_needs_mask(q0, kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
+        const bool mask = block_needs_mask(q0, w.kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
 #pragma unroll 1
         for (int step = 0; step < S::kSteps; ++step) {
             const int c0 = query_col0 + step * F::kBn;
             if (mask) {
                 detail::tiled_scores<T, D, F, true>(k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot, pt_tile,
-                                                    dst_tile, q0, c0, kv0, key_row0, a, lane);
+                                                    dst_tile, q0, c0, w.kv0, key_row0, a, lane);
             } else {
                 detail::tiled_scores<T, D, F, false>(k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot, pt_tile,
-                                                     dst_tile, q0, c0, kv0, key_row0, a, lane);
+                                                     dst_tile, q0, c0, w.kv0, key_row0, a, lane);
             }
         }
         __syncthreads();  // all of P^T and dS^T stored before any warp reads another warp's piece
         detail::tiled_dkdv<T, D, F>(dk, dv, pt_tile, dst_tile, q_tile, do_tile, key_row0, dkv_col0, lane);
         // dQ_i's products, then the additions; the deterministic mode waits for its turn between
         // the two, holding its products in registers.
-        detail::tiled_dq<T, D, F>(dst_tile, k_tile, dq_head + int64_t(q0) * D, dq_row0, dq_col0, lane, [&] {
+        detail::tiled_dq<T, D, F>(dst_tile, k_tile, w.dq + int64_t(q0) * D, dq_row0, dq_col0, lane, [&] {
             if constexpr (kDeterministic) {
-                detail::wait_for_turn<T, F::kBr, F::kBc>(a, bh, i, j);
+                detail::wait_for_turn<T, F::kBr, F::kBc>(a, w.bh, i, w.j);
                 __syncthreads();  // the turn thread 0 acquired, before every thread's dQ_i additions
             }
         });
-        if constexpr (kDeterministic) detail::pass_turn(a, bh, i);
-    }
-    fa::cuda::ptx::cp_async_wait<0>();
+        if constexpr (kDeterministic) detail::pass_turn(a, w.bh, i);
+    };
+    // The same pipeline as the first kernel's (query_block_pipeline), with nothing to do after its barrier.
+    detail::query_block_pipeline<F, L, S::kThreads, S::kQElems>(a, w, k_tile, v_tile, q_ring, do_ring, lse_ring,
+                                                                delta_ring, [](int, int) {}, query_block);
 
     // Epilogue: dK_j (scaled) and dV_j rounded to T, staged in the K_j and V_j tiles once every
     // warp is done reading them, then written as whole 16-byte chunks by all threads.
@@ -470,18 +440,7 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
                     fa::cuda::ptx::pack2<T>(dv[mt][nt][2 * hh], dv[mt][nt][2 * hh + 1]);
             }
     __syncthreads();
-    T* dk_head = a.dk + b * a.dk_sb + h * a.dk_sh;
-    T* dv_head = a.dv + b * a.dv_sb + h * a.dv_sh;
-    constexpr int kChunksPerRow = D / 8;
-#pragma unroll
-    for (int c = int(threadIdx.x); c < F::kBc * kChunksPerRow; c += S::kThreads) {
-        const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
-        const int key = kv0 + r;
-        if (key < a.seq_k) {
-            *reinterpret_cast<uint4*>(dk_head + int64_t(key) * a.dk_sn + col) = *reinterpret_cast<const uint4*>(k_tile + L::offset(r, col));
-            *reinterpret_cast<uint4*>(dv_head + int64_t(key) * a.dv_sn + col) = *reinterpret_cast<const uint4*>(v_tile + L::offset(r, col));
-        }
-    }
+    detail::store_dkdv_rows<T, D, L>(a, w, k_tile, v_tile, 0, F::kBc, int(threadIdx.x), S::kThreads);
 }
 //! [tiled_kernel]
 
