@@ -18,6 +18,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -148,7 +149,8 @@ void check_identical(const VarlenReference& fa, const VarlenGradients& ga, const
 // ----------------------------------------------------------------------------------------------
 // The forward in plain loops, written from the definitions and not from reference_ext.cpp: the
 // window as the predicate of Window's comment, the soft cap as c tanh(s/c), dropout through a keep
-// mask (B, Hq, max Nq, max Nk) that zeroes P and scales the rest by 1/(1-p).
+// mask (B, Hq, max Nq, max Nk) that zeroes P and scales the rest by 1/(1-p'), p' = round(256 p)/256
+// (one random byte per entry).
 
 // Inputs in packed (total, H, d) order, in double.
 struct Dense {
@@ -202,7 +204,7 @@ Naive naive_forward(const VarlenProblem& p, const Dense& t, const std::vector<ui
                 for (int64_t j = 0; j < Nk; ++j) {
                     if (!in_window(i, j, Nq, Nk, p.window)) continue;
                     double pij = std::exp(s[size_t(j)] - m) / l;
-                    if (keep) pij = (*keep)[size_t(((b * Hq + h) * Nq_max + i) * Nk_max + j)] ? pij / (1 - p.dropout.p) : 0.0;
+                    if (keep) pij = (*keep)[size_t(((b * Hq + h) * Nq_max + i) * Nk_max + j)] ? pij / (1 - std::floor(p.dropout.p * 256 + 0.5) / 256) : 0.0;
                     const double* v = &t.v[size_t(((k0 + j) * Hk + h / G) * d)];
                     for (int64_t x = 0; x < d; ++x) o[x] += pij * v[x];
                 }
@@ -261,74 +263,112 @@ TEST_CASE("Philox4x32 reproduces Random123's known answers for 7 and 10 rounds")
     CHECK(kPhiloxW1 == 0xBB67AE85u);
 }
 
-TEST_CASE("the dropout map: which counter and key words hold what, and the threshold") {
-    // Key = the seed's two halves; counter = (j / 4, i, b * 2^16 + h, offset); word j % 4 decides.
+// The keep bits of the worked example of fa/philox.hpp (p = 0.5), as the map gives them.
+constexpr uint32_t kDropoutExample = 0x7105u;
+
+TEST_CASE("the dropout map: which counter and key words hold what, which byte decides, and the threshold") {
+    // Key = the seed's two halves; counter = (4 (j / 32) + (j % 8) / 2, 8 (i / 16) + i % 8,
+    // b * 2^16 + h, offset); byte 8 ((i % 16) / 8) + 2 ((j % 32) / 8) + j % 2 decides.
     const uint64_t seed = 0x0123456789abcdefull;
     const uint32_t offset = 77, batch = 3, head = 5, row = 1234;
     CHECK(dropout_key(seed).w[0] == 0x89abcdefu);
     CHECK(dropout_key(seed).w[1] == 0x01234567u);
-    const PhiloxWords c = dropout_counter(offset, batch, head, row, 9);
-    CHECK(c.w[0] == 9u);
-    CHECK(c.w[1] == row);
+    const PhiloxWords c = dropout_counter(offset, batch, head, row, 36);
+    CHECK(c.w[0] == 6u);    // K = 1, q = (36 % 8) / 2 = 2
+    CHECK(c.w[1] == 618u);  // I = 77, g = 1234 % 8 = 2
     CHECK(c.w[2] == ((3u << 16) | 5u));
     CHECK(c.w[3] == offset);
-    // The worked example of fa/philox.hpp's comment, pinned: a kernel must produce these words.
-    const PhiloxWords example = philox4x32_10(c, dropout_key(seed));
-    CHECK(example.w[0] == 0x6c8f69cbu);
-    CHECK(example.w[1] == 0x289ccbb7u);
-    CHECK(example.w[2] == 0x5c681d21u);
-    CHECK(example.w[3] == 0xd6cce4e9u);
-    CHECK(dropout_keep4(seed, offset, batch, head, row, 9, dropout_threshold(0.5)) == 0b1000u);
+    // The 16 scores of that group: rows 1234 and 1242 (g and g + 8 of rows 1232..1247), columns
+    // 36, 37, 44, 45, 52, 53, 60, 61 (2q, 2q + 1 of the four 8-column tiles of columns 32..63).
+    for (uint32_t i : {1234u, 1242u})
+        for (uint32_t j : {36u, 37u, 44u, 45u, 52u, 53u, 60u, 61u}) {
+            const PhiloxWords cj = dropout_counter(offset, batch, head, i, j);
+            for (int w = 0; w < 4; ++w) CHECK(cj.w[w] == c.w[w]);
+        }
+    std::set<uint32_t> bytes;
+    for (uint32_t i : {1234u, 1242u})
+        for (uint32_t j : {36u, 37u, 44u, 45u, 52u, 53u, 60u, 61u}) bytes.insert(dropout_byte(i, j));
+    CHECK(bytes.size() == 16);  // each score of the group its own byte
+    CHECK(dropout_byte(1234, 36) == 0u);
+    CHECK(dropout_byte(1234, 37) == 1u);
+    CHECK(dropout_byte(1234, 44) == 2u);
+    CHECK(dropout_byte(1242, 61) == 15u);
+    // Neighbours outside the group: another counter.
+    CHECK(dropout_counter(offset, batch, head, 1235, 36).w[1] != c.w[1]);
+    CHECK(dropout_counter(offset, batch, head, 1234, 38).w[0] != c.w[0]);
+    CHECK(dropout_counter(offset, batch, head, 1234, 68).w[0] != c.w[0]);
+    // The worked example of fa/philox.hpp's comment, pinned: a kernel must produce these bits.
+    const PhiloxWords r = philox4x32_10(c, dropout_key(seed));
+    const uint32_t example = dropout_keep16(seed, offset, batch, head, row, 36, dropout_threshold(0.5));
+    for (uint32_t n = 0; n < 16; ++n) CHECK(((example >> n) & 1u) == uint32_t(((r.w[n / 4] >> (8 * (n % 4))) & 0xffu) >= 128u));
+    CHECK(example == kDropoutExample);
     for (double p : {0.0, 0.1, 0.5, 0.9}) {
         const uint32_t t = dropout_threshold(p);
-        for (uint32_t col = 36; col < 40; ++col) {  // the four columns of group 9
-            const PhiloxWords r = philox4x32_10(dropout_counter(offset, batch, head, row, col / 4), dropout_key(seed));
-            const bool want = r.w[col % 4] >= t;
-            CHECK(dropout_keep(seed, offset, batch, head, row, col, p) == want);
-            CHECK(((dropout_keep4(seed, offset, batch, head, row, 9, t) >> (col % 4)) & 1u) == uint32_t(want));
-        }
+        for (uint32_t i : {1234u, 1242u})
+            for (uint32_t j : {36u, 37u, 44u, 45u, 52u, 53u, 60u, 61u}) {
+                const uint32_t n = dropout_byte(i, j);
+                const bool want = ((r.w[n / 4] >> (8 * (n % 4))) & 0xffu) >= t;
+                CHECK(dropout_keep(seed, offset, batch, head, i, j, p) == want);
+            }
     }
-    // t = floor(p 2^32): exact for dyadic p, never 2^32 for p < 1, 0 for p = 0 (every word kept).
+    // t = round(256 p), half up: p runs as t / 256, and kept scores are scaled by 256 / (256 - t).
     CHECK(dropout_threshold(0.0) == 0u);
-    CHECK(dropout_threshold(0.25) == 0x40000000u);
-    CHECK(dropout_threshold(0.5) == 0x80000000u);
-    CHECK(dropout_threshold(0.1) == 429496729u);  // 0.1 * 2^32 = 429496729.6
-    CHECK(dropout_threshold(std::nextafter(1.0, 0.0)) == 0xffffffffu);
+    CHECK(dropout_threshold(0.25) == 64u);
+    CHECK(dropout_threshold(0.5) == 128u);
+    CHECK(dropout_threshold(0.1) == 26u);  // 25.6
+    CHECK(dropout_threshold(0.998) == 255u);
+    CHECK(dropout_effective_p(0.1) == 26.0 / 256.0);
+    CHECK(dropout_keep_scale(0.1) == 256.0 / 230.0);
+    CHECK(dropout_keep_scale(0.0) == 1.0);
     for (uint32_t col = 0; col < 64; ++col) CHECK(dropout_keep(seed, 0, 0, 0, 0, col, 0.0));
+    // What would drop everything is refused, naming the bound.
+    VarlenProblem all = make_varlen({4}, {4}, 1, 1, 8);
+    all.dropout = {0.999, 1, 0};
+    CHECK(contains(error_of([&] { all.validate(); }), "below 255.5/256"));
+    all.dropout.p = 0.998;
+    all.validate();
+    all.dropout.p = 0.1;
+    CHECK(contains(all.describe(), "dropout=0.1 (runs as 26/256)"));
 }
 
-TEST_CASE("dropout keeps 1 - p of 10^6 entries to within 5 standard deviations, in each of the 4 words") {
-    // 4 x 5 x 250 x 200 = 10^6 entries (b, h, i, j), 250000 Philox calls per p.
+TEST_CASE("dropout keeps 1 - p' of 10^6 entries to within 5 standard deviations, in each of the 16 bytes") {
+    // 4 x 5 x 250 x 200 = 10^6 entries (b, h, i, j), 62500 Philox calls per p.
     const uint64_t seed = 20261123;
     for (double p : {0.01, 0.1, 0.3, 0.5, 0.9}) {
         const uint32_t t = dropout_threshold(p);
-        int64_t kept[4] = {0, 0, 0, 0}, n = 0, agree_offset = 0, agree_seed = 0;
+        const double pe = dropout_effective_p(p);
+        int64_t kept[16] = {}, n = 0, agree_offset = 0, agree_seed = 0;
         for (uint32_t b = 0; b < 4; ++b)
             for (uint32_t h = 0; h < 5; ++h)
-                for (uint32_t i = 0; i < 250; ++i)
-                    for (uint32_t g = 0; g < 50; ++g) {
-                        const uint32_t bits = dropout_keep4(seed, 0, b, h, i, g, t);
-                        const uint32_t other_offset = dropout_keep4(seed, 1, b, h, i, g, t);
-                        const uint32_t other_seed = dropout_keep4(seed + 1, 0, b, h, i, g, t);
-                        for (int w = 0; w < 4; ++w) {
-                            kept[w] += (bits >> w) & 1u;
-                            agree_offset += ((bits ^ other_offset) >> w & 1u) == 0;
-                            agree_seed += ((bits ^ other_seed) >> w & 1u) == 0;
-                        }
-                        n += 4;
-                    }
+                for (uint32_t i = 0; i < 400; i += 16)  // row groups of 16 rows (8 counters each)
+                    for (uint32_t g = 0; g < 8; ++g)
+                        for (uint32_t j = 0; j < 256; j += 32)  // column groups of 32 columns (4 counters each)
+                            for (uint32_t q = 0; q < 4; ++q) {
+                                if (n >= 1000000) continue;
+                                const uint32_t bits = dropout_keep16(seed, 0, b, h, i + g, j + 2 * q, t);
+                                const uint32_t other_offset = dropout_keep16(seed, 1, b, h, i + g, j + 2 * q, t);
+                                const uint32_t other_seed = dropout_keep16(seed + 1, 0, b, h, i + g, j + 2 * q, t);
+                                for (int w = 0; w < 16; ++w) {
+                                    kept[w] += (bits >> w) & 1u;
+                                    agree_offset += ((bits ^ other_offset) >> w & 1u) == 0;
+                                    agree_seed += ((bits ^ other_seed) >> w & 1u) == 0;
+                                }
+                                n += 16;
+                            }
         REQUIRE(n == 1000000);
-        const int64_t total = kept[0] + kept[1] + kept[2] + kept[3];
-        const double sigma = std::sqrt(p * (1 - p) / double(n));
-        INFO("p = " << p << ": kept " << total << " of " << n << ", rate " << double(total) / double(n) << ", sigma " << sigma);
-        CHECK(std::abs(double(total) / double(n) - (1 - p)) <= 5 * sigma);
-        for (int w = 0; w < 4; ++w) {  // each Philox output word on its own: n/4 draws
-            INFO("word " << w << ": kept " << kept[w]);
-            CHECK(std::abs(double(kept[w]) / double(n / 4) - (1 - p)) <= 5 * 2 * sigma);
+        int64_t total = 0;
+        for (int64_t k : kept) total += k;
+        const double sigma = std::sqrt(pe * (1 - pe) / double(n));
+        INFO("p = " << p << " (runs as " << pe << "): kept " << total << " of " << n << ", rate " << double(total) / double(n)
+                    << ", sigma " << sigma);
+        CHECK(std::abs(double(total) / double(n) - (1 - pe)) <= 5 * sigma);
+        for (int w = 0; w < 16; ++w) {  // each byte of the call on its own: n/16 draws
+            INFO("byte " << w << ": kept " << kept[w]);
+            CHECK(std::abs(double(kept[w]) / double(n / 16) - (1 - pe)) <= 5 * 4 * sigma);
         }
         // Another offset or seed gives an independent mask: two masks agree with probability
-        // p^2 + (1-p)^2.
-        const double agree = p * p + (1 - p) * (1 - p), sigma_agree = std::sqrt(agree * (1 - agree) / double(n));
+        // p'^2 + (1-p')^2.
+        const double agree = pe * pe + (1 - pe) * (1 - pe), sigma_agree = std::sqrt(agree * (1 - agree) / double(n));
         CHECK(std::abs(double(agree_offset) / double(n) - agree) <= 5 * sigma_agree);
         CHECK(std::abs(double(agree_seed) / double(n) - agree) <= 5 * sigma_agree);
     }

@@ -55,16 +55,32 @@ Scores scores(const MatrixXdR& Q, const MatrixXdR& K, double scale, double softc
     return s;
 }
 
-// Z of one block: 1/(1-p) where row i0 + r, column j of head h of sequence b is kept, else 0.
+// The keep bits of row i of query head h of sequence b, columns [0, Nk), into out[0..Nk): one
+// Philox call per group of 16 scores (fa/philox.hpp), of which this row uses its 8.
+void keep_row(const Dropout& dropout, int64_t b, int64_t h, int64_t i, int64_t Nk, uint8_t* out) {
+    const uint32_t t = dropout_threshold(dropout.p);
+    for (int64_t j0 = 0; j0 < Nk; j0 += 32)
+        for (uint32_t q = 0; q < 4; ++q) {
+            const uint32_t bits = dropout_keep16(dropout.seed, dropout.offset, uint32_t(b), uint32_t(h), uint32_t(i),
+                                                 uint32_t(j0) + 2 * q, t);
+            for (uint32_t u = 0; u < 4; ++u)
+                for (uint32_t e = 0; e < 2; ++e) {
+                    const int64_t j = j0 + 8 * u + 2 * q + e;
+                    if (j < Nk) out[j] = uint8_t((bits >> dropout_byte(uint32_t(i), uint32_t(j))) & 1u);
+                }
+        }
+}
+
+// Z of one block: 1/(1-p') (dropout_keep_scale) where row i0 + r, column j of head h of sequence b
+// is kept, else 0.
 MatrixXdR dropout_scale(const Dropout& dropout, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t Nk) {
-    const double kept = 1.0 / (1.0 - dropout.p);
+    const double kept = dropout_keep_scale(dropout.p);
     MatrixXdR Z(rows, Nk);
-    for (int64_t r = 0; r < rows; ++r)
-        for (int64_t j = 0; j < Nk; ++j)
-            Z(r, j) = dropout_keep(dropout.seed, dropout.offset, uint32_t(b), uint32_t(h), uint32_t(i0 + r), uint32_t(j),
-                                   dropout.p)
-                          ? kept
-                          : 0.0;
+    std::vector<uint8_t> bits(static_cast<size_t>(Nk));
+    for (int64_t r = 0; r < rows; ++r) {
+        keep_row(dropout, b, h, i0 + r, Nk, bits.data());
+        for (int64_t j = 0; j < Nk; ++j) Z(r, j) = bits[size_t(j)] ? kept : 0.0;
+    }
     return Z;
 }
 
@@ -192,18 +208,9 @@ std::vector<uint8_t> dropout_keep_mask(const VarlenProblem& p, int64_t max_eleme
         throw InputError(msg.str());
     }
     std::vector<uint8_t> mask(size_t(B * H * Nq * Nk), 0);
-    const uint32_t threshold = dropout_threshold(p.dropout.p);
     for (int64_t b = 0; b < B; ++b)
         for (int64_t h = 0; h < H; ++h)
-            for (int64_t i = 0; i < p.seq_q(b); ++i) {
-                uint8_t* row = &mask[size_t(((b * H + h) * Nq + i) * Nk)];
-                // One Philox call per group of four columns, as a kernel makes it.
-                for (int64_t j0 = 0; j0 < p.seq_k(b); j0 += 4) {
-                    const uint32_t bits = dropout_keep4(p.dropout.seed, p.dropout.offset, uint32_t(b), uint32_t(h),
-                                                        uint32_t(i), uint32_t(j0 / 4), threshold);
-                    for (int64_t j = j0; j < std::min(j0 + 4, p.seq_k(b)); ++j) row[j] = uint8_t((bits >> (j - j0)) & 1u);
-                }
-            }
+            for (int64_t i = 0; i < p.seq_q(b); ++i) keep_row(p.dropout, b, h, i, p.seq_k(b), &mask[size_t(((b * H + h) * Nq + i) * Nk)]);
     return mask;
 }
 

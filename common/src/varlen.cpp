@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "fa/error.hpp"
+#include "fa/philox.hpp"
 
 namespace fa {
 
@@ -115,6 +116,12 @@ void VarlenProblem::validate() const {
         msg << "--dropout " << dropout.p << " is outside [0, 1): it is the probability of dropping an entry of P";
         throw InputError(msg.str());
     }
+    if (dropout_threshold(dropout.p) > 255) {
+        std::ostringstream msg;
+        msg << "--dropout " << dropout.p << " would drop every entry: dropout compares one random byte per entry with "
+            << "round(256 p) (fa/philox.hpp), so p must be below 255.5/256 = 0.998046875";
+        throw InputError(msg.str());
+    }
     if (dropout.enabled() && (batch() > 65536 || heads_q > 65536)) {
         std::ostringstream msg;
         msg << "dropout numbers sequences and query heads in 16 bits each (fa/philox.hpp): B = " << batch()
@@ -146,7 +153,11 @@ std::string VarlenProblem::describe() const {
         << " seqlens_k=" << lengths(cu_seqlens_k) << " d=" << head_dim << " scale=" << softmax_scale() << " window=("
         << window.left << "," << window.right << ")";
     if (softcap > 0) out << " softcap=" << softcap;
-    if (dropout.enabled()) out << " dropout=" << dropout.p << " seed=" << dropout.seed << " offset=" << dropout.offset;
+    if (dropout.enabled()) {
+        out << " dropout=" << dropout.p;
+        if (dropout_effective_p(dropout.p) != dropout.p) out << " (runs as " << dropout_threshold(dropout.p) << "/256)";
+        out << " seed=" << dropout.seed << " offset=" << dropout.offset;
+    }
     return out.str();
 }
 

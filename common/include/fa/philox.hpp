@@ -25,6 +25,21 @@
 ///
 /// ### The course's dropout map (the GPU kernels reproduce it bit for bit)
 ///
+/// One Philox call costs about a hundred integer instructions (ten rounds of two 32 x 32 -> 64-bit
+/// products, xors and adds), several times the tensor-core work of one score at d = 64, so what
+/// decides dropout's price is how many scores share one call, and whether each thread can use
+/// every bit it draws. The map therefore gives each score one *byte* (16 scores per call) and
+/// groups the 16 so that one thread of the forward kernels holds all of them:
+///
+/// - rows \f$16I + g\f$ and \f$16I + g + 8\f$ (\f$g < 8\f$): the two rows a thread holds in a
+///   16-row `mma` tile (m16n8k16's accumulator, and each warp's 16 rows of a `wgmma` m64 tile);
+/// - columns \f$32K + 8u + 2q + e\f$ (\f$u < 4\f$, \f$q < 4\f$, \f$e < 2\f$): the two neighbouring
+///   columns that thread holds in each of four 8-column tiles.
+///
+/// The backward kernels compute \f$S^\top\f$ (keys as rows), where a thread holds the transposed
+/// pattern; a group's 16 bytes then belong to two lanes of the same warp, 8 each, and two shuffles
+/// per group bring them over (the lesson of stage 10 draws it).
+///
 /// For score \f$(b, h, i, j)\f$ -- sequence \f$b\f$ of the batch, query head \f$h\f$, query row
 /// \f$i\f$ and key column \f$j\f$ counted from the start of that sequence (not of the packed
 /// tensor) -- with a 64-bit `seed` and a 32-bit `offset`:
@@ -33,32 +48,33 @@
 /// | ----- | ----- |
 /// | key \f$k_0\f$ | `seed` bits 0..31 |
 /// | key \f$k_1\f$ | `seed` bits 32..63 |
-/// | counter \f$c_0\f$ | \f$\lfloor j / 4 \rfloor\f$, the group of 4 neighbouring columns |
-/// | counter \f$c_1\f$ | \f$i\f$ |
+/// | counter \f$c_0\f$ | \f$4 \lfloor j / 32 \rfloor + \lfloor (j \bmod 8) / 2 \rfloor\f$ |
+/// | counter \f$c_1\f$ | \f$8 \lfloor i / 16 \rfloor + i \bmod 8\f$ |
 /// | counter \f$c_2\f$ | \f$b \cdot 2^{16} + h\f$ (so \f$b < 2^{16}\f$ and \f$h < 2^{16}\f$) |
 /// | counter \f$c_3\f$ | `offset` |
 ///
-/// One Philox call yields four 32-bit words \f$r_0..r_3\f$; column \f$j\f$ reads \f$r_{j \bmod 4}\f$,
-/// so the call covers columns \f$4\lfloor j/4 \rfloor\f$ to \f$4\lfloor j/4 \rfloor + 3\f$. The entry is
-/// *kept* iff \f$r_{j \bmod 4} \ge t\f$ with the threshold \f$t = \lfloor p \cdot 2^{32} \rfloor\f$
-/// (dropout_threshold()). Every coordinate enters the counter, never the key, so two calls that
-/// differ only in `offset` draw from the same key with different counters: the usual way to give
-/// each training step fresh masks is to keep the seed and advance the offset.
+/// The call's 128 bits are 16 bytes, byte \f$n\f$ being bits \f$8(n \bmod 4)\f$ to
+/// \f$8(n \bmod 4) + 7\f$ of word \f$\lfloor n/4 \rfloor\f$; score \f$(i, j)\f$ reads byte
+/// \f$n = 8 \lfloor (i \bmod 16) / 8 \rfloor + 2 \lfloor (j \bmod 32) / 8 \rfloor + j \bmod 2\f$
+/// (dropout_byte()), so a word holds one row's pairs of two neighbouring 8-column tiles. The score
+/// is *kept* iff its byte is \f$\ge t = \lfloor 256 p + 1/2 \rfloor\f$ (dropout_threshold()), with
+/// probability exactly \f$(256 - t)/256\f$. Every coordinate enters the counter, never the key, so
+/// two calls that differ only in `offset` draw from the same key with different counters: the usual
+/// way to give each training step fresh masks is to keep the seed and advance the offset.
 ///
-/// The bias: a uniform 32-bit word falls below \f$t\f$ with probability exactly \f$t / 2^{32}\f$,
-/// which lies in \f$(p - 2^{-32},\, p]\f$ because \f$p \cdot 2^{32}\f$ is exact in double and only the
-/// floor rounds. So the keep rate is \f$1 - p\f$ plus less than \f$2^{-32}\f$, and scaling kept entries
-/// by \f$1/(1-p)\f$ makes \f$E[\text{output}]\f$ exceed the undropped value by a relative
-/// \f$< 2^{-32}/(1-p)\f$: far below float32's resolution. (FlashAttention-2 compares one byte per
-/// entry against \f$\lfloor 255 p \rfloor\f$ to spend one Philox call on 16 entries; its keep rate
-/// is off by up to 1/255. Here each entry gets a full word: 4 entries per call.)
+/// **What a byte costs: p in steps of 1/256.** The drop probability that runs is
+/// \f$p' = t/256\f$, the multiple of 1/256 nearest to \f$p\f$ (0.1 runs as 26/256 = 0.1015625), and
+/// kept scores are scaled by \f$1/(1 - p')\f$ (dropout_keep_scale()), so the output's expectation
+/// is the undropped value exactly. The course says \f$p'\f$ wherever it differs from \f$p\f$, and
+/// refuses \f$p \ge 255.5/256\f$ (\f$t\f$ would be 256: nothing kept). FlashAttention-2 also spends a
+/// byte per score, and scales by \f$1/(1-p)\f$ although the fraction it keeps is a multiple of 1/256.
 /// With \f$p = 0\f$, \f$t = 0\f$ and every entry is kept.
 ///
 /// A worked example a kernel can be checked against (the tests pin it): seed 0x0123456789abcdef,
-/// offset 77, sequence 3, head 5, row 1234, columns 36..39 (group 9) are key (0x89abcdef,
-/// 0x01234567) and counter (9, 1234, 0x00030005, 77), and Philox4x32-10 gives 0x6c8f69cb,
-/// 0x289ccbb7, 0x5c681d21, 0xd6cce4e9: with \f$p = 0.5\f$ (\f$t\f$ = 0x80000000) only column 39 is
-/// kept, dropout_keep4() = 0b1000.
+/// offset 77, sequence 3, head 5, row 1234 and columns 36..37 (\f$I = 77\f$, \f$g = 2\f$,
+/// \f$K = 1\f$, \f$q = 2\f$) are key (0x89abcdef, 0x01234567) and counter (6, 618, 0x00030005, 77),
+/// and at \f$p = 0.5\f$ (\f$t = 128\f$) the call keeps bytes 0, 2, 8, 12, 13 and 14: dropout_keep16()
+/// = 0x7105, so row 1234 keeps columns 36 and 44, row 1242 columns 36, 52, 53 and 60.
 ///
 /// Everything here is `constexpr` and compiles for the host and, through nvcc, for the device:
 /// the kernels include this header unchanged.
@@ -116,41 +132,52 @@ FA_HD constexpr PhiloxWords philox4x32_10(PhiloxWords counter, PhiloxKey key) {
     return philox4x32<10>(counter, key);
 }
 
-/// The threshold \f$t = \lfloor p \cdot 2^{32} \rfloor\f$ a random word is compared with: an
-/// entry is dropped iff its word is below \f$t\f$. Requires \f$0 \le p < 1\f$ (then \f$t < 2^{32}\f$;
-/// VarlenProblem::validate() refuses anything else). Multiplying by \f$2^{32}\f$ is exact in
-/// double; the floor is the only rounding (see the file comment for the bias it leaves).
-FA_HD constexpr uint32_t dropout_threshold(double p) { return uint32_t(p * 4294967296.0); }
+/// The threshold byte \f$t = \lfloor 256 p + 1/2 \rfloor\f$: a score is dropped iff its random byte
+/// is below \f$t\f$. Requires \f$0 \le p < 255.5/256\f$, so that \f$t \le 255\f$ and something is
+/// kept (VarlenProblem::validate() refuses anything else).
+FA_HD constexpr uint32_t dropout_threshold(double p) { return uint32_t(p * 256.0 + 0.5); }
+
+/// The drop probability that runs: \f$p' = t/256\f$ (dropout_threshold()), the multiple of 1/256
+/// nearest to \f$p\f$.
+FA_HD constexpr double dropout_effective_p(double p) { return double(dropout_threshold(p)) / 256.0; }
+
+/// What a kept score is multiplied by: \f$1/(1 - p') = 256/(256 - t)\f$, so that the output's
+/// expectation over masks is the undropped output exactly.
+FA_HD constexpr double dropout_keep_scale(double p) { return 256.0 / double(256u - dropout_threshold(p)); }
 
 /// The Philox key of a dropout seed: \f$k_0\f$ = low 32 bits, \f$k_1\f$ = high 32 bits.
 FA_HD constexpr PhiloxKey dropout_key(uint64_t seed) { return {{uint32_t(seed), uint32_t(seed >> 32)}}; }
 
-/// The Philox counter of the column group \f$\lfloor j/4 \rfloor\f$ = `col_group` of row `row`,
-/// query head `head`, sequence `batch`: \f$(j/4,\; i,\; b \cdot 2^{16} + h,\; \text{offset})\f$.
-/// `batch` and `head` must be below \f$2^{16}\f$ (VarlenProblem::validate() checks it when dropout
-/// is on).
-FA_HD constexpr PhiloxWords dropout_counter(uint32_t offset, uint32_t batch, uint32_t head, uint32_t row,
-                                            uint32_t col_group) {
-    return {{col_group, row, (batch << 16) | head, offset}};
+/// The Philox counter of the group that holds score (`row`, `col`) of query head `head` of
+/// sequence `batch`: \f$(4 \lfloor j/32 \rfloor + \lfloor (j \bmod 8)/2 \rfloor,\;
+/// 8 \lfloor i/16 \rfloor + i \bmod 8,\; b \cdot 2^{16} + h,\; \text{offset})\f$. `batch` and `head`
+/// must be below \f$2^{16}\f$ (VarlenProblem::validate() checks it when dropout is on).
+FA_HD constexpr PhiloxWords dropout_counter(uint32_t offset, uint32_t batch, uint32_t head, uint32_t row, uint32_t col) {
+    return {{(col / 32u) * 4u + (col % 8u) / 2u, (row / 16u) * 8u + row % 8u, (batch << 16) | head, offset}};
 }
 
-/// The keep bits of the four columns \f$4g, \dots, 4g+3\f$ (\f$g\f$ = `col_group`) of row `row`:
-/// bit \f$w\f$ of the result is 1 iff column \f$4g + w\f$ is kept, i.e. iff Philox word \f$w\f$
-/// is \f$\ge\f$ `threshold` (dropout_threshold()). One Philox4x32-10 call.
-FA_HD constexpr uint32_t dropout_keep4(uint64_t seed, uint32_t offset, uint32_t batch, uint32_t head, uint32_t row,
-                                       uint32_t col_group, uint32_t threshold) {
-    const PhiloxWords r = philox4x32_10(dropout_counter(offset, batch, head, row, col_group), dropout_key(seed));
-    return uint32_t(r.w[0] >= threshold) | uint32_t(r.w[1] >= threshold) << 1 | uint32_t(r.w[2] >= threshold) << 2 |
-           uint32_t(r.w[3] >= threshold) << 3;
+/// Which of its group's 16 bytes decides score (`row`, `col`):
+/// \f$8 \lfloor (i \bmod 16)/8 \rfloor + 2 \lfloor (j \bmod 32)/8 \rfloor + j \bmod 2\f$.
+FA_HD constexpr uint32_t dropout_byte(uint32_t row, uint32_t col) {
+    return 8u * ((row % 16u) / 8u) + 2u * ((col % 32u) / 8u) + col % 2u;
 }
 
-/// Whether score \f$(b, h, i, j)\f$ = (`batch`, `head`, `row`, `col`) survives dropout with
-/// probability `p` of dropping: keep probability \f$1 - p\f$ (to within \f$2^{-32}\f$). Rows and
-/// columns count from the start of the sequence. The same bit as dropout_keep4() at bit
-/// \f$j \bmod 4\f$; a kernel calls that instead, once per four columns.
+/// The keep bits of the whole group that holds score (`row`, `col`): bit \f$n\f$ is 1 iff byte
+/// \f$n\f$ of the Philox4x32-10 call is \f$\ge\f$ `threshold` (dropout_threshold()). One call.
+FA_HD constexpr uint32_t dropout_keep16(uint64_t seed, uint32_t offset, uint32_t batch, uint32_t head, uint32_t row,
+                                        uint32_t col, uint32_t threshold) {
+    const PhiloxWords r = philox4x32_10(dropout_counter(offset, batch, head, row, col), dropout_key(seed));
+    uint32_t bits = 0;
+    for (uint32_t n = 0; n < 16; ++n) bits |= uint32_t(((r.w[n / 4] >> (8u * (n % 4u))) & 0xffu) >= threshold) << n;
+    return bits;
+}
+
+/// Whether score \f$(b, h, i, j)\f$ = (`batch`, `head`, `row`, `col`) survives dropout with drop
+/// probability `p` (as it runs: \f$p'\f$, dropout_effective_p()). Rows and columns count from the
+/// start of the sequence. A kernel calls dropout_keep16() instead, once per 16 scores.
 FA_HD constexpr bool dropout_keep(uint64_t seed, uint32_t offset, uint32_t batch, uint32_t head, uint32_t row,
                                   uint32_t col, double p) {
-    return (dropout_keep4(seed, offset, batch, head, row, col >> 2, dropout_threshold(p)) >> (col & 3u)) & 1u;
+    return (dropout_keep16(seed, offset, batch, head, row, col, dropout_threshold(p)) >> dropout_byte(row, col)) & 1u;
 }
 
 }  // namespace fa

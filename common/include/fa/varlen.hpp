@@ -74,8 +74,9 @@ FA_HD inline KeyRange visible_key_range(int64_t i, int64_t seq_q, int64_t seq_k,
     return {begin, end < begin ? begin : end};
 }
 
-/// Dropout on \f$P\f$: each entry is dropped with probability `p` and the survivors are scaled by
-/// \f$1/(1-p)\f$; which entries survive is fixed by (`seed`, `offset`) through fa/philox.hpp.
+/// Dropout on \f$P\f$: each entry is dropped with probability \f$p'\f$, `p` rounded to a multiple of
+/// 1/256 (one random byte per entry: dropout_effective_p()), and the survivors are scaled by
+/// \f$1/(1-p')\f$; which entries survive is fixed by (`seed`, `offset`) through fa/philox.hpp.
 struct Dropout {
     double p = 0.0;       ///< probability of dropping an entry, in [0, 1); 0 turns dropout off
     uint64_t seed = 0;    ///< the Philox key
@@ -128,11 +129,12 @@ struct VarlenProblem {
     /// Throws InputError naming the first thing wrong and what is allowed: heads or head_dim
     /// below 1, \f$H_q\f$ not a multiple of \f$H_k\f$, cu_seqlens of the wrong size, not starting at
     /// 0, decreasing or not ending at the totals, a window bound below -1, a soft cap that is
-    /// negative or not finite, a dropout probability outside [0, 1), or (with dropout) more than
-    /// \f$2^{16}\f$ sequences or query heads for the Philox counter.
+    /// negative or not finite, a dropout probability outside [0, 1) or of 255.5/256 or more (it
+    /// would drop every entry: fa/philox.hpp), or (with dropout) more than \f$2^{16}\f$ sequences or
+    /// query heads for the Philox counter.
     void validate() const;
     /// One line such as `B=3 Hq=8 Hk=2 seqlens_q=5,0,17 seqlens_k=5,3,20 d=64 scale=0.125
-    /// window=(-1,0) softcap=30 dropout=0.1 seed=7 offset=0`.
+    /// window=(-1,0) softcap=30 dropout=0.1 (runs as 26/256) seed=7 offset=0`.
     std::string describe() const;
 };
 
