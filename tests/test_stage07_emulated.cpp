@@ -39,13 +39,6 @@ namespace {
 using namespace fa;
 using namespace fa::stage07;
 
-template <class T>
-uint16_t to_bits(float f);
-template <>
-uint16_t to_bits<__nv_bfloat16>(float f) { return emu_f2bf(f); }
-template <>
-uint16_t to_bits<__half>(float f) { return emu_f2h(f); }
-
 // Runs the case through the stage's launch code (launch.cuh: the options resolved, the instance
 // chosen, the arguments built) on the emulator, in T at head dimension D; returns whether the
 // kernel with stage 10's switches ran (otherwise the road's final kernel did).
@@ -53,12 +46,7 @@ template <class T, int D>
 bool run_emulated(const test::ModelCase& c, const test::RoundedInputs& in, std::vector<float>& o, std::vector<float>& lse) {
     const Problem p = c.problem();
     const int64_t total_q = int64_t(c.B) * c.Nq;
-    const auto bits = [](const std::vector<float>& x) {
-        std::vector<uint16_t> r(x.size());
-        for (size_t i = 0; i < r.size(); ++i) r[i] = to_bits<T>(x[i]);
-        return r;
-    };
-    const std::vector<uint16_t> q = bits(in.q), k = bits(in.k), v = bits(in.v);
+    const std::vector<uint16_t> q = emu::to_bits<T>(in.q), k = emu::to_bits<T>(in.k), v = emu::to_bits<T>(in.v);
     std::vector<uint16_t> o16(o.size(), 0xffff);  // NaN: what the kernel forgets to write shows
     // (B, H, N, d) views of the packed (total, H, d) buffers; the LSE (B, Hq, Nq) of an (Hq, total_q) buffer.
     const auto view = [&](const std::vector<uint16_t>& x, int64_t h, int64_t n) {
@@ -102,12 +90,7 @@ std::optional<bool> run_case(const test::ModelCase& c, const test::RoundedInputs
 template <class T, int D>
 bool run_varlen_emulated(const VarlenProblem& vp, const MaxSeqlens& max, const test::RoundedInputs& in,
                          std::vector<float>& o, std::vector<float>& lse) {
-    const auto bits = [](const std::vector<float>& x) {
-        std::vector<uint16_t> r(x.size());
-        for (size_t i = 0; i < r.size(); ++i) r[i] = to_bits<T>(x[i]);
-        return r;
-    };
-    const std::vector<uint16_t> q = bits(in.q), k = bits(in.k), v = bits(in.v);
+    const std::vector<uint16_t> q = emu::to_bits<T>(in.q), k = emu::to_bits<T>(in.k), v = emu::to_bits<T>(in.v);
     std::vector<uint16_t> o16(o.size(), 0xffff);  // NaN: what the kernel forgets to write shows
     const auto packed = [&](const std::vector<uint16_t>& x, int64_t total, int64_t heads) {
         return make_packed_view(reinterpret_cast<const T*>(x.data()), total, heads, int64_t(D));

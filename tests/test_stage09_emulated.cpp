@@ -29,12 +29,7 @@ namespace {
 
 using namespace fa::stage09;
 
-template <class T>
-uint16_t to_bits(float f);
-template <>
-uint16_t to_bits<__nv_bfloat16>(float f) { return emu_f2bf(f); }
-template <>
-uint16_t to_bits<__half>(float f) { return emu_f2h(f); }
+using emu::to_bits;
 
 struct Prob {
     int B, H, Nq, Nk;

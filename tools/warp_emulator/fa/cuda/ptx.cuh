@@ -22,6 +22,15 @@ inline void check_smem(uint32_t a, uint32_t bytes) {
 template <class T> float to_f(uint16_t h);
 template <> inline float to_f<__nv_bfloat16>(uint16_t h) { return emu_bf2f(h); }
 template <> inline float to_f<__half>(uint16_t h) { return emu_h2f(h); }
+// The other way, rounded to nearest even: one float, or a whole buffer of them.
+template <class T> uint16_t to_bits(float f);
+template <> inline uint16_t to_bits<__nv_bfloat16>(float f) { return emu_f2bf(f); }
+template <> inline uint16_t to_bits<__half>(float f) { return emu_f2h(f); }
+template <class T> std::vector<uint16_t> to_bits(const std::vector<float>& x) {
+    std::vector<uint16_t> r(x.size());
+    for (size_t i = 0; i < r.size(); ++i) r[i] = to_bits<T>(x[i]);
+    return r;
+}
 }  // namespace emu
 namespace fa::cuda::ptx {
 inline uint32_t smem_address(const void* p) { return uint32_t(static_cast<const unsigned char*>(p) - emu::smem_base); }
