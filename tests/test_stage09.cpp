@@ -4,7 +4,7 @@
 // executable does. Every awkward size, both layouts, d = 32, 64, 128; rows and whole query blocks
 // that see no key get exactly zero gradients; any scale; the deterministic mode is bit-identical
 // from run to run; the device entry point with a kept workspace; what the stage refuses. Every
-// test runs each main kernel of the stage's road (--step 0 to 3).
+// test runs each main kernel of the stage's road (every --step of road()).
 #include <cmath>
 #include <cstring>
 #include <string>

@@ -175,10 +175,13 @@ template <class T, int D>
 void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
     const Data<T, D> in(p, unsigned(1000 + p.Nq + 7 * p.Nk + D), magnitude);
     // Every step of the road; a step whose main kernel at this d is an earlier step's (the same
-    // features) runs all the same: it is what `--step` launches.
+    // instance: same_kernel_as(), the table run_kernels() launches by) takes that step's result.
     const int steps = kRoadSteps;
     std::vector<Grads> grads;
-    for (int step = 0; step < steps; ++step) grads.push_back(run_backward(in, step, deterministic));
+    for (int step = 0; step < steps; ++step) {
+        const int same = same_kernel_as<D>(step);
+        grads.push_back(same < step ? grads[size_t(same)] : run_backward(in, step, deterministic));
+    }
     const Grads& g0 = grads[0];
     const bool bf16 = std::is_same_v<T, __nv_bfloat16>;
     const double limit = bf16 ? 2e-2 : 4e-3;
@@ -207,7 +210,8 @@ void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
         CHECK(nonzero == 0);
     }
     // Step 3 computes step 2's dP^T in another order of columns: every sum is the same, in the same
-    // order (and the emulator runs the blocks, so the dQ additions, in one order): bit-identical.
+    // order (and the emulator runs the blocks, so the dQ additions, in one order): bit-identical
+    // (at d = 32, 64 step 3 is step 2's kernel).
     CHECK(grads[3].dq == grads[2].dq);
     CHECK(grads[3].dk == grads[2].dk);
     CHECK(grads[3].dv == grads[2].dv);
@@ -235,6 +239,7 @@ template <class T, int D>
 void check_deterministic_order(const Prob& p) {
     const Data<T, D> in(p, unsigned(2000 + p.Nq + 7 * p.Nk + D), 1.0);
     for (int step = 0; step < kRoadSteps; ++step) {
+        if (same_kernel_as<D>(step) != step) continue;  // an earlier step's kernel, checked there
         const Grads fixed = run_backward(in, step, true);
         const Grads again = run_backward(in, step, true);
         const Grads reversed_atomic = run_backward(in, step, false, true);
@@ -299,4 +304,15 @@ TEST_CASE("emulated stage 09: every main kernel matches the float64 gradients an
     // Causal, Nq > Nk: rows 0 to 122 see no key, and a key block of 77 keys (of 128) crosses the
     // diagonal of two query blocks of 64; the deterministic turns with 128-key blocks.
     check<__half, 128>({1, 1, 200, 77, true, 0.088}, true);
+}
+
+TEST_CASE("stage 09: which steps of the road run an earlier step's kernel") {
+    // Steps 2 and 3 change d = 128 only, steps 4 and 5 d = 32 and 64 only (launch.cuh).
+    for (int step = 0; step < kRoadSteps; ++step) {
+        const int at32 = same_kernel_as<32>(step), at64 = same_kernel_as<64>(step), at128 = same_kernel_as<128>(step);
+        INFO("step " << step);
+        CHECK(at32 == at64);
+        CHECK(at32 == (step == 2 || step == 3 ? 1 : step));
+        CHECK(at128 == (step >= 4 ? 2 : step));
+    }
 }

@@ -180,6 +180,11 @@ const std::vector<RoadStep>& road() {
                            "features of dK, dV; half the dQ additions of step 1 at d = 128 (d = 32, 64: step 1)"},
         {"dP in pieces", "step 2 with dP^T computed 16 query columns at a time at d = 128, beside the whole step's P^T: "
                          "fewer registers live, spills of 76 bytes down to 16-24 (d = 32, 64: step 2)"},
+        {"P^T in registers", "step 2 with dV and dK fed from the registers of P^T and dS^T at d = 32, 64: each warp holds "
+                             "dK, dV for its keys and all features, partial sums added at the end; no P^T tile, a fifth "
+                             "fewer shared-memory reads (d = 128: step 2)"},
+        {"16-column steps", "step 4 with S^T and dP^T 16 query columns at a time: no spills at d = 64, K_w and V_w read "
+                            "twice as often (d = 128: step 2)"},
     };
     // One name per main kernel that run_kernels() (launch.cuh) can launch.
     if (steps.size() != size_t(kRoadSteps)) throw std::logic_error("stage 09: road() and kRoadSteps disagree");
@@ -259,16 +264,17 @@ std::string describe_config(const Problem& p, const Options& options) {
         }
     }
     const long long total = (long long)(c.q_blocks * c.k_blocks);
-    char warps[160];
+    char warps[256];
     if (step == 0) {
         std::snprintf(warps, sizeof warps, "%d warps (16 keys each), %d query columns per step, K_w/V_w %s", geo.warps,
                       geo.bn, geo.kv_in_registers ? "in registers" : "re-read from shared memory");
     } else {
-        std::snprintf(warps, sizeof warps, "%d warps (%d along the keys x %d, %d keys each), %d query columns per step, "
-                      "P^T and dS^T through shared memory", geo.warps, geo.key_warps, geo.warps / geo.key_warps,
-                      geo.bc / geo.key_warps, geo.bn);
+        std::snprintf(warps, sizeof warps, "%d warps (%d along the keys x %d, %d keys each), %d query columns per step, %s",
+                      geo.warps, geo.key_warps, geo.warps / geo.key_warps, geo.bc / geo.key_warps, geo.bn,
+                      geo.pt_in_registers ? "dV and dK from the registers of P^T and dS^T, dS^T through shared memory"
+                                          : "P^T and dS^T through shared memory");
     }
-    char buf[640];
+    char buf[768];
     std::snprintf(buf, sizeof buf,
                   "%s, step %d (%s), Br=%d Bc=%d, %s, %zu B shared memory; "
                   "dQ %s; per head %lld key blocks x %lld query blocks: %lld unmasked, %lld masked, %lld skipped",

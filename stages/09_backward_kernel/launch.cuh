@@ -9,9 +9,11 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
@@ -122,10 +124,50 @@ struct TunedDpPieces<128> {
 };
 //! [tuned_dp_pieces]
 
-/// The features of the warp-tiled kernel at `Step` (1, 2 or 3 of the road) and head dimension D.
+//! [tuned_pt_registers]
+/// Step 4: step 2 with dV and dK fed from the registers of P^T and dS^T (WithPtInRegisters). At
+/// d = 32 and 64 step 2's 128 x 128 block reads about 160 ldmatrix per warp and query block and
+/// stores 64 registers of P^T and dS^T; the tensor cores wait on shared memory (its profile: the
+/// shared-memory pipe busy twice as long as the tensor pipe). Fed from registers, dV and dK need
+/// no A fragments from shared memory and no P^T tile: 128 ldmatrix and 32 stores. Each warp then
+/// holds dK and dV for 32 keys by all d features (128 registers at d = 64): the compiler's count
+/// is 255 registers with 36 bytes of spills at d = 64 (`-Xptxas -v`, CUDA 13.0, sm_90), 208 at
+/// d = 32. At d = 128 that would be 256 registers of dK and dV alone: step 2's kernel.
+template <int D>
+struct TunedPtRegisters {
+    /// the features: step 2's with P^T in registers
+    using F = WithPtInRegisters<typename TunedKeys128<D>::F>;
+};
+/// TunedPtRegisters for d = 128: step 2's features.
+template <>
+struct TunedPtRegisters<128> {
+    /// the features
+    using F = TunedKeys128<128>::F;
+};
+
+/// Step 5: step 4 with S^T and dP^T 16 query columns at a time instead of 32 (no spills at d = 64,
+/// 251 registers; the price: K_w and V_w read twice as often). At d = 128, step 2's kernel.
+template <int D>
+struct TunedPtRegisters16 {
+    /// the features
+    using F = WithPtInRegisters<TiledFeatures<TunedKeys128<D>::F::kBr, TunedKeys128<D>::F::kBc, TunedKeys128<D>::F::kWarps,
+                                              TunedKeys128<D>::F::kKeyWarps, 16, TunedKeys128<D>::F::kMinBlocksPerSm>>;
+};
+/// TunedPtRegisters16 for d = 128: step 2's features.
+template <>
+struct TunedPtRegisters16<128> {
+    /// the features
+    using F = TunedKeys128<128>::F;
+};
+//! [tuned_pt_registers]
+
+/// The features of the warp-tiled kernel at `Step` (1 to 5 of the road) and head dimension D.
 template <int D, int Step>
 using TiledStepFeatures = typename std::conditional_t<
-    Step == 1, TunedTiled<D>, std::conditional_t<Step == 2, TunedKeys128<D>, TunedDpPieces<D>>>::F;
+    Step == 1, TunedTiled<D>,
+    std::conditional_t<Step == 2, TunedKeys128<D>,
+                       std::conditional_t<Step == 3, TunedDpPieces<D>,
+                                          std::conditional_t<Step == 4, TunedPtRegisters<D>, TunedPtRegisters16<D>>>>>::F;
 
 /// The shape of one main kernel, for the host: block counts, padding, the workspace, the report.
 struct Geometry {
@@ -137,17 +179,19 @@ struct Geometry {
     bool kv_in_registers;  ///< step 0 only
     size_t smem;           ///< dynamic shared memory of one block, bytes
     int threads;           ///< threads per block
+    bool pt_in_registers = false;  ///< dV and dK fed from the registers of P^T and dS^T (WithPtInRegisters)
 };
 
 /// The geometry of the warp-tiled kernel with features F.
 template <int D, class F>
 Geometry tiled_geometry() {
     using S = TiledShape<__nv_bfloat16, D, F>;
-    return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kKeyWarps, false, S::kSmemBytes, S::kThreads};
+    return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kKeyWarps, false, S::kSmemBytes, S::kThreads, kPtInRegisters<F>};
 }
 
 /// The geometry of the main kernel of `step` (0: warps own keys, 1: warp-tiled, 2: warp-tiled
-/// with 128-key blocks, 3: and dP^T in pieces) at head dimension D.
+/// with 128-key blocks, 3: and dP^T in pieces, 4: step 2 with P^T in registers, 5: and 16-column
+/// steps) at head dimension D.
 template <int D>
 Geometry geometry_for(int step) {
     if (step == 0) {
@@ -157,7 +201,9 @@ Geometry geometry_for(int step) {
     }
     if (step == 1) return tiled_geometry<D, TiledStepFeatures<D, 1>>();
     if (step == 2) return tiled_geometry<D, TiledStepFeatures<D, 2>>();
-    return tiled_geometry<D, TiledStepFeatures<D, 3>>();
+    if (step == 3) return tiled_geometry<D, TiledStepFeatures<D, 3>>();
+    if (step == 4) return tiled_geometry<D, TiledStepFeatures<D, 4>>();
+    return tiled_geometry<D, TiledStepFeatures<D, 5>>();
 }
 
 /// Sizes every kernel derives from the problem and the block shape.
@@ -257,7 +303,35 @@ struct Kernel {
 };
 
 /// The main kernels run_kernels() launches, one per step of the road (attention.cu: road()).
-inline constexpr int kRoadSteps = 4;
+inline constexpr int kRoadSteps = 6;
+
+/// The earliest step of the road whose main kernel at head dimension D is the very instance step
+/// `Step` launches (Step itself when no earlier step has it): several steps change one head
+/// dimension only and run an earlier step's kernel at the others.
+template <int D, int Step, int Earlier = 1>
+constexpr int earliest_step_with_kernel() {
+    if constexpr (Step == 0 || Earlier >= Step) {
+        return Step;
+    } else if constexpr (std::is_same_v<TiledStepFeatures<D, Earlier>, TiledStepFeatures<D, Step>>) {
+        return Earlier;
+    } else {
+        return earliest_step_with_kernel<D, Step, Earlier + 1>();
+    }
+}
+
+/// earliest_step_with_kernel() of every step, as a table.
+template <int D, int... Steps>
+constexpr std::array<int, sizeof...(Steps)> steps_with_kernel(std::integer_sequence<int, Steps...>) {
+    return {earliest_step_with_kernel<D, Steps>()...};
+}
+
+/// The earliest step whose main kernel at head dimension D is the one `step` launches: a step
+/// equal to an earlier one there needs no run of its own to be checked or timed.
+template <int D>
+int same_kernel_as(int step) {
+    static constexpr std::array<int, kRoadSteps> kTable = steps_with_kernel<D>(std::make_integer_sequence<int, kRoadSteps>{});
+    return kTable[size_t(step)];
+}
 
 /// The warp-tiled main kernel with features F, through `launch` (see run_kernels).
 template <class T, int D, class F, bool kDeterministic, class Launch>
@@ -283,8 +357,12 @@ void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
         launch_tiled<T, D, TiledStepFeatures<D, 1>, kDeterministic>(l, launch);
     } else if (step == 2) {
         launch_tiled<T, D, TiledStepFeatures<D, 2>, kDeterministic>(l, launch);
-    } else {
+    } else if (step == 3) {
         launch_tiled<T, D, TiledStepFeatures<D, 3>, kDeterministic>(l, launch);
+    } else if (step == 4) {
+        launch_tiled<T, D, TiledStepFeatures<D, 4>, kDeterministic>(l, launch);
+    } else {
+        launch_tiled<T, D, TiledStepFeatures<D, 5>, kDeterministic>(l, launch);
     }
     launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
 }

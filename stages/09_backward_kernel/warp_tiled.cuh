@@ -58,7 +58,27 @@ struct WithDpPieces : F {
     static constexpr int kDpColumns = DpColumns;  ///< query columns of dP^T per piece
     static_assert(F::kBn % DpColumns == 0 && DpColumns % 16 == 0, "whole pieces of 16-column k-steps");
 };
+
+/// Features F with dV and dK fed from the registers that hold P^T and dS^T (stage 07's identity:
+/// two neighbouring 8-column accumulator tiles are one 16-column A fragment), as the first kernel
+/// feeds them, instead of from the shared P^T and dS^T tiles. Each warp then owns dK and dV for
+/// its keys and all d features, summed over its own query columns only; the Warps / KeyWarps warps
+/// that share the keys add their partial sums once, at the end. What it saves per query block:
+/// the 16-bit P^T tile (its stores and its shared memory), and the ldmatrix of the A operands of
+/// dV and dK; dS^T still goes through shared memory for dQ. What it costs: dK and dV of d features
+/// per warp instead of d / (Warps / KeyWarps), registers only small head dimensions can spare.
+template <class F>
+struct WithPtInRegisters : F {
+    static constexpr bool kPtInRegisters = true;  ///< dV, dK from the registers of P^T, dS^T
+};
 //! [tiled_features]
+
+/// Whether F feeds dV and dK from registers (WithPtInRegisters) or from the shared P^T and dS^T.
+template <class F, class = void>
+inline constexpr bool kPtInRegisters = false;
+/// kPtInRegisters for features that say so.
+template <class F>
+inline constexpr bool kPtInRegisters<F, std::void_t<decltype(F::kPtInRegisters)>> = F::kPtInRegisters;
 
 /// Query columns of dP^T per piece: F::kDpColumns where F names it (WithDpPieces), else F::kBn
 /// (all the step's columns at once).
@@ -82,7 +102,8 @@ struct TiledShape {
     static constexpr int kSteps = kQueriesPerWarp / F::kBn;        ///< steps of Bn columns
     static constexpr int kNTiles = F::kBn / 8;                     ///< 8-query column tiles per step
     static constexpr int kKSteps = D / 16;                         ///< k-steps of S^T and dP^T
-    static constexpr int kDkvCols = D / kQueryWarps;               ///< features of dK, dV per warp
+    /// features of dK, dV per warp: all d when they are fed from registers (WithPtInRegisters)
+    static constexpr int kDkvCols = kPtInRegisters<F> ? D : D / kQueryWarps;
     static constexpr int kDkvTiles = kDkvCols / 8;                 ///< 8-feature tiles of dK, dV per warp
     static constexpr int kQSteps = F::kBr / 16;                    ///< k-steps of dV and dK (queries)
     static constexpr int kDqRowWarps = F::kBr / 32;                ///< warps along dQ_i's rows (32 each)
@@ -97,10 +118,16 @@ struct TiledShape {
     static constexpr int kKVElems = F::kBc * D;       ///< elements of the K_j or V_j tile
     static constexpr int kQElems = F::kBr * D;        ///< elements of one Q_i or dO_i slot
     static constexpr int kPElems = F::kBc * F::kBr;   ///< elements of the P^T or dS^T tile
-    /// Shared memory: K_j, V_j; two slots each of Q_i and dO_i; P^T and dS^T; two slots each of
-    /// the Br floats of L_i log2(e) and D_i.
+    static constexpr int kPTiles = kPtInRegisters<F> ? 1 : 2;  ///< shared [Bc, Br] tiles: dS^T, and P^T unless in registers
+    /// Shared memory: K_j, V_j; two slots each of Q_i and dO_i; P^T (unless in registers) and
+    /// dS^T; two slots each of the Br floats of L_i log2(e) and D_i.
     static constexpr size_t kSmemBytes =
-        2 * (2 * size_t(kKVElems) + 4 * size_t(kQElems) + 2 * size_t(kPElems)) + 4 * 4 * size_t(F::kBr);
+        2 * (2 * size_t(kKVElems) + 4 * size_t(kQElems) + kPTiles * size_t(kPElems)) + 4 * 4 * size_t(F::kBr);
+    static_assert(!kPtInRegisters<F> || kDpColumns<F> == F::kBn, "dP^T in pieces and P^T in registers are not combined");
+    /// WithPtInRegisters: the float32 partial sums of dK and dV that the warps sharing their keys
+    /// add at the end pass through the rings of Q_i and dO_i and the dS^T tile, free by then.
+    static_assert(!kPtInRegisters<F> || 2 * 4 * size_t(F::kBc) * D <= 2 * (4 * size_t(kQElems) + size_t(kPElems)),
+                  "the partial sums of dK and dV fit where Q_i, dO_i and dS^T were");
 };
 
 /// One warp's dK or dV accumulators: [key tiles][8-feature tiles][4 floats of the C fragment].
@@ -109,12 +136,65 @@ using DkvAccumulators = float[TiledShape<T, D, F>::kKeyTiles][TiledShape<T, D, F
 
 namespace detail {
 
+//! [tiled_dkdv_registers]
+/// WithPtInRegisters: dV_w += P^T dO_i and dK_w += dS^T Q_i for this warp's keys, its Bn query
+/// columns from `c0` and all d features, with P^T (float32, `p`) and dS^T (16-bit pairs, `ds`)
+/// straight from the registers that computed them. Two neighbouring 8-query accumulator tiles
+/// are, element for element, one 16-query A fragment (the first kernel's identity, and stage 07's
+/// for P V); B comes from dO_i and Q_i by ldmatrix.trans, as in tiled_dkdv.
+template <class T, int D, class F>
+__device__ __forceinline__ void dkdv_from_registers(
+    DkvAccumulators<T, D, F>& dk, DkvAccumulators<T, D, F>& dv,
+    const float (&p)[TiledShape<T, D, F>::kKeyTiles][TiledShape<T, D, F>::kNTiles][4],
+    const uint32_t (&ds)[TiledShape<T, D, F>::kKeyTiles][TiledShape<T, D, F>::kNTiles][2], const uint16_t* q_tile,
+    const uint16_t* do_tile, int c0, int lane) {
+    using S = TiledShape<T, D, F>;
+    static_assert(S::kDkvCols == D, "this warp holds dK and dV for every feature");
+    const uint32_t do_t = smem_address(do_tile) + v_lane_bytes<TileLayout<D, true>>(lane);
+    const uint32_t q_t = smem_address(q_tile) + v_lane_bytes<TileLayout<D, true>>(lane);
+#pragma unroll
+    for (int kk = 0; kk < S::kNTiles / 2; ++kk) {
+        uint32_t pa[S::kKeyTiles][4], dsa[S::kKeyTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+            const float* lo = p[mt][2 * kk];
+            const float* hi = p[mt][2 * kk + 1];
+            pa[mt][0] = pack2<T>(lo[0], lo[1]), pa[mt][1] = pack2<T>(lo[2], lo[3]);
+            pa[mt][2] = pack2<T>(hi[0], hi[1]), pa[mt][3] = pack2<T>(hi[2], hi[3]);
+            dsa[mt][0] = ds[mt][2 * kk][0], dsa[mt][1] = ds[mt][2 * kk][1];
+            dsa[mt][2] = ds[mt][2 * kk + 1][0], dsa[mt][3] = ds[mt][2 * kk + 1][1];
+        }
+#pragma unroll
+        for (int dpair = 0; dpair < S::kDkvTiles / 2; ++dpair) {
+            uint32_t b[4];
+            ldmatrix_x4_trans(b, fragment_address<TileLayout<D, true>>(do_t, c0 + kk * 16, dpair * 16));
+            const uint32_t bv_lo[2] = {b[0], b[1]}, bv_hi[2] = {b[2], b[3]};
+#pragma unroll
+            for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                mma_m16n8k16<T>(dv[mt][2 * dpair], pa[mt], bv_lo, dv[mt][2 * dpair]);
+                mma_m16n8k16<T>(dv[mt][2 * dpair + 1], pa[mt], bv_hi, dv[mt][2 * dpair + 1]);
+            }
+            ldmatrix_x4_trans(b, fragment_address<TileLayout<D, true>>(q_t, c0 + kk * 16, dpair * 16));
+            const uint32_t bk_lo[2] = {b[0], b[1]}, bk_hi[2] = {b[2], b[3]};
+#pragma unroll
+            for (int mt = 0; mt < S::kKeyTiles; ++mt) {
+                mma_m16n8k16<T>(dk[mt][2 * dpair], dsa[mt], bk_lo, dk[mt][2 * dpair]);
+                mma_m16n8k16<T>(dk[mt][2 * dpair + 1], dsa[mt], bk_hi, dk[mt][2 * dpair + 1]);
+            }
+        }
+    }
+}
+//! [tiled_dkdv_registers]
+
 //! [tiled_sdp]
 /// S^T, P^T, dP^T and dS^T for this warp's keys and Bn query columns from `c0` of query block
-/// `q0`; P^T and dS^T stored, rounded to T, into the shared [Bc, Br] tiles. kMask: compare
-/// every (key, query) pair with the causal diagonal and Nk (as process_step of the first kernel).
+/// `q0`; P^T and dS^T stored, rounded to T, into the shared [Bc, Br] tiles. WithPtInRegisters:
+/// only dS^T is stored, and dV_w, dK_w are updated here from the registers (dkdv_from_registers).
+/// kMask: compare every (key, query) pair with the causal diagonal and Nk (as process_step of the
+/// first kernel).
 template <class T, int D, class F, bool kMask>
-__device__ __forceinline__ void tiled_scores(const uint16_t* k_tile, const uint16_t* v_tile, const uint16_t* q_tile,
+__device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAccumulators<T, D, F>& dv,
+                                             const uint16_t* k_tile, const uint16_t* v_tile, const uint16_t* q_tile,
                                              const uint16_t* do_tile, const float* lse_slot, const float* delta_slot,
                                              uint16_t* pt_tile, uint16_t* dst_tile, int q0, int c0, int kv0,
                                              int key_row0, const Args<T>& a, int lane) {
@@ -176,19 +256,24 @@ __device__ __forceinline__ void tiled_scores(const uint16_t* k_tile, const uint1
             }
     }
     // P^T into shared memory (16-bit) for dV; the float32 P^T stays in registers for dS^T.
+    if constexpr (!kPtInRegisters<F>) {
 #pragma unroll
-    for (int mt = 0; mt < S::kKeyTiles; ++mt)
+        for (int mt = 0; mt < S::kKeyTiles; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < S::kNTiles; ++nt) {
-            const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
-            *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r, c)) = pack2<T>(s[mt][nt][0], s[mt][nt][1]);
-            *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r + 8, c)) = pack2<T>(s[mt][nt][2], s[mt][nt][3]);
-        }
+            for (int nt = 0; nt < S::kNTiles; ++nt) {
+                const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
+                *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r, c)) = pack2<T>(s[mt][nt][0], s[mt][nt][1]);
+                *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r + 8, c)) = pack2<T>(s[mt][nt][2], s[mt][nt][3]);
+            }
+    }
 
     if constexpr (kDpColumns<F> == F::kBn) {  // dP^T of the whole step at once
         float dp[S::kKeyTiles][S::kNTiles][4];
         product(dp, v_a, do_b);
-        // dS^T = P^T o (dP^T - D), from the float32 P^T still in registers.
+        // dS^T = P^T o (dP^T - D), from the float32 P^T still in registers, rounded to T: one
+        // register per key row and pair of queries, stored as it is (and, WithPtInRegisters, the
+        // A fragments of dK's product).
+        uint32_t ds[S::kKeyTiles][S::kNTiles][2];
 #pragma unroll
         for (int nt = 0; nt < S::kNTiles; ++nt) {
             const float2 d2 = *reinterpret_cast<const float2*>(delta_slot + c0 + nt * 8 + 2 * t);
@@ -197,11 +282,13 @@ __device__ __forceinline__ void tiled_scores(const uint16_t* k_tile, const uint1
                 const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
                 const float* x = dp[mt][nt];
                 const float* p = s[mt][nt];
-                *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
-                *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) =
-                    pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+                ds[mt][nt][0] = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
+                ds[mt][nt][1] = pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+                *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) = ds[mt][nt][0];
+                *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) = ds[mt][nt][1];
             }
         }
+        if constexpr (kPtInRegisters<F>) dkdv_from_registers<T, D, F>(dk, dv, s, ds, q_tile, do_tile, c0, lane);
     } else {
         //! [tiled_dp_pieces]
         // dP^T and dS^T kDpColumns query columns at a time: the float32 P^T of the whole step stays
@@ -366,8 +453,8 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
     uint16_t* v_tile = k_tile + S::kKVElems;                    // [Bc, d]  V_j
     uint16_t* q_ring = v_tile + S::kKVElems;                    // 2 x [Br, d] Q_i
     uint16_t* do_ring = q_ring + 2 * S::kQElems;                // 2 x [Br, d] dO_i
-    uint16_t* pt_tile = do_ring + 2 * S::kQElems;               // [Bc, Br] P^T
-    uint16_t* dst_tile = pt_tile + S::kPElems;                  // [Bc, Br] dS^T
+    uint16_t* pt_tile = do_ring + 2 * S::kQElems;               // [Bc, Br] P^T (not WithPtInRegisters)
+    uint16_t* dst_tile = pt_tile + (S::kPTiles - 1) * S::kPElems;  // [Bc, Br] dS^T
     float* lse_ring = reinterpret_cast<float*>(dst_tile + S::kPElems);  // 2 x [Br] L_i log2(e)
     float* delta_ring = lse_ring + 2 * F::kBr;                         // 2 x [Br] D_i
 
@@ -378,7 +465,7 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
     // and rows and features of dQ_i.
     const int key_row0 = (warp % F::kKeyWarps) * S::kKeysPerWarp;
     const int query_col0 = (warp / F::kKeyWarps) * S::kQueriesPerWarp;
-    const int dkv_col0 = (warp / F::kKeyWarps) * S::kDkvCols;
+    const int dkv_col0 = kPtInRegisters<F> ? 0 : (warp / F::kKeyWarps) * S::kDkvCols;
     const int dq_row0 = (warp % S::kDqRowWarps) * 32;
     const int dq_col0 = (warp / S::kDqRowWarps) * S::kDqCols;
 
@@ -401,15 +488,17 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
         for (int step = 0; step < S::kSteps; ++step) {
             const int c0 = query_col0 + step * F::kBn;
             if (mask) {
-                detail::tiled_scores<T, D, F, true>(k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot, pt_tile,
-                                                    dst_tile, q0, c0, w.kv0, key_row0, a, lane);
+                detail::tiled_scores<T, D, F, true>(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot,
+                                                    pt_tile, dst_tile, q0, c0, w.kv0, key_row0, a, lane);
             } else {
-                detail::tiled_scores<T, D, F, false>(k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot, pt_tile,
-                                                     dst_tile, q0, c0, w.kv0, key_row0, a, lane);
+                detail::tiled_scores<T, D, F, false>(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot,
+                                                     pt_tile, dst_tile, q0, c0, w.kv0, key_row0, a, lane);
             }
         }
         __syncthreads();  // all of P^T and dS^T stored before any warp reads another warp's piece
-        detail::tiled_dkdv<T, D, F>(dk, dv, pt_tile, dst_tile, q_tile, do_tile, key_row0, dkv_col0, lane);
+        if constexpr (!kPtInRegisters<F>) {
+            detail::tiled_dkdv<T, D, F>(dk, dv, pt_tile, dst_tile, q_tile, do_tile, key_row0, dkv_col0, lane);
+        }
         // dQ_i's products, then the additions; the deterministic mode waits for its turn between
         // the two, holding its products in registers.
         detail::tiled_dq<T, D, F>(dst_tile, k_tile, w.dq + int64_t(q0) * D, dq_row0, dq_col0, lane, [&] {
@@ -427,12 +516,55 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
     // Epilogue: dK_j (scaled) and dV_j rounded to T, staged in the K_j and V_j tiles once every
     // warp is done reading them, then written as whole 16-byte chunks by all threads.
     __syncthreads();
+    //! [tiled_partial_sums]
+    if constexpr (kPtInRegisters<F>) {
+        // Each warp summed dK and dV over its own query columns: the kQueryWarps warps that share
+        // keys add their float32 sums into the first one's, one warp at a time, through the
+        // shared memory of Q_i, dO_i and dS^T (no warp reads those any more). Element r of lane l
+        // of warp (key warp kw, query warp qw) sits at float ((kw * 2 kRegs + r) * 32 + l): a
+        // warp's 32 lanes touch 32 consecutive floats, one bank each.
+        constexpr int kRegs = S::kKeyTiles * S::kDkvTiles * 4;  // floats of dK (and of dV) per thread
+        float* partial = reinterpret_cast<float*>(q_ring);
+        const int key_warp = warp % F::kKeyWarps, query_warp = warp / F::kKeyWarps;
+        float* mine = partial + key_warp * 2 * kRegs * 32 + lane;
+#pragma unroll 1
+        for (int from = 1; from < S::kQueryWarps; ++from) {
+            if (query_warp == from) {
+#pragma unroll
+                for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < S::kDkvTiles; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int r = (mt * S::kDkvTiles + nt) * 4 + e;
+                            mine[r * 32] = dk[mt][nt][e];
+                            mine[(kRegs + r) * 32] = dv[mt][nt][e];
+                        }
+            }
+            __syncthreads();  // query warp `from`'s sums stored before the first query warp adds them
+            if (query_warp == 0) {
+#pragma unroll
+                for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < S::kDkvTiles; ++nt)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int r = (mt * S::kDkvTiles + nt) * 4 + e;
+                            dk[mt][nt][e] += mine[r * 32];
+                            dv[mt][nt][e] += mine[(kRegs + r) * 32];
+                        }
+            }
+            if (from + 1 < S::kQueryWarps) __syncthreads();  // read before the next warp's sums overwrite them
+        }
+    }
+    //! [tiled_partial_sums]
 #pragma unroll
     for (int mt = 0; mt < S::kKeyTiles; ++mt)
 #pragma unroll
         for (int nt = 0; nt < S::kDkvTiles; ++nt)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
+                if (kPtInRegisters<F> && warp >= F::kKeyWarps) break;  // the first query warp holds the sums
                 const int r = key_row0 + 16 * mt + g + 8 * hh, c = dkv_col0 + nt * 8 + 2 * t;
                 *reinterpret_cast<uint32_t*>(k_tile + L::offset(r, c)) =
                     fa::cuda::ptx::pack2<T>(dk[mt][nt][2 * hh] * a.scale, dk[mt][nt][2 * hh + 1] * a.scale);
