@@ -14,8 +14,9 @@
 // SM, so each of the SM's four schedulers always has a warp ready. Results are stored only when
 // a flag the compiler cannot see is set, so nothing is optimized away and nothing is written.
 // Timing: fa::cuda::time_on_gpu (CUDA events, warm-up, median), the loop length calibrated to
-// about --target-ms per run. On an H100 SXM expect about 645 TFLOP/s (mma bf16 and fp16),
-// 4.2 T ex2/s and 67 TFLOP/s (ffma).
+// about --target-ms per run. What it measured on the course's H100 is in
+// docs/results/mma_ceiling.jsonl (written by bench/gpu_session.sh ceiling); the lessons and the
+// results page read their figures from that file.
 #include <algorithm>
 #include <cstdio>
 #include <ctime>

@@ -10,12 +10,17 @@ Inputs (any may be missing; the page then says what is not there yet):
                    version, timing, the mma.sync ceiling) and road.csv (stage 07's road: each
                    step's TFLOP/s and gain); road11.csv (stage 11's road, with each step's ratio
                    to SDPA cuDNN) and stage11_first_contact.txt (bench/hopper_first_contact.sh's
-                   record: the first timings of stage 11, shown until the sweep has stage 11).
+                   record: the first timings of stage 11, shown until the sweep has stage 11);
+                   stage09_steps_quick.txt (stage 09's road: bench/sdpa_compare.py's tables of the
+                   default main kernel and of each other step, bench/gpu_session.sh quick with STEPS09);
+                   mma_ceiling.jsonl and wgmma_ceiling.jsonl (the ceilings the lessons quote).
   cpu_sweep.jsonl  one JSON object per line, as the stage executables print with --json
                    (stage,title,B,H,Nq,Nk,d,causal,layout,first_ms,median_ms,gflops,
                     peak_rss_bytes,rss_before_bytes,intermediate_bytes,pass,machine,date)
 Outputs: a Doxygen markdown page (anchor `results`) with tables, plots as PNG (matplotlib; tables
-only when it is missing), and checks against the performance targets of the course.
+only when it is missing), and checks against the performance targets of the course; with
+--lesson-tables, the tables the lessons show (stage07_bridge_table.txt, stage09_road_table.txt) and
+the numbers they quote (lesson_numbers.doxy, Doxygen aliases).
 
 Usage: make_results.py --gpu-csv F --cpu-jsonl F --out results.md --images DIR [--road-csv F]
 """
@@ -1086,6 +1091,24 @@ def stage09_section(rows, images, out, plots_made):
     stage09_ratios(side, dtypes, out)
 
 
+def road09_section(road09, out):
+    """Stage 09's road on the results page: the table its lesson shows, per dtype of the record."""
+    w = out.append
+    w("### The road of stage 09 {#results_stage09_road}")
+    w("")
+    if not road09:
+        w("\\note The road has not been measured yet: `docs/results/stage09_steps_quick.txt` is not there. "
+          "`QUICK_STAGES=\"07 09\" STEPS09=\"1 2 3\" bench/gpu_session.sh quick` times every main kernel of stage 09 "
+          "beside the default one and SDPA flash.")
+        w("")
+        return
+    for t in [t for t in HALF_DTYPES if any(r["dtype"] == t for r in road09["rows"])]:
+        w("~~~")
+        out.extend(stage09_road_table(road09, os.devnull, t))
+        w("~~~")
+        w("")
+
+
 def stage09_ratios(side, dtypes, out):
     """Per dtype: ours / SDPA flash (and / cuDNN) forward + backward and backward alone, at every shape;
     then the deterministic backward's time over the atomic one's."""
@@ -1287,11 +1310,228 @@ def count_words(n):
     return f"{n:.0f}"
 
 
-def lesson_numbers(gpu, road, results_dir, path):
-    """The numbers stage 07's lesson quotes in its prose, as Doxygen aliases (\\s07_gain_swizzle and
-    the like) computed from docs/results/: road.csv (each step's gain), gpu_sweep.csv (stage 07
-    beside SDPA flash and cuDNN) and mma_ceiling.jsonl. Doxygen reads the file through @INCLUDE, so
-    the prose and the tables always come from the same run. A number without data reads "–"."""
+# ----------------------------------------------------------------------------- stage 09's road
+# bench/sdpa_compare.py's tables of stage 09 (what bench/gpu_session.sh quick or sweep09 prints with
+# STEPS09): the default main kernel (rows stage09) beside SDPA, then one table per other step
+# (--steps09: rows stage09_step<i>) and dtype. Values of "-" read as None.
+STAGE09_DEFAULT_HEAD = re.compile(r"^(?P<gpu>.+?), (?P<date>\d{4}-\d\d-\d\d): stage 07 forward \+ stage 09 backward "
+                                  r"in (?P<dtype>\w+)")
+STAGE09_STEP_HEAD = re.compile(r"^stage09_step(?P<step>\d+) in (?P<dtype>\w+) beside the default main kernel")
+# d N causal | 09 f+b, flash, cudnn, /flash, /cudnn | 09 bwd, /flash, /cudnn | bwd ms, det ms, det/at
+STAGE09_DEFAULT_COLUMNS = ["fb", "fb_flash_tflops", "fb_cudnn_tflops", "fb_vs_flash", "fb_vs_cudnn",
+                           "bwd", "bwd_vs_flash", "bwd_vs_cudnn", "bwd_ms", "det_ms", "det_vs_atomic"]
+# d N causal | f+b, /09, /flash | bwd, /09, /flash | bwd ms, det ms, det/at
+STAGE09_STEP_COLUMNS = ["fb", "fb_vs_default", "fb_vs_flash", "bwd", "bwd_vs_default", "bwd_vs_flash",
+                        "bwd_ms", "det_ms", "det_vs_atomic"]
+
+
+def read_stage09_steps(path):
+    """The record of stage 09's road (docs/results/stage09_steps_quick.txt): one dict per (step,
+    dtype, d, N, causal) with the columns above, the GPU, the date, the record's note on the size of
+    the problems, and the step the default main kernel was in that run (its note "the default main
+    kernel (rows stage09) was still step 0"; None when the record does not say: its rows are then
+    step None, "default"). Any number of steps: every stage09_step<i> table is read. None when the
+    file is not there or holds no row."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    text = "\n".join(lines)
+    m = re.search(r"default main kernel \(rows stage09\) was (?:still )?step (\d+)", text)
+    default_step = int(m.group(1)) if m else None
+    m = re.search(r"B\s*\*\s*N\s*=\s*\d+,\s*H\s*\*\s*d\s*=\s*\d+", text)
+    size_note = m.group(0) if m else ""
+    rows, gpu, date, table = {}, "", "", None
+    for line in lines:
+        head = STAGE09_DEFAULT_HEAD.match(line)
+        if head:
+            gpu, date = head.group("gpu").strip(), head.group("date")
+            table = ("default", default_step, head.group("dtype"), STAGE09_DEFAULT_COLUMNS)
+            continue
+        head = STAGE09_STEP_HEAD.match(line)
+        if head:
+            table = ("step", int(head.group("step")), head.group("dtype"), STAGE09_STEP_COLUMNS)
+            continue
+        if table is None:
+            continue
+        fields = line.split()
+        if fields and fields[0] == "d":  # the column heads
+            continue
+        bad = bool(fields) and fields[-1] == "BAD"
+        if bad:
+            fields = fields[:-1]
+        if not fields or not fields[0].isdigit() or len(fields) != 3 + len(table[3]):
+            table = None  # a blank line or anything else ends the table
+            continue
+        kind, step, dtype, columns = table
+        number = lambda x: None if x in ("-", "–") else float(x)
+        try:
+            r = {k: number(v) for k, v in zip(columns, fields[3:])}
+            r.update(kind=kind, step=step, dtype=dtype, d=int(fields[0]), N=int(fields[1]), causal=truthy(fields[2]),
+                     bad=bad)
+        except ValueError:
+            continue
+        key = (step, dtype, r["d"], r["N"], r["causal"])
+        if kind == "step" or key not in rows:  # a step's own table wins over the default rows of that step
+            rows[key] = r
+    if not rows:
+        return None
+    return {"gpu": gpu, "date": date, "default_step": default_step, "size_note": size_note, "rows": list(rows.values())}
+
+
+def stage09_step_order(road09):
+    """The steps of the record in order: the default rows first when their step is unknown (None)."""
+    return sorted({r["step"] for r in road09["rows"]}, key=lambda s: (-1 if s is None else s))
+
+
+def stage09_road_table(road09, path, dtype="bf16"):
+    """stage09_road_table.txt, which stage 09's lesson shows: the backward alone of every main kernel
+    of the record, TFLOP/s with its ratio to SDPA flash's backward and its gain over the step before,
+    one block of rows per head dimension; then every point where a step was slower than the one
+    before it. Nothing in it is typed: any number of steps, sizes and head dimensions."""
+    name = "docs/results/stage09_steps_quick.txt"
+    if not road09 or not any(r["dtype"] == dtype for r in road09["rows"]):
+        lines = [f"stage 09's road: not measured yet (needs {name}: bench/gpu_session.sh quick with STEPS09)"]
+    else:
+        rows = [r for r in road09["rows"] if r["dtype"] == dtype]
+        cell = {(r["step"], r["d"], r["N"], r["causal"]): r for r in rows}
+        steps = [s for s in stage09_step_order(road09) if any(r["step"] == s for r in rows)]
+        cols = sorted({(r["N"], r["causal"]) for r in rows})
+        lines = [f"stage 09's road, the backward alone, {dtype}: TFLOP/s (its ratio to SDPA flash's backward) "
+                 "x its gain over the step before",
+                 f"{road09['gpu']}, {road09['date']}" + (f"; {road09['size_note']}" if road09["size_note"] else "")
+                 + f"; from {name}"]
+        width = 20
+        head = f"{'':<12}" + "".join(f"{f'N={n}' + (' causal' if c else ''):<{width}}" for n, c in cols)
+        slower = []
+        for d in sorted({r["d"] for r in rows}):
+            lines.append("")
+            lines.append((f"d={d}".ljust(12) + head[12:]).rstrip())
+            before = None
+            for step in steps:
+                cells = []
+                for n, c in cols:
+                    r = cell.get((step, d, n, c))
+                    if not r or r["bwd"] is None:
+                        cells.append(f"{'-':<{width}}")
+                        continue
+                    text = f"{r['bwd']:.1f}" + (f" ({r['bwd_vs_flash']:.2f})" if r["bwd_vs_flash"] is not None else "")
+                    prev = cell.get((before, d, n, c)) if before is not None else None
+                    if prev and prev["bwd"]:
+                        gain = r["bwd"] / prev["bwd"]
+                        text += f" x{gain:.2f}"
+                        if round(gain, 2) < 1.0:
+                            slower.append(f"  slower: step {step} x{gain:.2f} at d={d} N={n} {'causal' if c else 'non-causal'}")
+                    cells.append(f"{text + (' BAD' if r['bad'] else ''):<{width}}")
+                label = "  default" if step is None else f"  step {step}"
+                lines.append(f"{label:<12}" + "".join(cells).rstrip())
+                if step is not None:
+                    before = step
+        lines.append("")
+        lines.extend(slower)
+        default = road09["default_step"]
+        lines.append("  steps by number only: the record does not name them (stage09_backward_kernel --help does)")
+        if default is None:
+            lines.append("  default: the main kernel that ran by default (rows stage09); the record does not say its step")
+        else:
+            lines.append(f"  step {default}: the default main kernel of that run (rows stage09); the other steps ran beside it "
+                         "(--steps09, rows stage09_step<i>)")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    return lines
+
+
+# FLOPs per byte read from shared memory of stage 09's main kernels, as its lesson counts them from
+# their ldmatrix.x4 (512 bytes) and mma (4096 FLOPs) per pair of blocks: the first kernel (step 0,
+# "where the time goes", question 3) and the warp-tiled one of step 1 at d = 64. An SM's shared
+# memory delivers 128 bytes per clock.
+STAGE09_FLOPS_PER_SMEM_BYTE = {"step0": 12.8, "step1": 16.0}
+SMEM_BYTES_PER_CLOCK = 128
+
+
+def stage09_numbers(ceilings, road09, results_dir):
+    """The numbers stage 09's lesson quotes: its shared-memory bound set against the mma.sync ceiling
+    (ceilings: the lines of mma_ceiling.jsonl by name), its road's ratios (road09:
+    read_stage09_steps()), each a span over both dtypes, both sizes, causal and not, and Nsight
+    Compute's counters of step 0 beside step 1 at d = 64 (ncu_stage09_d64_metrics.txt,
+    ncu_stage09_tiled_d64_metrics.txt)."""
+    aliases = OrderedDict()
+    for step, name in (("step0", "ncu_stage09_d64_metrics.txt"), ("step1", "ncu_stage09_tiled_d64_metrics.txt")):
+        metrics = {}
+        for part in read_ncu_sections(os.path.join(results_dir, name)).values():
+            for k, v in part.items():
+                metrics.setdefault(k, v)
+        for key, metric, fmt in (
+                ("tensor", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "{:.1f}%"),
+                ("barrier", "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio", "{:.2f}"),
+                ("mio", "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio", "{:.2f}")):
+            aliases[f"s09_ncu_{step}_d64_{key}"] = fmt.format(metrics[metric][0]) if metric in metrics else "–"
+    try:
+        per_clock = float(ceilings["mma_bf16"]["per_sm_per_clock"])
+        sms, mhz = float(ceilings["mma_bf16"]["sm_count"]), float(ceilings["mma_bf16"]["sm_clock_mhz"])
+    except (KeyError, TypeError, ValueError):
+        per_clock = sms = mhz = None
+    for step, ratio in STAGE09_FLOPS_PER_SMEM_BYTE.items():
+        feed = ratio * SMEM_BYTES_PER_CLOCK  # FLOPs per clock and SM shared memory can feed
+        aliases[f"s09_smem_share_{step}"] = f"{100 * feed / per_clock:.0f}%" if per_clock else "–"
+        aliases[f"s09_smem_tflops_{step}"] = f"{feed * sms * mhz * 1e6 * 1e-12:.0f}" if per_clock else "–"
+
+    rows = {(r["step"], r["dtype"], r["d"], r["N"], r["causal"]): r for r in (road09 or {}).get("rows", [])}
+
+    def span2(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return "–"
+        lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+        return lo if lo == hi else f"{lo} to {hi}"
+
+    def points(step, d=None):
+        return [r for k, r in rows.items() if k[0] == step and (d is None or k[2] == d)]
+
+    def over(a, b, d, key="bwd"):
+        """Step a's TFLOP/s over step b's at the same point."""
+        out = []
+        for r in points(a, d):
+            base = rows.get((b, r["dtype"], r["d"], r["N"], r["causal"]))
+            if base and r[key] and base[key]:
+                out.append(r[key] / base[key])
+        return out
+
+    for a, b in ((1, 0), (2, 0), (3, 2)):
+        for d in (64, 128):
+            aliases[f"s09_road_s{a}_over_s{b}_d{d}"] = span2(over(a, b, d))
+    for d in (64, 128):
+        aliases[f"s09_road_s2_fb_flash_d{d}"] = span2(r["fb_vs_flash"] for r in points(2, d))
+    fb = [r["fb_vs_flash"] for r in points(2) if r["fb_vs_flash"] is not None]
+    below = [x for x in fb if x < 1.0]
+    if not fb:
+        aliases["s09_road_s2_fb_target"] = "–"
+    elif below:
+        aliases["s09_road_s2_fb_target"] = (f"The target of 1.0 at every shape is not met yet: {len(below)} of these "
+                                            f"{len(fb)} points are below it, by up to {100 * (1 - min(below)):.0f}%.")
+    else:
+        aliases["s09_road_s2_fb_target"] = f"All {len(fb)} points meet the target of 1.0."
+    # Against cuDNN's pair: the record times cuDNN beside the default main kernel's rows only.
+    default = (road09 or {}).get("default_step")
+    cudnn = []
+    for r in points(2):
+        base = rows.get((default, r["dtype"], r["d"], r["N"], r["causal"]))
+        if base and r["fb"] and base.get("fb_cudnn_tflops"):
+            cudnn.append(r["fb"] / base["fb_cudnn_tflops"])
+    aliases["s09_road_s2_fb_cudnn"] = span2(cudnn)
+    for step in (0, 2):
+        aliases[f"s09_road_s{step}_det"] = span2(r["det_vs_atomic"] for r in points(step))
+    return aliases
+
+
+def lesson_numbers(gpu, road, results_dir, path, road09=None):
+    """The numbers the lessons quote in their prose, as Doxygen aliases (\\s07_gain_swizzle,
+    \\ceiling_mma_bf16 and the like) computed from docs/results/: the ceilings of mma_ceiling.jsonl
+    and wgmma_ceiling.jsonl (one alias per quantity, for every lesson and the main page), stage 07's
+    road.csv (each step's gain), gpu_sweep.csv (stage 07 beside SDPA flash and cuDNN) and its Nsight
+    Compute reports, and stage 09's road (`road09`, read_stage09_steps()). Doxygen reads the file
+    through @INCLUDE, so the prose and the tables always come from the same run. A number without
+    data reads "–"."""
     aliases = OrderedDict()
     gains = lambda pred: [r["gain"] for r in road or [] if r["kind"] == "road" and r["dtype"] == "bf16"
                           and r["gain"] is not None and pred(r)]
@@ -1317,21 +1557,47 @@ def lesson_numbers(gpu, road, results_dir, path):
              and r["step_name"] != "step 0 in order"]
     aliases["s07_tuning_margin"] = f"{max(0.0, 100 * (max(tried) - 1)):.0f}%" if tried else "–"
 
-    ceilings = {}
+    def read_jsonl(name):
+        lines = {}
+        try:
+            with open(os.path.join(results_dir, name), encoding="utf-8") as f:
+                for line in f:
+                    if line.strip():
+                        c = json.loads(line)
+                        lines[c["name"]] = c
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return lines
+
+    # The ceilings, one alias per quantity (bench/mma_ceiling, bench/wgmma_ceiling). A rate "per SM
+    # per clock" is the line's rate divided by its sm_count and by the SM clock the tool read while
+    # it ran (its sm_clock_mhz), so a lesson that quotes one quotes that clock too
+    # (\ceiling_mma_clock_mhz).
+    ceilings, wgmma = read_jsonl("mma_ceiling.jsonl"), read_jsonl("wgmma_ceiling.jsonl")
+
+    def num(lines, name, key, digits):
+        try:
+            return f"{float(lines[name][key]):.{digits}f}"
+        except (KeyError, TypeError, ValueError):
+            return "–"
+
+    aliases["ceiling_mma_bf16"] = num(ceilings, "mma_bf16", "value", 0)
+    aliases["ceiling_mma_fp16"] = num(ceilings, "mma_fp16", "value", 0)
+    aliases["ceiling_mma_per_sm_clock"] = num(ceilings, "mma_bf16", "per_sm_per_clock", 0)
+    aliases["ceiling_mma_clock_mhz"] = num(ceilings, "mma_bf16", "sm_clock_mhz", 0)
+    aliases["ceiling_sm_count"] = num(ceilings, "mma_bf16", "sm_count", 0)
+    aliases["ceiling_ex2"] = num(ceilings, "ex2", "value", 1)
+    aliases["ceiling_ex2_per_sm_clock"] = num(ceilings, "ex2", "per_sm_per_clock", 0)
+    aliases["ceiling_ffma"] = num(ceilings, "ffma", "value", 1)
+    aliases["ceiling_gpu"] = str(ceilings.get("mma_bf16", {}).get("gpu") or "–")
+    aliases["ceiling_date"] = str(ceilings.get("mma_bf16", {}).get("date") or "–")
+    aliases["ceiling_wgmma_ss_bf16"] = num(wgmma, "wgmma_ss_bf16", "value", 0)
+    aliases["ceiling_wgmma_rs_bf16"] = num(wgmma, "wgmma_rs_bf16", "value", 0)
     try:
-        with open(os.path.join(results_dir, "mma_ceiling.jsonl"), encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    c = json.loads(line)
-                    ceilings[c["name"]] = c
-    except (OSError, ValueError, KeyError):
-        pass
-    num = lambda name, key, digits: (f"{float(ceilings[name][key]):.{digits}f}" if name in ceilings else "–")
-    aliases["s07_mma_bf16"] = num("mma_bf16", "value", 0)
-    aliases["s07_mma_fp16"] = num("mma_fp16", "value", 0)
-    aliases["s07_mma_per_sm_clock"] = num("mma_bf16", "per_sm_per_clock", 0)
-    aliases["s07_ex2"] = num("ex2", "value", 1)
-    aliases["s07_ex2_per_sm_clock"] = num("ex2", "per_sm_per_clock", 0)
+        over = float(wgmma["wgmma_ss_bf16"]["value"]) / float(ceilings["mma_bf16"]["value"])
+        aliases["ceiling_wgmma_over_mma"] = f"{100 * (over - 1):.0f}%"
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        aliases["ceiling_wgmma_over_mma"] = "–"
 
     fwd = [r for r in gpu or [] if r["pass"] == "forward" and r["dtype"] in HALF_DTYPES]
     idx = {(r["impl"], r["dtype"], r["d"], r["N"], r["causal"]): r for r in fwd}
@@ -1405,8 +1671,9 @@ def lesson_numbers(gpu, road, results_dir, path):
         aliases[f"s07_ncu_d{d}_local"] = ("0" if local[0] == 0 else f"{local[0]:.0f} {local[1].replace('byte', 'B')}") if local else "–"
         warps, occupancy = get(sections, "Theoretical Active Warps per SM"), get(sections, "Theoretical Occupancy")
         aliases[f"s07_ncu_d{d}_warps"] = f"{warps[0]:.0f} ({occupancy[0]:.1f}%)" if warps and occupancy else "–"
+    aliases.update(stage09_numbers(ceilings, road09, results_dir))
     with open(path, "w", encoding="utf-8") as f:
-        f.write("# Written by docs/make_results.py from docs/results/: the numbers stage 07's lesson quotes.\n")
+        f.write("# Written by docs/make_results.py from docs/results/: the numbers the lessons quote.\n")
         for k, v in aliases.items():
             f.write(f'ALIASES += "{k}={v}"\n')
 
@@ -1463,7 +1730,10 @@ def main():
     ap.add_argument("--lesson-pages", default="", help="comma-separated page names the site has (stage01,...)")
     ap.add_argument("--road-csv", help="stage 07's road (default: road.csv beside --gpu-csv)")
     ap.add_argument("--road11-csv", help="stage 11's road (default: road11.csv beside --gpu-csv)")
-    ap.add_argument("--lesson-tables", help="folder for the tables the lessons \\verbinclude (stage07_bridge_table.txt)")
+    ap.add_argument("--stage09-steps", help="stage 09's road: the record of bench/gpu_session.sh quick with STEPS09 "
+                    "(default: stage09_steps_quick.txt beside --gpu-csv)")
+    ap.add_argument("--lesson-tables", help="folder for the tables the lessons \\verbinclude (stage07_bridge_table.txt, "
+                    "stage09_road_table.txt) and lesson_numbers.doxy")
     args = ap.parse_args()
     LESSON_PAGES.update(p for p in args.lesson_pages.split(",") if p)
     os.makedirs(args.images, exist_ok=True)
@@ -1476,6 +1746,7 @@ def main():
     road = read_road(road_csv, notes)
     results_dir = os.path.dirname(args.gpu_csv)
     road11 = read_road(args.road11_csv or os.path.join(results_dir, "road11.csv"), notes)
+    road09 = read_stage09_steps(args.stage09_steps or os.path.join(results_dir, "stage09_steps_quick.txt"))
     first_contact = read_first_contact(os.path.join(results_dir, "stage11_first_contact.txt"))
     # The second record (steps 4 to 8 added) times the same shapes again: its runs replace the first's.
     later = read_first_contact(os.path.join(results_dir, "stage11_first_contact_road.txt"))
@@ -1511,7 +1782,8 @@ def main():
     if args.lesson_tables:
         os.makedirs(args.lesson_tables, exist_ok=True)
         stage07_bridge_table(gpu, road, os.path.join(args.lesson_tables, "stage07_bridge_table.txt"))
-        lesson_numbers(gpu, road, results_dir, os.path.join(args.lesson_tables, "lesson_numbers.doxy"))
+        stage09_road_table(road09, os.path.join(args.lesson_tables, "stage09_road_table.txt"))
+        lesson_numbers(gpu, road, results_dir, os.path.join(args.lesson_tables, "lesson_numbers.doxy"), road09)
 
     plots = []
     meta = read_gpu_meta(args.gpu_csv)
@@ -1523,6 +1795,7 @@ def main():
     gpu_section(forward_pre_hopper, meta, args.images, out, plots)
     stage07_section(forward_pre_hopper, meta, road, args.images, out, plots)
     stage09_section(gpu, args.images, out, plots)
+    road09_section(road09, out)
     # Stage 11 beside stage 07 and SDPA in one run: stage11_sweep.csv (bench/gpu_session.sh road11, where
     # step 0 is stage 07's final kernel), else the stage 11 rows of the sweep.
     stage11_csv = os.path.join(results_dir, "stage11_sweep.csv")
@@ -1544,6 +1817,8 @@ def main():
     has_backward = any(r["impl"] in STAGE09_IMPLS for r in gpu or [])
     out.append(f"| `docs/results/gpu_sweep.csv`, rows of pass `backward` and `fwd+bwd` | `bench/gpu_session.sh sweep09` "
                f"(stage 07 + stage 09 beside SDPA) | {'yes' if has_backward else 'not yet'} |")
+    out.append(f"| `docs/results/stage09_steps_quick.txt` | `bench/gpu_session.sh quick` with `STEPS09` (stage 09 step by "
+               f"step) | {'yes' if road09 is not None else 'not yet'} |")
     out.append(f"| `docs/results/road.csv` | `bench/gpu_session.sh road` (stage 07 step by step) | "
                f"{'yes' if road is not None else 'not yet'} |")
     has_stage11 = bool(sweep11) or any(r["impl"] == "stage11" for r in gpu or [])

@@ -11,10 +11,10 @@
 /// causal tile classes, any Nq and Nk, rows that see no key, both layouts: all still handled.
 ///
 /// **Why:** stage 06 runs at about 35 TFLOP/s on float32 FMA units whose peak is 67; the tensor
-/// cores of the same GPU do 16-bit products at about 645 TFLOP/s through `mma.sync`. Feeding them
-/// is the whole game: operands must arrive in registers in the tensor cores' own layout, shared
-/// memory must serve them without conflicts, and the loads from device memory must hide behind
-/// the math.
+/// cores of the same GPU do 16-bit products an order of magnitude faster through `mma.sync` (the
+/// mma.sync ceiling: bench/mma_ceiling, docs/results/mma_ceiling.jsonl). Feeding them is the
+/// whole game: operands must arrive in registers in the tensor cores' own layout, shared memory
+/// must serve them without conflicts, and the loads from device memory must hide behind the math.
 ///
 /// **Stage 10's switches:** grouped-query heads, sliding windows and the soft cap
 /// (ModelOptions, the attention_device() overloads that take them), on the final kernel; packed

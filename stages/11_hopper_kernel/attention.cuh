@@ -12,9 +12,10 @@
 /// skipped tiles beyond, any Nq and Nk (the TMA fills rows past the end with zeros), rows that
 /// see no key, both layouts (the tensor map's strides), negative scales, LSE out.
 ///
-/// **Why:** on an H100, `mma.sync` reaches about 645 TFLOP/s; `wgmma` is the instruction that
-/// reaches the rest of the tensor cores' rate (bench/wgmma_ceiling: 916 TFLOP/s bf16 with both
-/// operands in shared memory, 956 with A in registers), and frees the registers
+/// **Why:** `mma.sync` stops at the mma.sync ceiling (bench/mma_ceiling,
+/// docs/results/mma_ceiling.jsonl); `wgmma` is the instruction that reaches the rest of the tensor
+/// cores' rate (the wgmma ceiling, with both operands in shared memory or A in registers:
+/// bench/wgmma_ceiling, docs/results/wgmma_ceiling.jsonl), and frees the registers
 /// and issue slots that mma.sync's operands cost. SDPA's cuDNN backend uses it, and is 1.3-1.8x
 /// faster than stage 07 forward.
 ///

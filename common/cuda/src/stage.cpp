@@ -59,7 +59,7 @@ void print_tensor_core_report(const Problem& p, const TimingStats& stats) {
     print_gpu_and_clock();
     const double rate = attention_flops(p) / (stats.median_ms * 1e-3);
     std::printf("rate       %.2f TFLOP/s on the tensor cores; bench/mma_ceiling measures what mma.sync can do on this GPU\n"
-                "           (an H100 SXM: about 660 TFLOP/s in bf16 and fp16)\n",
+                "           (the course's H100: docs/results/mma_ceiling.jsonl)\n",
                 rate * 1e-12);
 }
 
