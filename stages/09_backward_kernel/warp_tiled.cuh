@@ -6,9 +6,9 @@
 /// and dS^T of those keys stay in its registers and feed dV and dK directly. The price is that
 /// every B fragment it loads (a piece of Q_i or dO_i) feeds a single 16-row m-tile, and each of
 /// its warps reads all of Q_i and dO_i twice per key block: about 12.8 floating-point operations
-/// per byte read from shared memory, where the tensor cores of an H100 SM need about 22 to stay
-/// busy (mma.sync peak about 2790 FLOP per clock per SM against 128 bytes per clock of shared
-/// memory). This kernel raises that ratio by giving each warp a 32 x 32 (or larger) piece of
+/// per byte read from shared memory, where the tensor cores need more to stay busy: the mma.sync
+/// ceiling per SM and clock (bench/mma_ceiling, docs/results/mma_ceiling.jsonl) over the 128 bytes
+/// per clock an SM's shared memory delivers. This kernel raises that ratio by giving each warp a 32 x 32 (or larger) piece of
 /// every product, so each loaded fragment feeds two m-tiles and two n-tiles:
 ///
 ///     S^T, dP^T [Bc keys, Br queries]  warps in a KeyWarps x QueryWarps grid, 32 keys each
