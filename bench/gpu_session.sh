@@ -22,7 +22,7 @@
 #              road, the number of steps read from stage11_hopper_kernel --help; what the tool
 #              says about an instruction it does not support is recorded in the summary;
 #              SANITIZE11_STEPS="1 3" picks steps, SANITIZE09_STEPS="0 2" stage 09's main kernels
-#              (default: all four), SANITIZE_TOOLS="memcheck racecheck" tools; 07m adds stage 07's
+#              (default: all six), SANITIZE_TOOLS="memcheck racecheck" tools; 07m adds stage 07's
 #              kernels with stage 10's switches, through test_stage07's cases of them: packed
 #              batches, grouped heads, windows, the soft cap)
 #   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates; wgmma_ceiling:
@@ -67,6 +67,8 @@
 #              N 4096, and the time of each of the backward's three kernels; the same report of the
 #              warp-tiled kernel (step 1): ncu_stage09_tiled_d64/d128, and of steps 2 and 3 at d 128
 #              (NCU09_STEPS): ncu_stage09_step2_d128, ncu_stage09_step3_d128
+#   ncu09at    Nsight Compute on stage 09's warp-tiled kernel at each step:d of NCU09_AT (default
+#              "2:64 4:64 5:64"), bf16, N 4096, non-causal: ncu_stage09_step<s>_d<d>
 #   lessons    the runs the lessons of stages 05, 06, 07 and 09 show
 #
 # Run from the repository root. Logs and results are written under /tmp/fa-session, then packed
@@ -112,7 +114,7 @@ build_targets() {
                     test_stage07) ;;
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts make_npy_inputs) ;;
-            road | road05 | road11 | groups11 | switches07 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu11)
+            road | road05 | road11 | groups11 | switches07 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncu11)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -309,7 +311,7 @@ step_sanitize() {
                 local c
                 local s9
                 for c in "${sanitize_cases09[@]}"; do
-                    for s9 in ${SANITIZE09_STEPS:-0 1 2 3}; do cases+=("$c --step $s9"); done
+                    for s9 in ${SANITIZE09_STEPS:-0 1 2 3 4 5}; do cases+=("$c --step $s9"); done
                 done ;;
             11) exe=$STAGE11 cases=()
                 local last c s
@@ -763,6 +765,37 @@ step_ncu09() {
             "$RESULTS/ncu_stage09_step${s}_d128.txt" | head -20 | tee -a "$LOGS/summary.txt"
         grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
             "$RESULTS/ncu_stage09_step${s}_d128_metrics.txt" | tee -a "$LOGS/summary.txt"
+    done
+}
+
+# The regex of the warp-tiled kernel instance of stage 09's step $1 at head dimension $2, as Nsight
+# Compute demangles it (NCU_NAME_BASE=demangled: "flash_backward_tiled_kernel<__nv_bfloat16, (int)64,
+# fa::stage09::WithPtInRegisters<fa::stage09::TiledFeatures<(int)128, ..."), atomic dQ.
+instance09() {
+    local step=$1 d=$2 shape
+    case "$step:$d" in
+        1:128) shape="[^<]*TiledFeatures<\\(int\\)128, \\(int\\)64," ;;
+        2:128 | 4:128 | 5:128) shape="[^<]*TiledFeatures<\\(int\\)64, \\(int\\)128," ;;
+        3:128) shape=".*WithDpPieces<" ;;
+        1:* | 2:* | 3:*) shape="[^<]*TiledFeatures<" ;;
+        4:*) shape="[^<]*WithPtInRegisters<[^<]*TiledFeatures<[^>]*, \\(int\\)32, \\(int\\)1>" ;;
+        5:*) shape="[^<]*WithPtInRegisters<[^<]*TiledFeatures<[^>]*, \\(int\\)16, \\(int\\)1>" ;;
+    esac
+    echo "$KERNEL09_TILED<[^,]*, \\(int\\)$d, $shape.*$ATOMIC09"
+}
+
+step_ncu09at() {
+    note "ncu09at: stage 09's warp-tiled kernel at NCU09_AT (step:d ...), bf16, N=4096 non-causal, atomic dQ, one launch each"
+    local at s d
+    for at in ${NCU09_AT:-2:64 4:64 5:64}; do
+        s=${at%%:*} d=${at##*:}
+        NCU_NAME_BASE=demangled ncu_one "$(instance09 "$s" "$d")" "ncu_stage09_step${s}_d$d" --stages 09 --steps09 "$s" \
+            --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no
+        record "-- step $s, d=$d"
+        grep -E "$KERNEL09_TILED|Duration|Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts" \
+            "$RESULTS/ncu_stage09_step${s}_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
+        grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
+            "$RESULTS/ncu_stage09_step${s}_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
     done
 }
 
