@@ -365,11 +365,12 @@ Stage09Check check_stage09(const fa::Problem& p, const HalfBackward<T>& g, float
 
 }  // namespace
 
-// One --model07 point: query heads per key/value head, the window, the soft cap.
+// One --model07 point: query heads per key/value head, the window, the soft cap, the dropout p.
 struct Model07 {
     int64_t group = 1;
     fa::Window window;
     double softcap = 0.0;
+    double dropout = 0.0;
 };
 
 Model07 parse_model07(const std::string& spec) {
@@ -383,15 +384,15 @@ Model07 parse_model07(const std::string& spec) {
             x.push_back(std::stod(part, &used));
             if (used != part.size()) throw std::invalid_argument(part);
         } catch (const std::exception&) {
-            throw fa::InputError("--model07 " + spec + ": expected GROUP/LEFT/RIGHT or GROUP/LEFT/RIGHT/SOFTCAP, numbers");
+            throw fa::InputError("--model07 " + spec + ": expected GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]], numbers");
         }
         if (slash == std::string::npos) break;
         start = slash + 1;
     }
-    if (x.size() < 3 || x.size() > 4 || x[0] < 1) {
-        throw fa::InputError("--model07 " + spec + ": expected GROUP/LEFT/RIGHT or GROUP/LEFT/RIGHT/SOFTCAP with GROUP >= 1");
+    if (x.size() < 3 || x.size() > 5 || x[0] < 1) {
+        throw fa::InputError("--model07 " + spec + ": expected GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]] with GROUP >= 1");
     }
-    return {int64_t(x[0]), fa::Window{int64_t(x[1]), int64_t(x[2])}, x.size() == 4 ? x[3] : 0.0};
+    return {int64_t(x[0]), fa::Window{int64_t(x[1]), int64_t(x[2])}, x.size() >= 4 ? x[3] : 0.0, x.size() == 5 ? x[4] : 0.0};
 }
 
 // Stage 07's final kernel with stage 10's switches at one point, beside the plain causal kernel on
@@ -409,6 +410,7 @@ void model07_points(const fa::Problem& dense, const std::string& dtype, fa::cuda
     for (const Model07& m : points) {
         fa::stage07::ModelOptions options;
         options.kv_heads = dense.heads / m.group, options.window = m.window, options.softcap = m.softcap;
+        options.dropout = fa::Dropout{m.dropout, 2024, 0};  // p = 0: no dropout (the seed is then unused)
         fa::View4<const T> k = half.k, v = half.v;
         k.shape[1] = v.shape[1] = std::max<int64_t>(1, options.kv_heads);
         const char* what = "stage07 model";
@@ -421,11 +423,11 @@ void model07_points(const fa::Problem& dense, const std::string& dtype, fa::cuda
                 pairs += fa::visible_key_range(i, dense.seq_q, dense.seq_k, m.window).size();
             }
             const double flops = 4.0 * double(dense.head_dim) * double(pairs) * double(dense.batch * dense.heads);
-            std::printf("%s %s d=%lld N=%lld B=%lld Hq=%lld Hk=%lld window=(%lld,%lld) softcap=%g: %.3f ms, %.1f TFLOP/s "
-                        "(visible pairs); plain causal kernel %.3f ms, ratio %.3f\n",
+            std::printf("%s %s d=%lld N=%lld B=%lld Hq=%lld Hk=%lld window=(%lld,%lld) softcap=%g dropout=%g: %.3f ms, %.1f "
+                        "TFLOP/s (visible pairs); plain causal kernel %.3f ms, ratio %.3f\n",
                         what, dtype.c_str(), (long long)dense.head_dim, (long long)dense.seq_q, (long long)dense.batch,
                         (long long)dense.heads, (long long)options.kv_heads, (long long)m.window.left, (long long)m.window.right,
-                        m.softcap, ms, flops / (ms * 1e-3) * 1e-12, causal_ms, ms / causal_ms);
+                        m.softcap, m.dropout, ms, flops / (ms * 1e-3) * 1e-12, causal_ms, ms / causal_ms);
         } catch (const fa::InputError& e) {
             std::printf("%s %s: skipped: %s\n", what, dtype.c_str(), e.what());
         }
@@ -555,8 +557,9 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0, int(fa::stage09::road().size()) - 1));
     app.add_option("--model07", model07_args,
                    "stage 07's final kernel with stage 10's switches, beside the plain causal kernel at each point: "
-                   "GROUP/LEFT/RIGHT[/SOFTCAP] (Hk = H / GROUP; window (LEFT, RIGHT), -1 unbounded), e.g. 8/-1/0 "
-                   "(GQA 8:1, causal) or 1/4095/0 (a 4096-key causal window); repeatable");
+                   "GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]] (Hk = H / GROUP; window (LEFT, RIGHT), -1 unbounded; soft cap c, "
+                   "0 off; dropout p, 0 off), e.g. 8/-1/0 (GQA 8:1, causal), 1/4095/0 (a 4096-key causal window) or "
+                   "1/-1/0/0/0.1 (causal with dropout 0.1); repeatable");
     app.add_option("--varlen07", varlen07,
                    "stage 07 on one packed batch of sequences of these lengths (comma-separated; causal, H = width / d), "
                    "beside a uniform batch of the same tokens packed and dense, for each d and dtype, before the sweep")

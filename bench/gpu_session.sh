@@ -42,9 +42,10 @@
 #              forward rows are measured again too and stage 07 is compared with them; its
 #              gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv
 #   switches07 stage 07 with stage 10's switches beside its plain causal kernel, bf16 and fp16, d 64/128,
-#              N 4096/16384: grouped heads 8:1 and 4:1, a 4096-key causal window, the soft cap; and one
-#              packed batch of mixed lengths (drawn from 128 to 8192, 16384 tokens, seed 7) beside a
-#              uniform batch of the same tokens, packed and dense: switches07.txt
+#              N 4096/16384: grouped heads 8:1 and 4:1, a 4096-key causal window, the soft cap,
+#              dropout 0.1 (causal); and one packed batch of mixed lengths (drawn from 128 to 8192,
+#              16384 tokens, seed 7) beside a uniform batch of the same tokens, packed and dense:
+#              switches07.txt
 #   sweep      every stage beside every SDPA backend, the full grid (as the committed data)
 #   quick      the same at two sizes (QUICK_SIZES), 10 runs each; QUICK_STAGES="05 06 07 09" adds
 #              stage 09 beside SDPA's backward, 11 stage 11 beside SDPA cuDNN and flash
@@ -475,7 +476,7 @@ while left > 0:
 print(",".join(map(str, out)))')
     record "packed lengths: $lengths"
     "$BUILD/bench/bench_gpu" --stages 07 --dtypes bf16 fp16 --sizes 4096 16384 --head-dims 64 128 --causal yes \
-        --model07 8/-1/0 4/-1/0 1/4095/0 1/-1/0/50 --varlen07 "$lengths" --repeat 20 --warmup 3 --check false --json "$RESULTS/switches07.json" --csv "$RESULTS/switches07.csv" \
+        --model07 8/-1/0 4/-1/0 1/4095/0 1/-1/0/50 1/-1/0/0/0.1 --varlen07 "$lengths" --repeat 20 --warmup 3 --check false --json "$RESULTS/switches07.json" --csv "$RESULTS/switches07.csv" \
         >"$RESULTS/switches07.txt" 2>&1 || { record "FAIL  switches07 (see switches07.txt)"; status=1; }
     grep -E "^stage07 (model|varlen)" "$RESULTS/switches07.txt" | tee -a "$LOGS/summary.txt"
 }

@@ -1,5 +1,5 @@
 // Stage 10's switches on stage 07's forward kernel (grouped-query heads, sliding windows, the soft
-// cap, packed batches of sequences of different lengths), checked the same way on the CPU (test_stage07_emulated: the warp emulator) and on the GPU
+// cap, dropout, packed batches of sequences of different lengths), checked the same way on the CPU (test_stage07_emulated: the warp emulator) and on the GPU
 // (test_stage07): the cases, the packed float64 reference (fa/reference_ext.hpp), the naive
 // attention in bf16 or fp16 that sets the limits (the low-precision rule of fa/tolerance.hpp) and
 // the checks. A test supplies only how the kernel runs.
@@ -17,6 +17,7 @@
 
 #include "fa/inputs.hpp"
 #include "fa/metrics.hpp"
+#include "fa/philox.hpp"
 #include "fa/precision.hpp"
 #include "fa/reference.hpp"
 #include "fa/reference_ext.hpp"
@@ -38,6 +39,7 @@ struct ModelCase {
     double scale;
     bool model;  ///< the stage runs the kernel with stage 10's switches (otherwise the final kernel)
     InputKind inputs = InputKind::Normal;
+    Dropout dropout = {};  ///< dropout on P (p = 0: off); the map's b is the batch entry
 
     /// One line naming every field.
     std::string describe() const {
@@ -45,7 +47,10 @@ struct ModelCase {
                " Hk=" + std::to_string(Hk) + " Nq=" + std::to_string(Nq) + " Nk=" + std::to_string(Nk) +
                (causal ? " causal" : "") + " window=(" + std::to_string(window.left) + "," + std::to_string(window.right) +
                ") softcap=" + std::to_string(softcap) + " scale=" + std::to_string(scale) +
-               (inputs == InputKind::Large ? " large" : "");
+               (inputs == InputKind::Large ? " large" : "") +
+               (dropout.enabled() ? " dropout=" + std::to_string(dropout.p) + " seed=" + std::to_string(dropout.seed) +
+                                        " offset=" + std::to_string(dropout.offset)
+                                  : "");
     }
     /// The problem the stage is called with (heads = Hq).
     Problem problem() const {
@@ -56,7 +61,7 @@ struct ModelCase {
     /// The options the stage is called with.
     stage07::ModelOptions options() const {
         stage07::ModelOptions o;
-        o.kv_heads = Hk, o.window = window, o.softcap = softcap;
+        o.kv_heads = Hk, o.window = window, o.softcap = softcap, o.dropout = dropout;
         return o;
     }
 };
@@ -88,6 +93,28 @@ inline std::vector<ModelCase> model_cases() {
     };
 }
 
+/// Cases with dropout, each a case of the kind model_cases() runs with a drop probability, a seed
+/// and an offset: p = 0.1 (runs as 26/256), 0.5 and 0.25, causal, windows, grouped heads, the
+/// soft cap, tails, Nq != Nk both ways, rows that see no key, bf16 and fp16, d = 32 to 256, and
+/// the batch index in the map (B = 2, 3).
+inline std::vector<ModelCase> dropout_model_cases() {
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    const auto dropped = [](ModelCase c, double p, uint64_t seed, uint32_t offset) {
+        c.dropout = Dropout{p, seed, offset};
+        return c;
+    };
+    return {
+        dropped({64, bf16, 2, 2, 2, 130, 130, false, Window::full(), 0.0, 0.125, true}, 0.1, 42, 0),  // tails, B = 2
+        dropped({64, fp16, 1, 4, 2, 97, 150, true, Window::full(), 0.0, 0.125, true}, 0.5, 7, 3),     // causal, GQA, Nq < Nk
+        dropped({128, bf16, 3, 2, 1, 150, 60, true, Window::full(), 0.0, 0.088, true}, 0.25, 0x0123456789abcdefull, 77),  // Nq > Nk: empty rows
+        dropped({64, bf16, 1, 2, 1, 200, 200, false, Window{40, 0}, 0.0, 0.125, true}, 0.1, 1, 1),   // a window narrower than a tile
+        dropped({128, fp16, 1, 2, 2, 90, 170, false, Window{50, 20}, 0.0, -0.088, true}, 0.5, 99, 0),  // both bounds, scale < 0
+        dropped({32, bf16, 2, 2, 1, 70, 129, false, Window::full(), 0.0, 0.17, true}, 0.1, 5, 9),
+        dropped({256, fp16, 1, 2, 1, 70, 90, true, Window::full(), 10.0, 0.0625, true}, 0.1, 3, 2),  // with the soft cap; Bc = 32
+        dropped({64, fp16, 1, 1, 1, 65, 65, false, Window::full(), 20.0, 0.125, true, InputKind::Large}, 0.5, 11, 4),
+    };
+}
+
 /// The same call as a packed problem of B equal sequences: its (total, H, d) buffers are the BNHD
 /// tensors the kernel reads as (B, H, N, d), and its window has the causal flag folded in.
 inline VarlenProblem packed_problem(const ModelCase& c) {
@@ -99,12 +126,14 @@ inline VarlenProblem packed_problem(const ModelCase& c) {
     vp.window = c.window;
     if (c.causal) vp.window.right = 0;
     vp.softcap = c.softcap;
+    vp.dropout = c.dropout;
     return vp;
 }
 
 // The naive attention in `prec`, as naive_attention_emulated() (fa/reference.hpp) computes it,
-// with the grouped heads, the window and the soft cap: inputs rounded, S summed in float32 and
-// scaled (then capped), P normalized in float32 and rounded, O summed in float32 and rounded.
+// with the grouped heads, the window, the soft cap and dropout: inputs rounded, S summed in float32
+// and scaled (then capped), P normalized in float32 (dropped entries zeroed, kept ones scaled by
+// 1/(1-p')) and rounded, O summed in float32 and rounded.
 // o in the packed order (total_q, Hq, d), lse (Hq, total_q), as reference_attention_varlen().
 inline EmulatedAttention naive_model_emulated(Precision prec, const VarlenProblem& vp, const Inputs& in) {
     const int64_t d = vp.head_dim, hq = vp.heads_q, hk = vp.heads_k;
@@ -116,6 +145,7 @@ inline EmulatedAttention naive_model_emulated(Precision prec, const VarlenProble
         return r;
     };
     const std::vector<float> q = rounded(in.q), k = rounded(in.k), v = rounded(in.v);  // packed (total, H, d)
+    const float keep_scale = float(dropout_keep_scale(vp.dropout.p));
     for (int64_t b = 0; b < vp.batch(); ++b) {
         const int64_t nq = vp.seq_q(b), nk = vp.seq_k(b), q0 = vp.cu_seqlens_q[size_t(b)], k0 = vp.cu_seqlens_k[size_t(b)];
         for (int64_t h = 0; h < hq; ++h) {
@@ -141,7 +171,9 @@ inline EmulatedAttention naive_model_emulated(Precision prec, const VarlenProble
                 for (float& e : s) l += (e = std::exp(e - m));
                 std::vector<float> o(size_t(d), 0.0f);
                 for (int64_t j = r.begin; j < r.end; ++j) {
-                    const float p = round_to(prec, s[size_t(j - r.begin)] / l);
+                    const bool kept = !vp.dropout.enabled() || dropout_keep(vp.dropout.seed, vp.dropout.offset, uint32_t(b),
+                                                                            uint32_t(h), uint32_t(i), uint32_t(j), vp.dropout.p);
+                    const float p = kept ? round_to(prec, s[size_t(j - r.begin)] / l * keep_scale) : 0.0f;
                     for (int64_t x = 0; x < d; ++x) o[size_t(x)] += p * v[size_t(((k0 + j) * hk + g) * d + x)];
                 }
                 for (int64_t x = 0; x < d; ++x) o_row[x] = round_to(prec, o[size_t(x)]);
@@ -254,6 +286,7 @@ struct VarlenCase {
     double softcap;
     double scale;
     int64_t extra_max = 0;  ///< max_seqlen_q and max_seqlen_k given this much above the longest sequences
+    Dropout dropout = {};   ///< dropout on P (p = 0: off); the map's b is the sequence's index
 
     /// The packed problem.
     VarlenProblem problem() const {
@@ -262,7 +295,7 @@ struct VarlenCase {
         vp.cu_seqlens_k = cu_seqlens_from_lengths(seqlens_k);
         vp.total_q = vp.cu_seqlens_q.back(), vp.total_k = vp.cu_seqlens_k.back();
         vp.heads_q = Hq, vp.heads_k = Hk, vp.head_dim = d, vp.scale = scale;
-        vp.window = window, vp.softcap = softcap;
+        vp.window = window, vp.softcap = softcap, vp.dropout = dropout;
         return vp;
     }
 };
@@ -284,6 +317,20 @@ inline std::vector<VarlenCase> varlen_cases() {
         {64, fp16, {97, 1, 61, 0, 19}, {53, 64, 61, 3, 23}, 4, 2, Window{20, 7}, 5.0, -0.3, 50},
         {64, fp16, {29, 131, 3}, {31, 127, 140}, 2, 1, Window::causal(), 0.0, 0.125},
         {128, bf16, {3, 71, 17}, {150, 70, 17}, 2, 1, Window{16, 16}, 30.0, 0.088},
+    };
+}
+
+/// Packed cases with dropout: sequences of length 0 and 1, Nq != Nk per sequence (causal rows that
+/// see no key), a long sequence among short ones (its b is not 0), grouped heads, windows, the soft
+/// cap, p = 0.1, 0.5 and 0.3, bf16 and fp16, d 64 and 128.
+inline std::vector<VarlenCase> dropout_varlen_cases() {
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    return {
+        {64, bf16, {0, 1, 7, 131, 1, 37, 2}, {5, 1, 13, 131, 2, 29, 0}, 4, 2, Window::causal(), 0.0, 0.125, 0,
+         Dropout{0.1, 2024, 0}},
+        {128, fp16, {3, 1, 200, 11}, {3, 5, 263, 11}, 2, 1, Window{40, 0}, 0.0, 0.088, 0, Dropout{0.5, 17, 6}},
+        {64, fp16, {97, 1, 61, 0, 19}, {53, 64, 61, 3, 23}, 2, 2, Window{20, 7}, 5.0, -0.3, 10, Dropout{0.3, 1u << 31, 1}},
+        {128, bf16, {67, 0, 130}, {200, 1, 64}, 2, 2, Window::full(), 0.0, 0.088, 0, Dropout{0.1, 8, 123456}},
     };
 }
 

@@ -183,6 +183,48 @@ TEST_CASE("stage 07 with grouped-query heads, sliding windows and the soft cap m
     for (const test::ModelCase& c : large) test::check_model_case(c, run_model_case);
 }
 
+TEST_CASE("stage 07 with dropout, dense and packed, matches the float64 reference given the same mask") {
+    // The cases of tests/model_cases.hpp (also run on the CPU by test_stage07_emulated), and larger
+    // ones: many key tiles and query tiles, so that every (m-tile, 32-key group) coordinate of the
+    // map is exercised far from 0, batch entries and sequences past the first.
+    for (const test::ModelCase& c : test::dropout_model_cases()) test::check_model_case(c, run_model_case);
+    uint64_t seed = 9300;
+    for (const test::VarlenCase& c : test::dropout_varlen_cases()) check_varlen_on_gpu(c, ++seed);
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    const auto dropped = [](test::ModelCase c, double p, uint64_t s, uint32_t offset) {
+        c.dropout = Dropout{p, s, offset};
+        return c;
+    };
+    const test::ModelCase large[] = {
+        dropped({128, bf16, 2, 8, 2, 1000, 1000, true, Window::full(), 0.0, 0.088, true}, 0.1, 1234, 0),
+        dropped({64, fp16, 1, 16, 16, 777, 2049, false, Window{300, 100}, 0.0, 0.125, true}, 0.5, 0xfedcba9876543210ull, 7),
+        dropped({256, bf16, 1, 4, 2, 600, 600, true, Window::full(), 50.0, 0.0625, true}, 0.2, 99, 1),
+        dropped({32, fp16, 3, 6, 3, 500, 1100, false, Window::full(), 0.0, 0.17, true}, 0.1, 5, 123),
+    };
+    for (const test::ModelCase& c : large) test::check_model_case(c, run_model_case);
+    const test::VarlenCase large_packed[] = {
+        {128, bf16, {2000, 1, 0, 300, 129, 7}, {2000, 5, 3, 300, 64, 900}, 8, 2, Window::causal(), 0.0, 0.088, 0,
+         Dropout{0.1, 77, 0}},
+        {64, fp16, {1500, 3, 257, 1024}, {1700, 3, 257, 1024}, 16, 2, Window{255, 0}, 0.0, 0.125, 0, Dropout{0.5, 3, 9}},
+    };
+    for (const test::VarlenCase& c : large_packed) check_varlen_on_gpu(c, ++seed);
+}
+
+TEST_CASE("stage 07 refuses a dropout probability that would drop everything, naming the option") {
+    Problem p = test::make_problem(1, 2, 16, 16, 64);
+    stage07::ModelOptions options;
+    options.dropout.p = 0.999;
+    CHECK_THROWS_WITH_AS(stage07::attention_device(p, options, View4<const __half>{}, View4<const __half>{},
+                                                   View4<const __half>{}, View4<__half>{}, View3<float>{}, nullptr),
+                         doctest::Contains("--dropout 0.999 would drop every entry"), InputError);
+    VarlenProblem vp;
+    vp.dropout.p = 1.0;
+    CHECK_THROWS_WITH_AS(stage07::attention_varlen_device(vp, stage07::MaxSeqlens{1, 1}, View4<const __half>{},
+                                                          View4<const __half>{}, View4<const __half>{}, View4<__half>{},
+                                                          View3<float>{}, stage07::VarlenDeviceArrays{}, nullptr),
+                         doctest::Contains("--dropout 1 is outside [0, 1)"), InputError);
+}
+
 TEST_CASE("stage 07 refuses query heads that its key/value heads do not divide, naming both") {
     Problem p = test::make_problem(1, 6, 16, 16, 64);
     stage07::ModelOptions options;

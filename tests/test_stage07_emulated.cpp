@@ -1,5 +1,5 @@
 // Stage 07's forward kernel with stage 10's switches (grouped-query heads, sliding windows, the soft
-// cap), launched as the stage launches it (stages/07_pipelined_fused_kernel/launch.cuh: the options
+// cap, dropout, packed batches), launched as the stage launches it (stages/07_pipelined_fused_kernel/launch.cuh: the options
 // resolved, the instance chosen, the arguments built) and run on the CPU by the warp emulator
 // (tools/warp_emulator), against the float64 reference of fa/reference_ext.hpp by the low-precision
 // rule (fa/tolerance.hpp: twice the error of the same attention computed naively in bf16 or fp16).
@@ -61,6 +61,7 @@ bool run_emulated(const test::ModelCase& c, const test::RoundedInputs& in, std::
         const Args<T> a = make_args<T>(p, m, view(q, c.Hq, c.Nq), view(k, c.Hk, c.Nk), view(v, c.Hk, c.Nk), ov, lv,
                                        geometry<T, D, F>());
         REQUIRE(S::kSmemBytes <= sizeof smem_raw);
+        CHECK(F::kDropout == c.dropout.enabled());  // dropout 0 runs a kernel without it
         emu::launch(long(grid_blocks(a)), S::kThreads, smem_raw, S::kSmemBytes, [&] { flash_forward_kernel<T, D, F>(a); });
         return F::kWindow;
     });
@@ -107,6 +108,7 @@ bool run_varlen_emulated(const VarlenProblem& vp, const MaxSeqlens& max, const t
                                               vp.cu_seqlens_q.data(), vp.cu_seqlens_k.data(), schedule.data(),
                                               int64_t(schedule.size() / 2));
         REQUIRE(S::kSmemBytes <= sizeof smem_raw);
+        CHECK(F::kDropout == vp.dropout.enabled());
         emu::launch(long(grid_blocks(a)), S::kThreads, smem_raw, S::kSmemBytes, [&] { flash_forward_kernel<T, D, F>(a); });
         return PacksSequences<F>::value && F::kWindow && F::kGroupedHeads;
     });
@@ -192,6 +194,16 @@ TEST_CASE("emulated stage 07: options that cannot apply are refused with InputEr
     CHECK(message(o).find("--softcap") != std::string::npos);
     o.softcap = std::numeric_limits<double>::infinity();
     CHECK(message(o).find("--softcap") != std::string::npos);
+    o.softcap = 0.0, o.dropout.p = -0.5;
+    CHECK(message(o).find("--dropout -0.5 is outside [0, 1)") != std::string::npos);
+    o.dropout.p = 0.999;
+    CHECK(message(o).find("--dropout 0.999 would drop every entry") != std::string::npos);
+    o.dropout.p = 0.5;
+    CHECK(message(o) == "(no error)");
+    p.batch = 70000;  // the map numbers batch entries in 16 bits
+    CHECK(message(o).find("16 bits") != std::string::npos);
+    o.dropout.p = 0.0;
+    CHECK(message(o) == "(no error)");
 }
 
 TEST_CASE("emulated stage 07: the tile schedule of a packed batch has one block per query tile, heaviest first") {
@@ -286,6 +298,77 @@ TEST_CASE("emulated stage 07: packed calls that cannot apply are refused with In
     mentions(bad, max, "but cu_seqlens_k has 3");
     bad = vp, bad.heads_k = 3;
     mentions(bad, max, "--kv-heads 3");
-    bad = vp, bad.dropout.p = 0.1;
-    mentions(bad, max, "--dropout");
+    bad = vp, bad.dropout.p = 1.0;
+    mentions(bad, max, "--dropout 1 is outside [0, 1)");
+    bad = vp, bad.dropout.p = 0.999;
+    mentions(bad, max, "--dropout 0.999 would drop every entry");
+    bad = vp, bad.dropout.p = 0.1;  // the packed kernel drops too
+    CHECK(message(bad, max) == "(no error)");
+    CHECK(resolve_varlen(bad, max).dropout.p == 0.1);
+}
+
+TEST_CASE("emulated stage 07: dropout, dense and packed, matches the float64 reference given the same mask") {
+    // tests/model_cases.hpp: p = 0.1, 0.25, 0.3 and 0.5; causal, windows, grouped heads, the soft
+    // cap, tails, Nq != Nk, empty rows and sequences, d 32 to 256. The reference draws the same
+    // mask from fa/philox.hpp's map, so a kernel that keeps one wrong score is off by a whole
+    // term of O.
+    for (const test::ModelCase& c : test::dropout_model_cases()) test::check_model_case(c, run_case);
+    uint64_t seed = 9300;
+    for (const test::VarlenCase& c : test::dropout_varlen_cases()) {
+        const VarlenProblem vp = c.problem();
+        const MaxSeqlens max{vp.max_seq_q() + c.extra_max, vp.max_seq_k() + c.extra_max};
+        test::check_packed_case(vp, c.precision, InputKind::Normal, ++seed, true,
+                                [&](const test::RoundedInputs& in, std::vector<float>& o, std::vector<float>& lse) {
+                                    return std::optional<bool>(c.precision == Precision::BFloat16
+                                                                   ? run_varlen_for<__nv_bfloat16>(vp, max, in, o, lse)
+                                                                   : run_varlen_for<__half>(vp, max, in, o, lse));
+                                });
+    }
+}
+
+TEST_CASE("emulated stage 07: the dropout check tells masks apart, and dropout 0 is the kernel without it") {
+    // The same call with another offset draws another mask: the reference of that mask must fail
+    // the check the kernel passes, or the cases above could not see a wrong mask.
+    test::ModelCase c{64, Precision::BFloat16, 1, 2, 1, 96, 130, true, Window::full(), 0.0, 0.125, true};
+    c.dropout = Dropout{0.1, 31, 5};
+    const VarlenProblem vp = test::packed_problem(c);
+    const Inputs in = make_varlen_inputs(vp, InputKind::Normal, 8001);
+    const auto rounded = [&](const HostTensor& t) {
+        std::vector<float> r(t.storage.size());
+        for (size_t i = 0; i < r.size(); ++i) r[i] = round_to(c.precision, t.storage[i]);
+        return r;
+    };
+    const test::RoundedInputs r{rounded(in.q), rounded(in.k), rounded(in.v)};
+    std::vector<float> o(size_t(vp.total_q * vp.heads_q * vp.head_dim)), lse(size_t(vp.heads_q * vp.total_q));
+    run_case(c, r, o, lse);
+    const auto o_check = [&](const VarlenProblem& ref_problem) {
+        const VarlenReference ref = reference_attention_varlen(ref_problem, in.q.cview(), in.k.cview(), in.v.cview());
+        const EmulatedAttention naive = test::naive_model_emulated(c.precision, ref_problem, in);
+        const Tolerances tol = low_precision_tolerance(test::packed_stats(ref_problem, in), c.precision,
+                                                       compare(naive.o, ref.o), compare(naive.lse, ref.lse));
+        const Metrics m = compare(o, ref.o);
+        INFO(ref_problem.describe() << ": O max_abs " << m.max_abs << " rel_l2 " << m.rel_l2 << " (limits " << tol.o.max_abs
+                                    << ", " << tol.o.rel_l2 << ")");
+        return passes(m, tol.o);
+    };
+    CHECK(o_check(vp));
+    VarlenProblem other = vp;
+    other.dropout.offset += 1;
+    CHECK_FALSE(o_check(other));
+    other = vp, other.dropout.p = 0.0;
+    CHECK_FALSE(o_check(other));
+
+    // p = 0 with every other option plain runs the road's final kernel; with a window, the kernel
+    // with the switches but without dropout.
+    ModelOptions plain;
+    plain.dropout = Dropout{0.0, 123, 4};
+    const Problem p = c.problem();
+    CHECK(with_final_features<64>(resolve_options(p, plain),
+                                  [](auto f) { return std::is_same_v<decltype(f), RoadStep<64, kFinalStep>>; }));
+    plain.window = Window{10, 0};
+    CHECK(with_final_features<64>(resolve_options(p, plain),
+                                  [](auto f) { return std::is_same_v<decltype(f), ModelStep<64, false, false>>; }));
+    plain.dropout.p = 0.1;
+    CHECK(with_final_features<64>(resolve_options(p, plain),
+                                  [](auto f) { return std::is_same_v<decltype(f), ModelStep<64, false, true>>; }));
 }

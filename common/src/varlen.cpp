@@ -81,6 +81,26 @@ void check_window_bound(const char* side, int64_t value) {
 
 }  // namespace
 
+void Dropout::validate(int64_t sequences, int64_t heads) const {
+    if (!(p >= 0.0 && p < 1.0)) {
+        std::ostringstream msg;
+        msg << "--dropout " << p << " is outside [0, 1): it is the probability of dropping an entry of P";
+        throw InputError(msg.str());
+    }
+    if (dropout_threshold(p) > 255) {
+        std::ostringstream msg;
+        msg << "--dropout " << p << " would drop every entry: dropout compares one random byte per entry with "
+            << "round(256 p) (fa/philox.hpp), so p must be below 255.5/256 = 0.998046875";
+        throw InputError(msg.str());
+    }
+    if (enabled() && (sequences > 65536 || heads > 65536)) {
+        std::ostringstream msg;
+        msg << "dropout numbers sequences and query heads in 16 bits each (fa/philox.hpp): B = " << sequences
+            << " and --heads " << heads << " must both be at most 65536";
+        throw InputError(msg.str());
+    }
+}
+
 void VarlenProblem::validate() const {
     require_positive("--heads", heads_q);
     require_positive("--kv-heads", heads_k);
@@ -111,23 +131,7 @@ void VarlenProblem::validate() const {
         msg << "--softcap " << softcap << " is not allowed: use 0 (off) or a positive finite cap c (scores become c tanh(s/c))";
         throw InputError(msg.str());
     }
-    if (!(dropout.p >= 0.0 && dropout.p < 1.0)) {
-        std::ostringstream msg;
-        msg << "--dropout " << dropout.p << " is outside [0, 1): it is the probability of dropping an entry of P";
-        throw InputError(msg.str());
-    }
-    if (dropout_threshold(dropout.p) > 255) {
-        std::ostringstream msg;
-        msg << "--dropout " << dropout.p << " would drop every entry: dropout compares one random byte per entry with "
-            << "round(256 p) (fa/philox.hpp), so p must be below 255.5/256 = 0.998046875";
-        throw InputError(msg.str());
-    }
-    if (dropout.enabled() && (batch() > 65536 || heads_q > 65536)) {
-        std::ostringstream msg;
-        msg << "dropout numbers sequences and query heads in 16 bits each (fa/philox.hpp): B = " << batch()
-            << " and --heads " << heads_q << " must both be at most 65536";
-        throw InputError(msg.str());
-    }
+    dropout.validate(batch(), heads_q);
     const int64_t limit = std::numeric_limits<int64_t>::max() / 4;
     for (const auto& [rows, heads] : {std::pair{total_q, heads_q}, std::pair{total_k, heads_k}}) {
         if (rows > 0 && heads > limit / rows / head_dim) {

@@ -170,7 +170,7 @@ void run_device(const Problem& p, const ModelOptions& options, View4<const T> q,
     check_supported(p, step);
     const ResolvedOptions m = resolve_options(p, options);
     if (!m.plain() && step != kFinalStep) {
-        throw InputError("stage 07: grouped heads, a window or a soft cap run on the final kernel only (step " +
+        throw InputError("stage 07: grouped heads, a window, a soft cap or dropout run on the final kernel only (step " +
                          std::to_string(kFinalStep) + "), not on step " + std::to_string(step));
     }
     Geometry geo{};

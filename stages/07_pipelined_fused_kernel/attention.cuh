@@ -16,13 +16,14 @@
 /// whole game: operands must arrive in registers in the tensor cores' own layout, shared memory
 /// must serve them without conflicts, and the loads from device memory must hide behind the math.
 ///
-/// **Stage 10's switches:** grouped-query heads, sliding windows and the soft cap
+/// **Stage 10's switches:** grouped-query heads, sliding windows, the soft cap and dropout
 /// (ModelOptions, the attention_device() overloads that take them), on the final kernel; packed
-/// batches of sequences of different lengths (attention_varlen_device(), cu_seqlens).
+/// batches of sequences of different lengths (attention_varlen_device(), cu_seqlens), with the
+/// same switches.
 ///
-/// **Does not handle yet:** the backward pass (stages 08, 09); Hopper's own instructions (TMA,
-/// wgmma, warp specialization); head dimensions other than 32, 64, 128 and 256; dropout
-/// (stage 10).
+/// **Does not handle yet:** the backward pass (stages 08, 09; with dropout, stage 10); Hopper's
+/// own instructions (TMA, wgmma, warp specialization); head dimensions other than 32, 64, 128
+/// and 256.
 ///
 /// **Measured:** see the lesson page (stages/07_pipelined_fused_kernel/README.md): the table of
 /// the road and the sweep beside PyTorch SDPA's flash and cuDNN backends, on an H100.
@@ -87,11 +88,13 @@ void attention_device(const Problem& problem, View4<const __nv_bfloat16> q, View
 void attention_device(const Problem& problem, View4<const __half> q, View4<const __half> k, View4<const __half> v,
                       View4<__half> o, View3<float> lse, cudaStream_t stream, int step = -1);
 
-/// Device entry point with stage 10's options, bf16: grouped-query heads, a sliding window and a
-/// soft cap (ModelOptions) on the final kernel. q and o are (B, Hq, Nq, d) with Hq =
-/// problem.heads, k and v are (B, Hk, Nk, d) with Hk = options.kv_heads, lse is (B, Hq, Nq).
-/// Throws fa::InputError when Hk does not divide Hq (naming both), for a bound below -1 or a
-/// negative soft cap. Plain options run exactly the kernel of the overload without them.
+/// Device entry point with stage 10's options, bf16: grouped-query heads, a sliding window, a
+/// soft cap and dropout (ModelOptions) on the final kernel. q and o are (B, Hq, Nq, d) with Hq =
+/// problem.heads, k and v are (B, Hk, Nk, d) with Hk = options.kv_heads, lse is (B, Hq, Nq) (with
+/// dropout, that of the undropped scores, as the backward needs it). Throws fa::InputError when
+/// Hk does not divide Hq (naming both), for a bound below -1, a negative soft cap, or a dropout p
+/// outside [0, 255.5/256) (Dropout::validate()). Plain options (dropout 0 included) run exactly
+/// the kernel of the overload without them.
 void attention_device(const Problem& problem, const ModelOptions& options, View4<const __nv_bfloat16> q,
                       View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o, View3<float> lse,
                       cudaStream_t stream);
@@ -116,9 +119,10 @@ int64_t varlen_schedule_ints(const VarlenProblem& problem);
 /// flash_attn_varlen_func: q and o are packed (total_q, Hq, d) buffers, k and v (total_k, Hk, d),
 /// passed as make_packed_view() views (1, H, total, d); lse is (Hq, total_q), the View3 (1, Hq,
 /// total_q). Sequence b's queries see its keys only, causal and windows aligned bottom-right in
-/// each sequence (problem.window; causal is (-1, 0)), with grouped heads and the soft cap of the
-/// problem. Throws fa::InputError naming what is wrong (resolve_varlen(): cu_seqlens, the longest
-/// lengths, Hk not dividing Hq, dropout; then the views' shapes). Queues a copy of the tile
+/// each sequence (problem.window; causal is (-1, 0)), with grouped heads, the soft cap and the
+/// dropout of the problem (dropout's b is the sequence's index, rows and columns count from the
+/// sequence's start). Throws fa::InputError naming what is wrong (resolve_varlen(): cu_seqlens, the
+/// longest lengths, Hk not dividing Hq, a dropout p outside [0, 255.5/256); then the views' shapes). Queues a copy of the tile
 /// schedule and the kernel on `stream`; one block per (query tile of a sequence, head), none for
 /// padding.
 void attention_varlen_device(const VarlenProblem& problem, const MaxSeqlens& max, View4<const __nv_bfloat16> q,

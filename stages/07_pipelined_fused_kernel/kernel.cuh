@@ -29,6 +29,7 @@
 #include "fa/cuda/layouts.hpp"
 #include "fa/cuda/ptx.cuh"
 #include "fa/cuda/tile_copy.cuh"
+#include "fa/philox.hpp"
 #include "fa/problem.hpp"
 #include "fa/varlen.hpp"
 
@@ -66,6 +67,8 @@ struct FeatureSet {
     /// a packed batch of sequences of different lengths (cu_seqlens): each block finds its
     /// sequence and query tile in a schedule the host builds, and sees that sequence alone
     bool varlen = false;
+    /// dropout on P (fa/philox.hpp's map): the mask regenerated from Philox, one call per 16 scores
+    bool dropout = false;
 
     /// Fragments by `ldmatrix` (`.trans` for V).
     constexpr FeatureSet with_ldmatrix() const { FeatureSet f = *this; f.ldmatrix = true; return f; }
@@ -99,6 +102,8 @@ struct FeatureSet {
     constexpr FeatureSet with_softcap() const { FeatureSet f = *this; f.softcap = true; return f; }
     /// Packed variable-length sequences, one (sequence, query tile) per block.
     constexpr FeatureSet with_varlen() const { FeatureSet f = *this; f.varlen = true; return f; }
+    /// Entries of P dropped at random after the row sums, the rest scaled by 1/(1-p').
+    constexpr FeatureSet with_dropout() const { FeatureSet f = *this; f.dropout = true; return f; }
 };
 
 /// A FeatureSet as the type the kernel template takes, one template parameter per member
@@ -123,6 +128,7 @@ struct Features {
     static constexpr bool kGroupedHeads = false;  ///< FeatureSet::grouped_heads (ModelFeatures turns it on)
     static constexpr bool kWindow = false;        ///< FeatureSet::window (ModelFeatures turns it on)
     static constexpr bool kSoftcap = false;       ///< FeatureSet::softcap (ModelFeatures turns it on)
+    static constexpr bool kDropout = false;       ///< FeatureSet::dropout (Dropped turns it on)
 };
 
 /// Features F with stage 10's switches. A separate type rather than three more parameters of
@@ -140,6 +146,12 @@ template <class F>
 struct Packed : F {
     static constexpr bool kVarlen = true;  ///< FeatureSet::varlen
 };
+/// Features F with dropout on P (FeatureSet::dropout). A wrapper too, for the same reason.
+template <class F>
+struct Dropped : F {
+    static constexpr bool kDropout = true;  ///< FeatureSet::dropout
+};
+
 /// Whether F runs on a packed batch (Packed<...>).
 template <class F, class = void>
 struct PacksSequences : std::false_type {};
@@ -154,15 +166,19 @@ using PlainFeaturesOf = Features<Set::kFeatures.br, Set::kFeatures.bc, Set::kFea
                                  Set::kFeatures.exp2, Set::kFeatures.causal_skip, Set::kFeatures.q_in_registers,
                                  Set::kFeatures.lazy_rescale, Set::kFeatures.min_blocks_per_sm, Set::kFeatures.bn>;
 
-/// The Features of `Set::kFeatures` but the varlen switch, a constexpr FeatureSet:
-/// `FeaturesOf<RoadSet<D, 3>>`. With none of stage 10's switches on, it is the plain Features<...>
-/// type the road has always used.
+/// The Features of `Set::kFeatures` but the varlen and dropout switches, a constexpr
+/// FeatureSet: `FeaturesOf<RoadSet<D, 3>>`. With none of stage 10's switches on, it is the plain
+/// Features<...> type the road has always used.
 template <class Set>
-using UnpackedFeaturesOf =
+using UndroppedFeaturesOf =
     std::conditional_t<Set::kFeatures.grouped_heads || Set::kFeatures.window || Set::kFeatures.softcap,
                        ModelFeatures<PlainFeaturesOf<Set>, Set::kFeatures.grouped_heads, Set::kFeatures.window,
                                      Set::kFeatures.softcap>,
                        PlainFeaturesOf<Set>>;
+/// The Features of `Set::kFeatures` but the varlen switch: Dropped<...> when it drops entries of P.
+template <class Set>
+using UnpackedFeaturesOf =
+    std::conditional_t<Set::kFeatures.dropout, Dropped<UndroppedFeaturesOf<Set>>, UndroppedFeaturesOf<Set>>;
 /// The Features of `Set::kFeatures`, Packed<...> when it runs on packed sequences.
 template <class Set>
 using FeaturesOf = std::conditional_t<Set::kFeatures.varlen, Packed<UnpackedFeaturesOf<Set>>, UnpackedFeaturesOf<Set>>;
@@ -228,6 +244,13 @@ struct Args {
     const int* cu_seqlens_q;   ///< kVarlen: (B+1) sequence b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1])
     const int* cu_seqlens_k;   ///< kVarlen: (B+1) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1])
     const int* tile_schedule;  ///< kVarlen: (q_tiles, 2) block i of a head runs query tile [2i+1] of sequence [2i]
+    // Dropout (kDropout; fa/philox.hpp): score (b, h, i, j) is kept iff its byte of Philox4x32-10
+    // is at least the threshold, b the batch entry or, packed, the sequence.
+    uint32_t dropout_threshold;  ///< kDropout: t = round(256 p); a score whose byte is below t is dropped
+    float dropout_keep_scale;    ///< kDropout: 256 / (256 - t) = 1 / (1 - p'), O's factor for the kept scores
+    uint32_t dropout_seed_lo;    ///< kDropout: the seed's bits 0..31, Philox key word 0
+    uint32_t dropout_seed_hi;    ///< kDropout: the seed's bits 32..63, Philox key word 1
+    uint32_t dropout_offset;     ///< kDropout: Philox counter word 3
 };
 
 /// Shape constants of one kernel instance, derived from the head dimension and the features.
@@ -357,10 +380,11 @@ struct WarpState {
 //! [process_tile]
 /// One K/V tile for one warp: S = Q_w K_j^T, the online softmax update, O_w += P V_j.
 /// kMask: compare every key with its row's visible end (the diagonal and the last partial tile).
+/// `sequence` and `head` (the batch entry or packed sequence, the query head) are read by dropout only.
 template <class T, int D, class F, bool kMask>
 __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint16_t* q_tile, const uint16_t* k_tile,
                                              const uint16_t* v_tile, uint16_t* p_tile, int q0, int kv0, int warp_row0,
-                                             int seq_q, int seq_k, const Args<T>& a, int lane) {
+                                             int seq_q, int seq_k, const Args<T>& a, int lane, int sequence, int head) {
     using S = Shape<T, D, F>;  ///< the shape constants
     const int g = lane / 4, t = lane % 4;
     // This tile's lane addresses: computed here, from the slot's base, so that the compiler
@@ -531,6 +555,35 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
     //! [step_lazy_rescale]
     //! [final_softmax]
 
+    //! [model_dropout]
+    // Dropout: the row sums above (and the LSE) are those of the undropped P; dropped entries are
+    // zeroed now, before P V, and the epilogue scales O by 1/(1-p'). The mask is regenerated from
+    // the coordinates (fa/philox.hpp), never stored. This lane's 16 scores of one m-tile and four
+    // 8-key n-tiles (rows g, g+8; columns 2t, 2t+1 of each) are one Philox call's 16 bytes.
+    if constexpr (F::kDropout) {
+        static_assert(S::kNTiles % 4 == 0, "a softmax step holds whole 32-key groups of the dropout map (Bn % 32 == 0)");
+        const PhiloxKey key{{a.dropout_seed_lo, a.dropout_seed_hi}};
+#pragma unroll
+        for (int mt = 0; mt < S::kMTiles; ++mt) {
+            const uint32_t row = uint32_t(q0 + warp_row0 + mt * 16 + g);  // row g + 8 shares the call
+#pragma unroll
+            for (int group = 0; group < S::kNTiles / 4; ++group) {
+                const uint32_t col = uint32_t(kv0 + group * 32 + 2 * t);  // column 2t of the group's first n-tile
+                const PhiloxWords bytes = philox4x32_10(
+                    dropout_counter(a.dropout_offset, uint32_t(sequence), uint32_t(head), row, col), key);
+#pragma unroll
+                for (int u = 0; u < 4; ++u)          // the group's n-tiles
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {  // accumulator element: row g + 8 (e / 2), column 2t + e % 2
+                        // dropout_byte() of that row and column: 8 (e / 2) + 2 u + e % 2
+                        const uint32_t n = 8u * uint32_t(e / 2) + 2u * uint32_t(u) + uint32_t(e % 2);
+                        if (philox_byte(bytes, n) < a.dropout_threshold) s[mt][4 * group + u][e] = 0.0f;
+                    }
+            }
+        }
+    }
+    //! [model_dropout]
+
     //! [final_p]
     // P as A fragments. The accumulator layout of two neighbouring 8-key tiles of S is, element
     // for element, the A layout of one 16-key slice: round, pack, and P is ready where it is.
@@ -596,12 +649,13 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 /// tile schedule names its sequence and query tile (`tile`); cu_seqlens give the sequence's first
 /// query and key rows (`q_row0`, `k_row0`) and its lengths (`seq_q`, `seq_k`). From there the
 /// block reads its sequence as stage 07 reads a dense head, bottom-right causal alignment and
-/// windows included, and never touches another sequence's rows.
+/// windows included, and never touches another sequence's rows. `seq` is the sequence's index
+/// (dropout's coordinate b).
 template <class T>
 __device__ __forceinline__ void find_sequence(const Args<T>& a, int& tile, int& q_row0, int& k_row0, int& seq_q,
-                                              int& seq_k) {
+                                              int& seq_k, int& seq) {
     const int entry = int(blockIdx.x % unsigned(a.q_tiles));
-    const int seq = a.tile_schedule[2 * entry];
+    seq = a.tile_schedule[2 * entry];
     tile = a.tile_schedule[2 * entry + 1];
     const int q_begin = a.cu_seqlens_q[seq], k_begin = a.cu_seqlens_k[seq];
     seq_q = a.cu_seqlens_q[seq + 1] - q_begin;
@@ -678,11 +732,13 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     // blocks see Nq and Nk of the call and start at row 0.
     int scheduled_tile = 0, seq_q = 0, seq_k = 0;  // (kVarlen) the sequence's Nq and Nk: block_seq_q/k()
     int q_row0 = 0, k_row0 = 0;  // the sequence's first query and key rows (cu_seqlens are int32)
-    if constexpr (PacksSequences<F>::value) detail::find_sequence(a, scheduled_tile, q_row0, k_row0, seq_q, seq_k);
+    int packed_seq = 0;          // (kVarlen) the sequence's index
+    if constexpr (PacksSequences<F>::value) detail::find_sequence(a, scheduled_tile, q_row0, k_row0, seq_q, seq_k, packed_seq);
     const int q_tile_index = int(blockIdx.x % unsigned(a.q_tiles));
     const int q0 = (PacksSequences<F>::value ? scheduled_tile
                     : a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
     const int bh = int(blockIdx.x / unsigned(a.q_tiles)), b = bh / a.heads, h = bh % a.heads;
+    const int sequence = PacksSequences<F>::value ? packed_seq : b;  // dropout's b: the batch entry or the sequence
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh + q_row0 * a.q_sn;  // [Nq, d] global
     //! [model_heads]
     // Grouped-query heads: query head h reads K/V head h / (Hq/Hk), in place (never copied).
@@ -737,9 +793,11 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
             const uint16_t* v_rows = v_slot(tile) + step * F::kBn * D;
             const int kv0 = (F::kWindow ? first + tile : tile) * F::kBc + step * F::kBn;
             if (tile < full && (!F::kWindow || tile >= full_first)) {
-                detail::process_tile<T, D, F, false>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, seq_q, seq_k, a, lane);
+                detail::process_tile<T, D, F, false>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, seq_q, seq_k, a, lane,
+                                                     sequence, h);
             } else {
-                detail::process_tile<T, D, F, true>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, seq_q, seq_k, a, lane);
+                detail::process_tile<T, D, F, true>(st, q_tile, k_rows, v_rows, p_tile, q0, kv0, warp_row0, seq_q, seq_k, a, lane,
+                                                    sequence, h);
             }
         }
     };
@@ -810,7 +868,9 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
             const float l = cuda::quad_sum(st.l[mt][hh]);
-            const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l = 0: the row saw no key, O = 0
+            // l = 0: the row saw no key, O = 0. With dropout, l is the undropped sum (the LSE's) and
+            // the kept entries are scaled by 1/(1-p') here, once per row rather than once per score.
+            const float inv = l > 0.0f ? (F::kDropout ? a.dropout_keep_scale : 1.0f) / l : 0.0f;
             const int r = warp_row0 + mt * 16 + g + 8 * hh;
 #pragma unroll
             for (int dt = 0; dt < S::kDTiles; ++dt) {

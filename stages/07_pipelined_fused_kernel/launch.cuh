@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "fa/philox.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
 #include "kernel.cuh"
@@ -89,47 +90,58 @@ using RoadStep = FeaturesOf<RoadSet<D, Step>>;
 
 //! [model_steps]
 /// The final kernel with stage 10's switches: grouped-query heads and a sliding window (both
-/// runtime values: Hq/Hk = 1 and the full or causal window are their plain cases), and the soft
-/// cap where `Softcap` (a tanh per score, so only the calls that ask for it pay it). Calls
-/// without any of them run the final kernel itself (ResolvedOptions::plain()).
-template <int D, bool Softcap>
+/// runtime values: Hq/Hk = 1 and the full or causal window are their plain cases), the soft cap
+/// where `Softcap` (a tanh per score) and dropout where `Dropout` (a Philox call per 16 scores),
+/// so that only the calls that ask for those pay them. Calls without any of them run the final
+/// kernel itself (ResolvedOptions::plain()).
+template <int D, bool Softcap, bool Dropout = false>
 struct ModelSet {
-    /// the final kernel's features with the grouped heads, the window and maybe the soft cap
-    static constexpr FeatureSet kFeatures = Softcap ? kStep8<D>.with_grouped_heads().with_window().with_softcap()
-                                                    : kStep8<D>.with_grouped_heads().with_window();
+    /// the final kernel's features with the grouped heads and the window
+    static constexpr FeatureSet kModel = kStep8<D>.with_grouped_heads().with_window();
+    /// ... maybe with the soft cap
+    static constexpr FeatureSet kCapped = Softcap ? kModel.with_softcap() : kModel;
+    /// ... and maybe with dropout
+    static constexpr FeatureSet kFeatures = Dropout ? kCapped.with_dropout() : kCapped;
 };
 /// The kernel's Features of the final kernel with stage 10's switches.
-template <int D, bool Softcap>
-using ModelStep = FeaturesOf<ModelSet<D, Softcap>>;
+template <int D, bool Softcap, bool Dropout = false>
+using ModelStep = FeaturesOf<ModelSet<D, Softcap, Dropout>>;
 
 /// Calls `run(F{})` with the Features F the final kernel runs for `options`: the final kernel
-/// itself when they are plain, otherwise ModelStep with or without the soft cap.
+/// itself when they are plain, otherwise ModelStep with or without the soft cap and dropout.
 template <int D, class Run>
 decltype(auto) with_final_features(const ResolvedOptions& options, Run&& run) {
     if (options.plain()) return run(RoadStep<D, kFinalStep>{});
-    if (options.softcap > 0.0) return run(ModelStep<D, true>{});
-    return run(ModelStep<D, false>{});
+    const bool capped = options.softcap > 0.0, dropped = options.dropout.enabled();
+    if (capped && dropped) return run(ModelStep<D, true, true>{});
+    if (capped) return run(ModelStep<D, true, false>{});
+    if (dropped) return run(ModelStep<D, false, true>{});
+    return run(ModelStep<D, false, false>{});
 }
 //! [model_steps]
 
 //! [varlen_steps]
 /// ModelSet on packed batches: the final kernel with grouped heads and the window (causal is the
-/// window (-1, 0) of each sequence), the soft cap where `Softcap`, and the varlen switch.
-template <int D, bool Softcap>
+/// window (-1, 0) of each sequence), the soft cap where `Softcap`, dropout where `Dropout`, and
+/// the varlen switch.
+template <int D, bool Softcap, bool Dropout = false>
 struct VarlenSet {
     /// ModelSet's features with the varlen switch
-    static constexpr FeatureSet kFeatures = ModelSet<D, Softcap>::kFeatures.with_varlen();
+    static constexpr FeatureSet kFeatures = ModelSet<D, Softcap, Dropout>::kFeatures.with_varlen();
 };
 /// The kernel's Features on packed batches.
-template <int D, bool Softcap>
-using VarlenStep = FeaturesOf<VarlenSet<D, Softcap>>;
+template <int D, bool Softcap, bool Dropout = false>
+using VarlenStep = FeaturesOf<VarlenSet<D, Softcap, Dropout>>;
 
 /// Calls `run(F{})` with the Features F a packed call runs for `options`: VarlenStep with or
-/// without the soft cap.
+/// without the soft cap and dropout.
 template <int D, class Run>
 decltype(auto) with_varlen_features(const ResolvedOptions& options, Run&& run) {
-    if (options.softcap > 0.0) return run(VarlenStep<D, true>{});
-    return run(VarlenStep<D, false>{});
+    const bool capped = options.softcap > 0.0, dropped = options.dropout.enabled();
+    if (capped && dropped) return run(VarlenStep<D, true, true>{});
+    if (capped) return run(VarlenStep<D, true, false>{});
+    if (dropped) return run(VarlenStep<D, false, true>{});
+    return run(VarlenStep<D, false, false>{});
 }
 //! [varlen_steps]
 
@@ -187,6 +199,13 @@ Args<T> make_args(const Problem& p, const ResolvedOptions& m, View4<const T> q, 
         a.softcap_scale = float(std::fabs(scale) / m.softcap);
         a.scale = 1.0f;
         a.scale_log2 = 1.4426950408889634f;
+    }
+    if (m.dropout.enabled()) {
+        // fa/philox.hpp's map: the threshold byte, the factor of the kept scores, the key and counter word 3.
+        a.dropout_threshold = dropout_threshold(m.dropout.p);
+        a.dropout_keep_scale = float(dropout_keep_scale(m.dropout.p));
+        a.dropout_seed_lo = uint32_t(m.dropout.seed), a.dropout_seed_hi = uint32_t(m.dropout.seed >> 32);
+        a.dropout_offset = m.dropout.offset;
     }
     return a;
 }

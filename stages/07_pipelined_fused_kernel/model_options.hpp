@@ -1,9 +1,9 @@
 /// \file stages/07_pipelined_fused_kernel/model_options.hpp
 /// \brief What a real model's attention call adds to fa::Problem (stage 10): grouped-query
-/// heads, a sliding window and a soft cap on the scores, as stage 07's kernel takes them.
+/// heads, a sliding window, a soft cap on the scores and dropout, as stage 07's kernel takes them.
 ///
-/// These are fa/varlen.hpp's definitions (Window, KeyRange, visible_key_range(), the soft cap of
-/// VarlenProblem) for a dense call: q is (B, Hq, Nq, d), k and v are (B, Hk, Nk, d), o and lse
+/// These are fa/varlen.hpp's definitions (Window, KeyRange, visible_key_range(), the soft cap and
+/// the Dropout of VarlenProblem) for a dense call: q is (B, Hq, Nq, d), k and v are (B, Hk, Nk, d), o and lse
 /// follow q. Hk divides Hq and query head h reads K/V head h / (Hq/Hk). A packed call (a
 /// VarlenProblem with its longest lengths, resolve_varlen()) resolves to the same options. Host
 /// code only.
@@ -20,13 +20,16 @@
 
 namespace fa::stage07 {
 
-/// Grouped-query heads, a window and a soft cap for one call. The default is the plain call.
+/// Grouped-query heads, a window, a soft cap and dropout for one call. The default is the plain call.
 struct ModelOptions {
     int64_t kv_heads = 0;  ///< Hk, key/value heads, dividing problem.heads (Hq); 0: Hk = Hq
     /// Keys each query sees around its diagonal, bottom-right aligned; -1 unbounded. With
     /// problem.causal the right bound is 0, whatever it says here (flash-attn's causal=True).
     Window window = Window::full();
     double softcap = 0.0;  ///< c in s <- c tanh(s / c), applied to the scaled scores; 0: off
+    /// Dropout on P (fa/philox.hpp): p (0: off), the seed and the offset; sequence b of the map is
+    /// the batch entry.
+    Dropout dropout;
 };
 
 /// ModelOptions checked against a problem, in the form the kernel takes them.
@@ -37,14 +40,17 @@ struct ResolvedOptions {
     int left = -1;
     int right = -1;  ///< see left
     double softcap = 0.0;  ///< c; 0: off
+    Dropout dropout;       ///< p (0: off), seed, offset
 
-    /// No grouping, no cap, and the window full or causal: the road's final kernel runs as it is.
-    bool plain() const { return kv_group == 1 && softcap == 0.0 && left < 0 && right <= 0; }
+    /// No grouping, no cap, no dropout, and the window full or causal: the road's final kernel runs
+    /// as it is.
+    bool plain() const { return kv_group == 1 && softcap == 0.0 && !dropout.enabled() && left < 0 && right <= 0; }
 };
 
 /// Checks `options` against `problem` (InputError naming what is wrong and what is allowed) and
 /// resolves them: Hq / Hk, the causal flag folded into the window, bounds past the problem
-/// dropped.
+/// dropped; dropout as Dropout::validate() checks it (p in [0, 1) and below 255.5/256, B and Hq at
+/// most 2^16 when it is on).
 inline ResolvedOptions resolve_options(const Problem& problem, const ModelOptions& options) {
     ResolvedOptions r;
     const int64_t hq = problem.heads, hk = options.kv_heads == 0 ? hq : options.kv_heads;
@@ -66,6 +72,8 @@ inline ResolvedOptions resolve_options(const Problem& problem, const ModelOption
         throw InputError("--softcap " + std::to_string(options.softcap) + " must be finite and 0 (off) or more");
     }
     r.softcap = options.softcap;
+    options.dropout.validate(problem.batch, problem.heads);
+    r.dropout = options.dropout;
     return r;
 }
 
@@ -88,15 +96,11 @@ inline Problem varlen_bounds_problem(const VarlenProblem& vp, const MaxSeqlens& 
 
 /// Checks a packed call (InputError naming what is wrong and what is allowed): the problem itself
 /// (VarlenProblem::validate(): cu_seqlens of B+1 entries starting at 0, nondecreasing, ending at
-/// total_q and total_k; Hk dividing Hq; the window and the soft cap), every sequence within the
-/// longest lengths `max`, and no dropout (not in this kernel yet). Returns the options the kernel
-/// takes, resolved against the longest lengths: a window bound no sequence reaches past is -1.
+/// total_q and total_k; Hk dividing Hq; the window, the soft cap and dropout, whose b is the
+/// sequence's index), and every sequence within the longest lengths `max`. Returns the options the
+/// kernel takes, resolved against the longest lengths: a window bound no sequence reaches past is -1.
 inline ResolvedOptions resolve_varlen(const VarlenProblem& vp, const MaxSeqlens& max) {
     vp.validate();
-    if (vp.dropout.enabled()) {
-        throw InputError("--dropout " + std::to_string(vp.dropout.p) +
-                         ": stage 07's forward kernel has no dropout yet; use 0 (off) with packed batches");
-    }
     if (max.q < 0 || max.k < 0 || max.q > INT32_MAX || max.k > INT32_MAX) {
         throw InputError("max_seqlen_q " + std::to_string(max.q) + " and max_seqlen_k " + std::to_string(max.k) +
                          " must be between 0 and 2^31 - 1");
@@ -111,7 +115,7 @@ inline ResolvedOptions resolve_varlen(const VarlenProblem& vp, const MaxSeqlens&
         }
     }
     ModelOptions o;
-    o.kv_heads = vp.heads_k, o.window = vp.window, o.softcap = vp.softcap;
+    o.kv_heads = vp.heads_k, o.window = vp.window, o.softcap = vp.softcap, o.dropout = vp.dropout;
     return resolve_options(varlen_bounds_problem(vp, max), o);
 }
 

@@ -162,13 +162,18 @@ FA_HD constexpr uint32_t dropout_byte(uint32_t row, uint32_t col) {
     return 8u * ((row % 16u) / 8u) + 2u * ((col % 32u) / 8u) + col % 2u;
 }
 
+/// Byte \f$n\f$ (0..15) of one call's 128 bits: bits \f$8(n \bmod 4)\f$ to \f$8(n \bmod 4) + 7\f$ of
+/// word \f$\lfloor n/4 \rfloor\f$. A kernel that holds the whole group reads its 16 bytes this way,
+/// \f$n\f$ known at compile time (dropout_byte() of each of its scores).
+FA_HD constexpr uint32_t philox_byte(const PhiloxWords& r, uint32_t n) { return (r.w[n / 4] >> (8u * (n % 4u))) & 0xffu; }
+
 /// The keep bits of the whole group that holds score (`row`, `col`): bit \f$n\f$ is 1 iff byte
 /// \f$n\f$ of the Philox4x32-10 call is \f$\ge\f$ `threshold` (dropout_threshold()). One call.
 FA_HD constexpr uint32_t dropout_keep16(uint64_t seed, uint32_t offset, uint32_t batch, uint32_t head, uint32_t row,
                                         uint32_t col, uint32_t threshold) {
     const PhiloxWords r = philox4x32_10(dropout_counter(offset, batch, head, row, col), dropout_key(seed));
     uint32_t bits = 0;
-    for (uint32_t n = 0; n < 16; ++n) bits |= uint32_t(((r.w[n / 4] >> (8u * (n % 4u))) & 0xffu) >= threshold) << n;
+    for (uint32_t n = 0; n < 16; ++n) bits |= uint32_t(philox_byte(r, n) >= threshold) << n;
     return bits;
 }
 

@@ -84,6 +84,10 @@ struct Dropout {
 
     /// True when entries are dropped at all (`p > 0`).
     bool enabled() const { return p > 0.0; }
+    /// Throws InputError naming `--dropout` and what is allowed: p outside [0, 1) or of 255.5/256
+    /// or more (it would drop every entry: fa/philox.hpp), or (with dropout on) more than
+    /// \f$2^{16}\f$ `sequences` (batch entries) or query `heads` for the Philox counter.
+    void validate(int64_t sequences, int64_t heads) const;
 };
 
 /// Shape and options of one packed attention call, as `flash_attn_varlen_func` takes them.
