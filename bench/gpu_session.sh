@@ -12,7 +12,8 @@
 #   newcomer_test  the README's second command (scripts/test.sh) in that copy: newcomer_test.txt
 #   build      configure (stage 07's tuning candidates on unless TUNING=OFF, warnings as errors)
 #              and build what the other steps need, stage 11's targets always among them
-#              (stage11_hopper_kernel, wgmma_ceiling, test_stage11, test_hopper_wrappers)
+#              (stage11_hopper_kernel, wgmma_ceiling, test_stage11, test_hopper_wrappers);
+#              BUILD_TARGETS="bench_gpu test_stage07" builds that list alone instead
 #   test       the whole CTest suite (builds everything)
 #   test11     the tests of stage 11 and of Hopper's wrappers alone (ctest -R 'hopper|stage11': the
 #              host maps, each wrapper, every step's tests, the stage's run and command line)
@@ -107,6 +108,10 @@ record() { echo "$*" | tee -a "$LOGS/summary.txt"; }
 # Stage 11's executable, its tests and the wgmma ceiling come with any list.
 build_targets() {
     local s targets=()
+    if [ -n "${BUILD_TARGETS:-}" ]; then  # an explicit list (one call's need), stage 11's left out
+        printf '%s\n' $BUILD_TARGETS
+        return 0
+    fi
     for s in "${STEPS[@]}"; do
         case $s in
             test) return 0 ;;  # no list: build all
@@ -733,7 +738,7 @@ step_ncu09() {
         grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|ldgsts|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
             "$RESULTS/ncu_stage09_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
         # How the backward's time splits between its three kernels: the first launch of each.
-        # (the default main kernel is the warp-tiled one, step 2)
+        # (the default main kernel is the warp-tiled one, step 4)
         timeout 300 ncu --clock-control none -k "regex:backward_preprocess_kernel|$KERNEL09_TILED|backward_postprocess_kernel" \
             --launch-count 3 --metrics gpu__time_duration.sum \
             "$BUILD/bench/bench_gpu" --stages 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no --repeat 1 --warmup 0 \

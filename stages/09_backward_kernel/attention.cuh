@@ -62,14 +62,16 @@ struct Options {
 };
 
 /// Stage 09's main kernels, in the order the lesson builds them (`--step`): warps owning keys,
-/// warp-tiled, warp-tiled with 128-key blocks at every head dimension, and with dP^T in pieces.
+/// warp-tiled, warp-tiled with 128-key blocks at every head dimension, with dP^T in pieces, with
+/// dV and dK fed from the registers of P^T and dS^T, and that in 16-column steps.
 const std::vector<RoadStep>& road();
 
-/// The main kernel that runs when none is named: the fastest measured, warp-tiled with 128-key
-/// blocks (step 2). On the H100 its backward was 1.08-1.15x step 0's at d = 64 and 1.22-1.29x at
-/// d = 128 (bf16 and fp16, N 4096 and 16384, causal and not, three rounds); step 3 was no faster
-/// (x0.98-1.00 beside step 2). The lesson's road table has the figures.
-inline constexpr int kDefaultStep = 2;
+/// The main kernel that runs when none is named: the fastest measured, step 4 (the warp-tiled kernel
+/// with 128-key blocks, dV and dK fed from registers at d = 32 and 64; at d = 128 it is step 2's
+/// kernel). On the H100 (2026-11-25, bf16 and fp16, N 4096 and 16384, causal and not, three
+/// rounds) step 4's forward + backward against SDPA flash's pair was 1.00-1.08 at d = 64 where step
+/// 2's was 0.94-1.02 (docs/results/stage09_steps4_quick.txt). The lesson's road table has the figures.
+inline constexpr int kDefaultStep = 4;
 
 /// Device memory the backward needs besides its inputs and outputs. A caller that runs the
 /// backward often (a benchmark, a training loop) keeps one and passes it to every call, so that
