@@ -25,7 +25,7 @@
 #              SANITIZE11_STEPS="1 3" picks steps, SANITIZE09_STEPS="0 2" stage 09's main kernels
 #              (default: all six), SANITIZE_TOOLS="memcheck racecheck" tools; 07m adds stage 07's
 #              kernels with stage 10's switches, through test_stage07's cases of them: packed
-#              batches, grouped heads, windows, the soft cap)
+#              batches, grouped heads, windows, the soft cap, dropout)
 #   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates; wgmma_ceiling:
 #              dense wgmma bf16/fp16 (on a Hopper GPU)
 #   road05     stage 05, every step of its road (float32), d 64/128, N 1024/4096, non-causal, each
@@ -254,10 +254,11 @@ sanitize_cases07=(
 )
 # Stage 07's kernels with stage 10's switches, through test_stage07's cases (doctest filters): packed
 # batches with sequences of length 0, 1 and primes, Nq != Nk, windows narrower than a tile and wider
-# than N; grouped heads, windows and the soft cap on dense batches; d 32 to 256, bf16 and fp16.
+# than N; grouped heads, windows, the soft cap and dropout on dense batches (dropout on packed ones too); d 32 to 256, bf16 and fp16.
 sanitize_cases07m=(
     "-tc=*packed*batches*"
     "-tc=*grouped-query*"
+    "-tc=*dropout*dense*packed*"
 )
 # Stage 09 (the backward, after stage 07's forward): tails (200 and 333 are not multiples of the
 # 64-row blocks), Nq < Nk and Nq > Nk, both layouts, d 64 and 128, causal with Nq > Nk (the first
