@@ -1384,12 +1384,12 @@ def stage09_step_order(road09):
     return sorted({r["step"] for r in road09["rows"]}, key=lambda s: (-1 if s is None else s))
 
 
-def stage09_road_table(road09, path, dtype="bf16"):
+def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_steps_quick.txt"):
     """stage09_road_table.txt, which stage 09's lesson shows: the backward alone of every main kernel
     of the record, TFLOP/s with its ratio to SDPA flash's backward and its gain over the step before,
     one block of rows per head dimension; then every point where a step was slower than the one
-    before it. Nothing in it is typed: any number of steps, sizes and head dimensions."""
-    name = "docs/results/stage09_steps_quick.txt"
+    before it. Nothing in it is typed: any number of steps, sizes and head dimensions. `name`: the
+    record it comes from, as the caption cites it."""
     if not road09 or not any(r["dtype"] == dtype for r in road09["rows"]):
         lines = [f"stage 09's road: not measured yet (needs {name}: bench/gpu_session.sh quick with STEPS09)"]
     else:
@@ -1524,7 +1524,66 @@ def stage09_numbers(ceilings, road09, results_dir):
     return aliases
 
 
-def lesson_numbers(gpu, road, results_dir, path, road09=None):
+def stage09_later_numbers(road09_later, results_dir):
+    """The numbers of stage 09's later steps (4 and 5), which its lesson quotes: their record
+    (road09_later: read_stage09_steps() of stage09_steps4_quick.txt, steps 4 and 5 beside step 2 in
+    one run), each a span over both dtypes, both sizes, causal and not; and Nsight Compute's counters
+    of steps 2, 4 and 5 at d = 64 (ncu_stage09_step<s>_d64.txt and _metrics.txt)."""
+    aliases = OrderedDict()
+    rows = {(r["step"], r["dtype"], r["d"], r["N"], r["causal"]): r for r in (road09_later or {}).get("rows", [])}
+
+    def span2(values):
+        values = [v for v in values if v is not None]
+        if not values:
+            return "–"
+        lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+        return lo if lo == hi else f"{lo} to {hi}"
+
+    def over(a, b, d):
+        out = []
+        for k, r in rows.items():
+            base = rows.get((b,) + k[1:])
+            if k[0] == a and k[2] == d and base and r["bwd"] and base["bwd"]:
+                out.append(r["bwd"] / base["bwd"])
+        return out
+
+    for a, b in ((4, 2), (5, 4)):
+        aliases[f"s09_road4_s{a}_over_s{b}_d64"] = span2(over(a, b, 64))
+    for step in (2, 4):
+        for d in (64, 128):
+            pts = [r for k, r in rows.items() if k[0] == step and k[2] == d]
+            aliases[f"s09_road4_s{step}_fb_flash_d{d}"] = span2(r["fb_vs_flash"] for r in pts)
+            aliases[f"s09_road4_s{step}_bwd_flash_d{d}"] = span2(r["bwd_vs_flash"] for r in pts)
+    pts = [r for k, r in rows.items() if k[0] == 4]
+    aliases["s09_road4_s4_det"] = span2(r["det_vs_atomic"] for r in pts)
+    fb = [r["fb_vs_flash"] for r in pts if r["fb_vs_flash"] is not None]
+    below = [x for x in fb if round(x, 2) < 1.0]
+    aliases["s09_road4_s4_fb_below"] = f"{len(below)} of {len(fb)}" if fb else "–"
+    for step in (2, 4, 5):
+        metrics = {}
+        for name in (f"ncu_stage09_step{step}_d64.txt", f"ncu_stage09_step{step}_d64_metrics.txt"):
+            for part in read_ncu_sections(os.path.join(results_dir, name)).values():
+                for k, v in part.items():
+                    metrics.setdefault(k, v)
+        for key, metric, fmt in (
+                ("ms", "Duration", "{:.2f}"),
+                ("tensor", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "{:.1f}%"),
+                ("mio", "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio", "{:.2f}"),
+                ("wait", "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio", "{:.2f}"),
+                ("short", "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio", "{:.2f}"),
+                ("regs", "Registers Per Thread", "{:.0f}")):
+            aliases[f"s09_ncu_step{step}_d64_{key}"] = fmt.format(metrics[metric][0]) if metric in metrics else "–"
+        # Per warp and query block: bench_gpu's problem at d = 64, N = 4096 non-causal (B 4, H 32) runs
+        # 4096 blocks of 8 warps, each over 32 query blocks.
+        warp_blocks = 4096 * 8 * 32
+        for key, metric in (("ldsm", "smsp__sass_inst_executed_op_ldsm.sum"),
+                            ("wf_ld", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum"),
+                            ("wf_st", "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum")):
+            aliases[f"s09_ncu_step{step}_d64_{key}"] = f"{metrics[metric][0] / warp_blocks:.0f}" if metric in metrics else "–"
+    return aliases
+
+
+def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None):
     """The numbers the lessons quote in their prose, as Doxygen aliases (\\s07_gain_swizzle,
     \\ceiling_mma_bf16 and the like) computed from docs/results/: the ceilings of mma_ceiling.jsonl
     and wgmma_ceiling.jsonl (one alias per quantity, for every lesson and the main page), stage 07's
@@ -1672,6 +1731,7 @@ def lesson_numbers(gpu, road, results_dir, path, road09=None):
         warps, occupancy = get(sections, "Theoretical Active Warps per SM"), get(sections, "Theoretical Occupancy")
         aliases[f"s07_ncu_d{d}_warps"] = f"{warps[0]:.0f} ({occupancy[0]:.1f}%)" if warps and occupancy else "–"
     aliases.update(stage09_numbers(ceilings, road09, results_dir))
+    aliases.update(stage09_later_numbers(road09_later, results_dir))
     with open(path, "w", encoding="utf-8") as f:
         f.write("# Written by docs/make_results.py from docs/results/: the numbers the lessons quote.\n")
         for k, v in aliases.items():
@@ -1747,6 +1807,8 @@ def main():
     results_dir = os.path.dirname(args.gpu_csv)
     road11 = read_road(args.road11_csv or os.path.join(results_dir, "road11.csv"), notes)
     road09 = read_stage09_steps(args.stage09_steps or os.path.join(results_dir, "stage09_steps_quick.txt"))
+    # The road's later steps, timed in a run of their own beside the default main kernel of then.
+    road09_later = read_stage09_steps(os.path.join(results_dir, "stage09_steps4_quick.txt"))
     first_contact = read_first_contact(os.path.join(results_dir, "stage11_first_contact.txt"))
     # The second record (steps 4 to 8 added) times the same shapes again: its runs replace the first's.
     later = read_first_contact(os.path.join(results_dir, "stage11_first_contact_road.txt"))
@@ -1783,7 +1845,10 @@ def main():
         os.makedirs(args.lesson_tables, exist_ok=True)
         stage07_bridge_table(gpu, road, os.path.join(args.lesson_tables, "stage07_bridge_table.txt"))
         stage09_road_table(road09, os.path.join(args.lesson_tables, "stage09_road_table.txt"))
-        lesson_numbers(gpu, road, results_dir, os.path.join(args.lesson_tables, "lesson_numbers.doxy"), road09)
+        stage09_road_table(road09_later, os.path.join(args.lesson_tables, "stage09_road4_table.txt"),
+                           name="docs/results/stage09_steps4_quick.txt")
+        lesson_numbers(gpu, road, results_dir, os.path.join(args.lesson_tables, "lesson_numbers.doxy"), road09,
+                       road09_later)
 
     plots = []
     meta = read_gpu_meta(args.gpu_csv)
