@@ -1,6 +1,6 @@
 // Stage 09's main kernels (every step of its road), its preprocessing and postprocessing kernels, launched as
 // the stage launches them (stages/09_backward_kernel/launch.cuh: tuned shapes, arguments, order),
-// run on the CPU by the warp emulator (tools/warp_emulator: one std::thread per CUDA thread,
+// run on the CPU by the warp emulator (tools/warp_emulator: one fiber per CUDA thread,
 // ldmatrix and mma lane by lane as the PTX ISA defines them, cp.async copies landing only at
 // cp.async.wait_group).
 // No GPU is needed, so this runs in CI: the fragment maps, swizzled addresses, warp pieces, masks
@@ -233,8 +233,8 @@ void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
 // at every query block, the last key block that visits it first, down to key block 0. Running the
 // atomic mode's blocks from the last to the first gives exactly that order (block b of a head is
 // key block b there), so the two must agree bit for bit, at every step; and the deterministic mode
-// run twice (its threads scheduled anew by the OS) gives the same bits again. The float64 check of
-// the deterministic mode itself is check()'s.
+// run twice gives the same bits again. The float64 check of the deterministic mode itself is
+// check()'s.
 template <class T, int D>
 void check_deterministic_order(const Prob& p) {
     const Data<T, D> in(p, unsigned(2000 + p.Nq + 7 * p.Nk + D), 1.0);

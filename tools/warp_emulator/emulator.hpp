@@ -1,48 +1,69 @@
-// The warp emulator's launch: runs a kernel body on CPU threads (see cuda_runtime.h here).
+// The warp emulator's launch: runs a kernel body on the CPU, each block's CUDA threads as fibers
+// that take turns on the calling thread (see cuda_runtime.h and fibers.hpp here).
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <memory>
-#include <thread>
+#include <utility>
 #include <vector>
 
 #include "fa/cuda/ptx.cuh"
 
 namespace emu {
 
+inline std::vector<std::unique_ptr<Thread>> thread_pool;  // grown to the largest block, reused (stacks too)
+inline const std::function<void()>* running_body = nullptr;
+
+/// A CUDA thread, from its fiber's start: the kernel, then the check that no copy is left pending.
+inline void thread_main(fibers::Fiber*) {
+    (*running_body)();
+    const Thread& t = *self();
+    if (!t.groups.empty() || !t.open_group.empty()) {
+        std::fprintf(stderr, "emulator: cp.async copies left pending at the end of a thread\n");
+        std::abort();
+    }
+}
+
 /// Runs `body` as `blocks` blocks of `threads` threads, one block after the other (block 0 first,
 /// or with `last_block_first` the last block first), in `smem` bytes of shared memory at `shared`
-/// filled with garbage before each block. Aborts on a cp.async group left pending at a thread's end.
+/// filled with garbage before each block. Aborts on a cp.async group left pending at a thread's
+/// end, and on a deadlock (a barrier that not all of its block's or warp's threads reach).
+/// A block's threads take turns (fibers.hpp) warp by warp: a warp's lanes one after the other up to
+/// each of its collectives, and the next warp only when the whole warp waits at __syncthreads
+/// (or has returned). So one warp runs from a __syncthreads to the next before the others start:
+/// a __syncthreads missing between one warp's stores to shared memory and another's loads shows
+/// as the loads reading what was there before (a __syncwarp missing, the same between lanes).
 inline void launch(long blocks, int threads, unsigned char* shared, size_t smem, const std::function<void()>& body,
                    bool last_block_first = false) {
+    if (threads <= 0 || threads % 32 != 0) {
+        std::fprintf(stderr, "emulator: %d threads per block, not a positive multiple of 32\n", threads);
+        std::abort();
+    }
     smem_base = shared;
     smem_limit = smem;
+    running_body = &body;
+    while (thread_pool.size() < size_t(threads)) thread_pool.push_back(std::make_unique<Thread>());
+    std::vector<fibers::Fiber*> order(static_cast<size_t>(threads));
     for (long n = 0; n < blocks; ++n) {
         const long b = last_block_first ? blocks - 1 - n : n;
         std::memset(shared, 0xAB, smem);
         std::vector<Warp> warps(size_t(threads / 32));
-        // The block's barrier lives on the heap and block_bar is cleared once the block's threads
-        // have joined: the global never holds the address of a local that has gone out of scope.
-        const auto bar = std::make_unique<std::barrier<>>(threads);
-        block_bar = bar.get();
-        std::vector<std::thread> pool;
-        pool.reserve(size_t(threads));
+        fibers::Barrier bar{threads, "__syncthreads"};
+        block_bar = &bar;
         for (int t = 0; t < threads; ++t) {
-            pool.emplace_back([&, t] {
-                tid.x = unsigned(t), bid.x = unsigned(b), bdim.x = unsigned(threads), gdim.x = unsigned(blocks);
-                lane = t % 32, warp = t / 32, gen = 0;
-                w = &warps[size_t(warp)];
-                groups.clear(), open_group.clear();
-                body();
-                if (!groups.empty() || !open_group.empty()) {
-                    std::fprintf(stderr, "emulator: cp.async copies left pending at the end of a thread\n");
-                    std::abort();
-                }
-            });
+            Thread& th = *thread_pool[size_t(t)];
+            th.tid = {unsigned(t), 0, 0}, th.bid = {unsigned(b), 0, 0};
+            th.bdim = {unsigned(threads), 0, 0}, th.gdim = {unsigned(blocks), 0, 0};
+            th.lane = t % 32, th.warp = t / 32, th.gen = 0;
+            th.w = &warps[size_t(th.warp)];
+            th.groups.clear(), th.open_group.clear();
+            order[size_t(t)] = &th;
         }
-        for (std::thread& th : pool) th.join();
+        fibers::run(order.data(), threads, 32, &thread_main, b);
         block_bar = nullptr;
     }
+    running_body = nullptr;
 }
 
 }  // namespace emu

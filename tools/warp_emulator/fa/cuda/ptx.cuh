@@ -5,16 +5,14 @@
 // registers that hold them (the fragment maps of fa/cuda/layouts.hpp) and sums in float32.
 // cp.async copies land when cp.async.wait_group lets them, not before: a kernel that reads a slot
 // before waiting reads what was there. ex2 is exp2 (no approximation error). red.global.add is
-// an atomic add per float, ld.global.acquire an acquiring atomic load.
+// an atomic add per float, ld.global.acquire an acquiring atomic load. A lane's registers, its
+// cp.async groups and its count of collectives are its Thread's (cuda_runtime.h: emu::self()).
 #pragma once
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 namespace emu {
-struct Copy { uint32_t dst; const void* src; bool valid; };
-inline thread_local std::vector<std::vector<Copy>> groups;  // committed cp.async groups, oldest first
-inline thread_local std::vector<Copy> open_group;           // copies since the last commit
 inline size_t smem_limit;                                   // the launch's dynamic shared memory
 inline void check_smem(uint32_t a, uint32_t bytes) {
     if (a + bytes > smem_limit) { std::fprintf(stderr, "shared access out of bounds: %u + %u > %zu\n", a, bytes, smem_limit); std::abort(); }
@@ -37,10 +35,12 @@ inline uint32_t smem_address(const void* p) { return uint32_t(static_cast<const 
 template <class T>
 inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const float (&c)[4]) {
     using namespace emu;
-    const int p = next();
+    Thread& me = *self();
+    Warp* const w = me.w;
+    const int lane = me.lane, p = next();
     for (int r = 0; r < 4; ++r) w->a[p][lane][r] = a[r];
     w->b[p][lane][0] = b[0], w->b[p][lane][1] = b[1];
-    w->bar.arrive_and_wait();
+    fibers::arrive_and_wait(w->bar);
     const auto A = [&](int row, int k) {
         const uint32_t reg = w->a[p][(row % 8) * 4 + (k % 8) / 2][(row / 8) + 2 * (k / 8)];
         return to_f<T>(uint16_t(k % 2 ? reg >> 16 : reg & 0xffff));
@@ -63,9 +63,11 @@ inline void ldmatrix_common(uint32_t (&r)[4], uint32_t address, bool trans) {
     using namespace emu;
     if (address % 16 != 0) { std::fprintf(stderr, "ldmatrix address %u not 16-byte aligned\n", address); std::abort(); }
     check_smem(address, 16);
-    const int p = next();
+    Thread& me = *self();
+    Warp* const w = me.w;
+    const int lane = me.lane, p = next();
     w->addr[p][lane] = address;
-    w->bar.arrive_and_wait();
+    fibers::arrive_and_wait(w->bar);
     for (int m = 0; m < 4; ++m) {
         if (!trans) {
             std::memcpy(&r[m], smem_base + w->addr[p][8 * m + lane / 4] + 4 * (lane % 4), 4);
@@ -83,17 +85,22 @@ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t a) { ldmatrix_common(r,
 inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
     if (dst % 16 != 0) { std::fprintf(stderr, "cp.async dst misaligned\n"); std::abort(); }
     emu::check_smem(dst, 16);
-    emu::open_group.push_back({dst, src, valid});
+    emu::self()->open_group.push_back({dst, src, valid});
 }
-inline void cp_async_commit() { emu::groups.push_back(std::move(emu::open_group)); emu::open_group.clear(); }
+inline void cp_async_commit() {
+    emu::Thread& me = *emu::self();
+    me.groups.push_back(std::move(me.open_group));
+    me.open_group.clear();
+}
 template <int N>
 inline void cp_async_wait() {
-    while (int(emu::groups.size()) > N) {
-        for (const auto& c : emu::groups.front()) {
+    std::vector<std::vector<emu::Copy>>& groups = emu::self()->groups;
+    while (int(groups.size()) > N) {
+        for (const auto& c : groups.front()) {
             if (c.valid) std::memcpy(emu::smem_base + c.dst, c.src, 16);
             else std::memset(emu::smem_base + c.dst, 0, 16);
         }
-        emu::groups.erase(emu::groups.begin());
+        groups.erase(groups.begin());
     }
 }
 inline void red_global_add_v2_f32(float* address, float x, float y) {
