@@ -233,8 +233,8 @@ void check(const Prob& p, bool deterministic, double magnitude = 1.0) {
 // at every query block, the last key block that visits it first, down to key block 0. Running the
 // atomic mode's blocks from the last to the first gives exactly that order (block b of a head is
 // key block b there), so the two must agree bit for bit, at every step; and the deterministic mode
-// run twice gives the same bits again. The float64 check of the deterministic mode itself is
-// check()'s.
+// run twice (its threads taking turns in another order) gives the same bits again. The float64
+// check of the deterministic mode itself is check()'s.
 template <class T, int D>
 void check_deterministic_order(const Prob& p) {
     const Data<T, D> in(p, unsigned(2000 + p.Nq + 7 * p.Nk + D), 1.0);

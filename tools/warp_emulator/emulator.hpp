@@ -14,6 +14,7 @@ namespace emu {
 
 inline std::vector<std::unique_ptr<Thread>> thread_pool;  // grown to the largest block, reused (stacks too)
 inline const std::function<void()>* running_body = nullptr;
+inline uint64_t blocks_run = 0;  // every block so far, of every launch: seeds each block's order of turns
 
 /// A CUDA thread, from its fiber's start: the kernel, then the check that no copy is left pending.
 inline void thread_main(fibers::Fiber*) {
@@ -34,6 +35,8 @@ inline void thread_main(fibers::Fiber*) {
 /// (or has returned). So one warp runs from a __syncthreads to the next before the others start:
 /// a __syncthreads missing between one warp's stores to shared memory and another's loads shows
 /// as the loads reading what was there before (a __syncwarp missing, the same between lanes).
+/// Which warp goes first, and the order of the lanes in each warp, are shuffled anew for each
+/// block, from the count of blocks run so far: the same in every run of a program.
 inline void launch(long blocks, int threads, unsigned char* shared, size_t smem, const std::function<void()>& body,
                    bool last_block_first = false) {
     if (threads <= 0 || threads % 32 != 0) {
@@ -58,7 +61,25 @@ inline void launch(long blocks, int threads, unsigned char* shared, size_t smem,
             th.lane = t % 32, th.warp = t / 32, th.gen = 0;
             th.w = &warps[size_t(th.warp)];
             th.groups.clear(), th.open_group.clear();
-            order[size_t(t)] = &th;
+        }
+        // The order of turns: the warps shuffled, and the lanes of each (Fisher-Yates, splitmix64
+        // written out: the same order from every standard library).
+        uint64_t s = 0x9e3779b97f4a7c15ull * ++blocks_run;
+        const auto shuffle = [&s](int* x, int count) {
+            for (int i = 0; i < count; ++i) x[i] = i;
+            for (int i = count - 1; i > 0; --i) {
+                uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+                z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+                z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+                std::swap(x[i], x[int((z ^ (z >> 31)) % uint64_t(i + 1))]);
+            }
+        };
+        std::vector<int> warp_order(warps.size());
+        shuffle(warp_order.data(), int(warps.size()));
+        for (size_t i = 0; i < warps.size(); ++i) {
+            int lanes[32];
+            shuffle(lanes, 32);
+            for (int k = 0; k < 32; ++k) order[32 * i + size_t(k)] = thread_pool[size_t(32 * warp_order[i] + lanes[k])].get();
         }
         fibers::run(order.data(), threads, 32, &thread_main, b);
         block_bar = nullptr;
