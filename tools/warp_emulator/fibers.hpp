@@ -12,15 +12,16 @@
 //
 // The switch: on x86-64, six callee-saved registers pushed, the stack pointer swapped, six
 // popped (emu_fiber_switch below); elsewhere, or with EMU_FIBERS_UCONTEXT defined, POSIX
-// swapcontext (slower: glibc's makes a sigprocmask system call every switch). The floating-point
-// control state (MXCSR, x87) is not switched: no fiber changes it. Under AddressSanitizer every
-// switch is announced to it (__sanitizer_start_switch_fiber / __sanitizer_finish_switch_fiber),
-// and the frames a fiber never leaves (fiber_start, reschedule, switch_to) are not instrumented,
-// so a returned fiber's stack holds no poisoned bytes when the next block reuses it.
+// swapcontext (slower: glibc's makes a sigprocmask system call every switch; ASan warns once
+// that it does not fully support it). The floating-point control state (MXCSR, x87) is not
+// switched: no fiber changes it. Under AddressSanitizer every switch is announced to it
+// (__sanitizer_start_switch_fiber / __sanitizer_finish_switch_fiber), and the frames a fiber
+// never leaves (fiber_start, reschedule, switch_to) are not instrumented, so a returned fiber's
+// stack holds no poisoned bytes when the next block reuses it.
 //
 // Stacks: kStackBytes each (the kernels keep large register arrays in their frames, ASan adds
 // redzones; the kernels of stages 07 and 09 use about 8 KiB, with ASan too), mapped once with a
-// guard page below (an overflow faults at once) and reused by every later block; pages are only
+// guard page below (an overflow faults at once) and reused by every later run(); pages are only
 // committed as they are touched.
 #pragma once
 #include <sys/mman.h>
@@ -98,11 +99,11 @@ inline constexpr size_t kStackBytes = size_t(4) << 20;
 inline constexpr size_t kStackBytes = size_t(1) << 20;
 #endif
 
-/// A meeting point of `count` fibers, used over and over: a round ends (`phase` grows by one)
+/// A meeting point of `count` fibers, used over and over: a phase ends (`phase` grows by one)
 /// when the count-th fiber arrives, and releases the fibers that wait for it.
 struct Barrier {
     int count;
-    const char* what;  // for the deadlock message: "__syncthreads", "a warp collective"
+    const char* what;  // for the deadlock message: "__syncthreads", "a warp collective or __syncwarp"
     int arrived = 0;
     uint64_t phase = 0;
 };
@@ -118,7 +119,7 @@ struct Fiber {
 
     void* mapping = nullptr;                // guard page, then the stack
     unsigned char* stack = nullptr;         // the stack's lowest byte (kStackBytes of them)
-    size_t stack_bytes = 0;                 // for ASan: the main thread's stack is learned
+    size_t stack_bytes = 0;                 // (main_fiber's: the thread's stack, as ASan reports it)
 #if defined(EMU_FIBERS_UCONTEXT)
     ucontext_t context;
 #else
@@ -126,9 +127,9 @@ struct Fiber {
 #endif
     void* fake_stack = nullptr;             // ASan's, while switched away
     const Barrier* wait_at = nullptr;       // the barrier this fiber waits at, if any,
-    uint64_t wait_phase = 0;                // and the round it arrived in
+    uint64_t wait_phase = 0;                // and the phase it arrived in
     bool done = false;                      // returned from its entry
-    int turn = 0;                           // its place in the round
+    int turn = 0;                           // its place in run()'s order
 };
 
 inline Fiber* current = nullptr;        // the fiber running now
@@ -137,7 +138,7 @@ inline Fiber* const* turns = nullptr;   // run()'s fibers, in the order they tak
 inline int round_size = 0, gang_size = 1, returned = 0;
 inline void (*entry)(Fiber*) = nullptr;
 inline long round_label = 0;            // for the deadlock message (the block)
-inline Fiber* switched_from = nullptr;
+inline Fiber* switched_from = nullptr;  // the fiber the last switch left
 
 inline bool runnable(const Fiber* f) { return !f->done && (f->wait_at == nullptr || f->wait_at->phase != f->wait_phase); }
 
@@ -176,7 +177,10 @@ EMU_FIBERS_NO_ASAN inline void switch_to(Fiber* to) {
     const void* bottom;
     size_t bytes;
     __sanitizer_finish_switch_fiber(current->fake_stack, &bottom, &bytes);
-    if (switched_from == &main_fiber) main_fiber.stack = static_cast<unsigned char*>(const_cast<void*>(bottom)), main_fiber.stack_bytes = bytes;
+    if (switched_from == &main_fiber) {
+        main_fiber.stack = static_cast<unsigned char*>(const_cast<void*>(bottom));
+        main_fiber.stack_bytes = bytes;
+    }
 #endif
 }
 
@@ -216,7 +220,10 @@ EMU_FIBERS_NO_ASAN inline void fiber_start(Fiber* self) {
     const void* bottom;
     size_t bytes;
     __sanitizer_finish_switch_fiber(nullptr, &bottom, &bytes);
-    if (switched_from == &main_fiber) main_fiber.stack = static_cast<unsigned char*>(const_cast<void*>(bottom)), main_fiber.stack_bytes = bytes;
+    if (switched_from == &main_fiber) {
+        main_fiber.stack = static_cast<unsigned char*>(const_cast<void*>(bottom));
+        main_fiber.stack_bytes = bytes;
+    }
 #endif
     entry(self);
     self->done = true;
@@ -275,7 +282,7 @@ inline void prepare(Fiber* f) {
 /// Runs `fibers[0 .. n)`, each `body(fiber)` from the start, and returns when all have returned.
 /// They take turns in gangs of `gang` (fibers[0 .. gang), then the next `gang`, ...; n a multiple
 /// of it): a fiber that waits hands over to the next of its gang that can run, and only when none
-/// can, to the next gang. `label` names the round in the deadlock message.
+/// can, to the next gang. `label` names them in the deadlock message (emu::launch: the block).
 inline void run(Fiber* const* fibers, int n, int gang, void (*body)(Fiber*), long label) {
     if (current != nullptr || gang <= 0 || n % gang != 0) {
         std::fprintf(stderr, "emulator: fibers started from a fiber, or %d fibers in gangs of %d\n", n, gang);
