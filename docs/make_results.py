@@ -1559,6 +1559,25 @@ def stage09_later_numbers(road09_later, results_dir):
     fb = [r["fb_vs_flash"] for r in pts if r["fb_vs_flash"] is not None]
     below = [x for x in fb if round(x, 2) < 1.0]
     aliases["s09_road4_s4_fb_below"] = f"{len(below)} of {len(fb)}" if fb else "–"
+    # The default main kernel (step 4) on the rest of the grid, N 512, 1024, 2048 and 8192, in a run
+    # of its own (stage09_grid_step4_ratios_over_rounds.txt: medians over three rounds).
+    grid = {}
+    try:
+        with open(os.path.join(results_dir, "stage09_grid_step4_ratios_over_rounds.txt"), encoding="utf-8") as f:
+            for line in f:
+                m = re.match(r"^\s*(bf16|fp16)\s+(\d+)\s+(\d+)\s+(True|False)\s+(.*)$", line)
+                medians = re.findall(r"([\d.]+) \[", m.group(5)) if m else []
+                if len(medians) >= 5:
+                    key = (m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) == "True")
+                    grid.setdefault(key, [float(x) for x in medians[:5]])
+    except OSError:
+        pass
+    for d in (64, 128):
+        for n in (512, 1024, 2048, 8192):
+            vals = [v for k, v in grid.items() if k[1] == d and k[2] == n]
+            aliases[f"s09_grid_fb_flash_d{d}_n{n}"] = span2(v[2] for v in vals)
+            aliases[f"s09_grid_bwd_flash_d{d}_n{n}"] = span2(v[4] for v in vals)
+        aliases[f"s09_grid_fb_cudnn_d{d}"] = span2(v[3] for k, v in grid.items() if k[1] == d)
     for step in (2, 4, 5):
         metrics = {}
         for name in (f"ncu_stage09_step{step}_d64.txt", f"ncu_stage09_step{step}_d64_metrics.txt"):
