@@ -1449,6 +1449,16 @@ STAGE09_FLOPS_PER_SMEM_BYTE = {"step0": 12.8, "step1": 16.0}
 SMEM_BYTES_PER_CLOCK = 128
 
 
+def span_ratios(values):
+    """'lo to hi' of the values that are not None, to two places ('lo' when both round alike; '–'
+    when there is none)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "–"
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
 def stage09_numbers(ceilings, road09, results_dir):
     """The numbers stage 09's lesson quotes: its shared-memory bound set against the mma.sync ceiling
     (ceilings: the lines of mma_ceiling.jsonl by name), its road's ratios (road09:
@@ -1478,12 +1488,7 @@ def stage09_numbers(ceilings, road09, results_dir):
 
     rows = {(r["step"], r["dtype"], r["d"], r["N"], r["causal"]): r for r in (road09 or {}).get("rows", [])}
 
-    def span2(values):
-        values = [v for v in values if v is not None]
-        if not values:
-            return "–"
-        lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
-        return lo if lo == hi else f"{lo} to {hi}"
+    span2 = span_ratios
 
     def points(step, d=None):
         return [r for k, r in rows.items() if k[0] == step and (d is None or k[2] == d)]
@@ -1532,12 +1537,7 @@ def stage09_later_numbers(road09_later, results_dir):
     aliases = OrderedDict()
     rows = {(r["step"], r["dtype"], r["d"], r["N"], r["causal"]): r for r in (road09_later or {}).get("rows", [])}
 
-    def span2(values):
-        values = [v for v in values if v is not None]
-        if not values:
-            return "–"
-        lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
-        return lo if lo == hi else f"{lo} to {hi}"
+    span2 = span_ratios
 
     def over(a, b, d):
         out = []
