@@ -24,13 +24,15 @@
 /// **Does not handle yet:** head dimensions other than 32, 64 and 128; Hopper's own
 /// instructions (TMA, wgmma); dQ written without a float32 accumulator in global memory.
 ///
-/// **Measured:** on an NVIDIA H100 80GB HBM3 at up to 1980 MHz, 2026-11-23, B * N = 16384 tokens,
-/// H * d = 2048, N = 512 to 16384, bf16 and fp16: the backward alone at 130 to 228 TFLOP/s
-/// (0.73 to 1.31 times PyTorch SDPA's flash backward, 0.41 to 0.88 times cuDNN's); stage 07's
-/// forward and this backward together at 0.79 to 1.29 times SDPA flash's pair: the course's 1.0 is
-/// reached only at N = 512 and on causal problems up to N = 2048. The deterministic mode cost
-/// 1.9 to 4.8 times the atomic one in that run, in the order it had then (key block 0 first). The lesson page (stages/09_backward_kernel/README.md) has the
-/// tables, the profile and why the block shape limits it.
+/// **Measured:** on an NVIDIA H100 80GB HBM3, 2026-11-25, B * N = 16384 tokens, H * d = 2048,
+/// bf16 and fp16, causal and not, three rounds each ours then SDPA (docs/results/
+/// stage09_steps4_quick.txt and stage09_grid_step4_ratios_over_rounds.txt), the default main kernel
+/// (step 4) with stage 07's forward against SDPA flash's pair: 1.00 to 1.26 at d = 64 and 0.97 to
+/// 1.25 at d = 128 over N 512 to 16384: ahead at short sequences, behind from N = 8192 in the
+/// backward alone (0.93 to 0.96 at d = 128, down to 0.95 at d = 64 without the mask) and in the
+/// pair at d = 128 (down to 0.97); against cuDNN's pair about 0.6 to 0.8. The
+/// deterministic mode costs 1.23 to 1.38 times the atomic one. The lesson page
+/// (stages/09_backward_kernel/README.md) has the tables, the profiles and the road.
 #pragma once
 
 #include <string>
