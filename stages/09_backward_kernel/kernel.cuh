@@ -41,6 +41,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -48,6 +49,7 @@
 #include "fa/cuda/ptx.cuh"
 #include "fa/cuda/tile_copy.cuh"
 #include "fa/problem.hpp"
+#include "fa/varlen.hpp"
 
 namespace fa::stage09 {
 
@@ -72,6 +74,38 @@ struct Features {
                   "the dQ products split the query block's 16-row tiles evenly over the warps");
 };
 //! [features]
+
+//! [model_features]
+/// Features F with stage 10's switches: grouped-query heads (a block per K/V head that visits the
+/// query heads of its group, query head h reading K/V head h / (Hq/Hk) in place), a sliding window
+/// of keys and the soft cap. A wrapper, as stage 07's ModelFeatures, so that every kernel without
+/// the switches keeps its type, its name and its machine code. Only the warp-tiled kernel takes it.
+template <class F, bool GroupedHeads, bool Window, bool Softcap>
+struct ModelFeatures : F {
+    static constexpr bool kGroupedHeads = GroupedHeads;  ///< Hq / Hk query heads per K/V head
+    static constexpr bool kWindow = Window;              ///< keys seen through a window (left, right)
+    static constexpr bool kSoftcap = Softcap;            ///< scores squashed by c tanh(s / c)
+};
+
+/// Whether F has grouped-query heads (ModelFeatures); false for every plain Features.
+template <class F, class = void>
+inline constexpr bool kGroupedHeads = false;
+/// kGroupedHeads for features that say.
+template <class F>
+inline constexpr bool kGroupedHeads<F, std::void_t<decltype(F::kGroupedHeads)>> = F::kGroupedHeads;
+/// Whether F sees keys through a sliding window (ModelFeatures).
+template <class F, class = void>
+inline constexpr bool kWindow = false;
+/// kWindow for features that say.
+template <class F>
+inline constexpr bool kWindow<F, std::void_t<decltype(F::kWindow)>> = F::kWindow;
+/// Whether F caps the scores (ModelFeatures).
+template <class F, class = void>
+inline constexpr bool kSoftcap = false;
+/// kSoftcap for features that say.
+template <class F>
+inline constexpr bool kSoftcap<F, std::void_t<decltype(F::kSoftcap)>> = F::kSoftcap;
+//! [model_features]
 
 /// Pointers, strides (in elements) and sizes the main kernel reads; built by the host entry point.
 template <class T>
@@ -114,6 +148,9 @@ struct Args {
     bool causal;       ///< bottom-right aligned causal mask
     float scale;       ///< softmax scale, signed (dK and dQ are scaled by it)
     float scale_log2;  ///< softmax scale * log2(e), signed
+    // Stage 10's fields, read only by kernels that switch the feature on (appended, so that the
+    // fields above keep their offsets and the kernels without these switches their machine code).
+    int kv_group;  ///< kGroupedHeads: Hq / Hk, query heads per K/V head (heads above is Hq)
 };
 
 /// What the preprocessing kernel reads and writes.
@@ -621,13 +658,15 @@ __device__ __forceinline__ void pass_turn(const Args<T>& a, int bh, int i) {
 //! [frame]
 /// Where one block of either main kernel works: its key block j (counted from the last one in the
 /// deterministic mode, key_block_of_this_block), its (batch, head) bh, and that head's rows of
-/// every tensor it reads or adds to.
+/// every tensor it reads or adds to. With grouped-query heads (kGroupedHeads), h is the K/V head
+/// (k, v and the dK, dV it writes) and bh the batch and query head whose rows q, dout, lse, delta
+/// and dq point to at the moment (for_query_head moves them from one head of the group to the next).
 template <class T>
 struct BlockView {
     int j;                  ///< the key block
-    int bh;                 ///< batch * heads + head
+    int bh;                 ///< batch * heads + head (kGroupedHeads: batch * Hq + the query head)
     int b;                  ///< the batch
-    int h;                  ///< the head
+    int h;                  ///< the head (kGroupedHeads: the K/V head)
     int kv0;                ///< the key block's first key, j Bc
     const T* q;             ///< [Nq, d]
     const T* k;             ///< [Nk, d]
@@ -657,6 +696,39 @@ __device__ __forceinline__ BlockView<T> block_view(const Args<T>& a) {
     return w;
 }
 //! [frame]
+
+//! [model_heads]
+/// `w` moved to query head `hq` of its batch: that head's rows of Q, dO, L log2(e), D and the dQ
+/// accumulator, and bh (its turns). K, V, dK and dV stay those of the K/V head `w.h`.
+template <class T, int D>
+__device__ __forceinline__ BlockView<T> for_query_head(const Args<T>& a, BlockView<T> w, int hq) {
+    w.bh = w.b * a.heads + hq;
+    w.q = a.q + w.b * a.q_sb + hq * a.q_sh;
+    w.dout = a.dout + w.b * a.do_sb + hq * a.do_sh;
+    w.lse = a.lse_log2 + int64_t(w.bh) * a.seq_q_padded;
+    w.delta = a.delta + int64_t(w.bh) * a.seq_q_padded;
+    w.dq = a.dq_accum + int64_t(w.bh) * a.seq_q_padded * D;
+    return w;
+}
+
+/// The BlockView of this thread block with stage 10's switches: block (b Hk + h_kv) Tc + jb of a
+/// flat grid works on key block j of K/V head h_kv, which query heads h_kv G .. h_kv G + G - 1
+/// read (G = Hq / Hk, kGroupedHeads; G = 1 otherwise); it starts at the group's first query head.
+template <class T, int D, class F, bool kDeterministic>
+__device__ __forceinline__ BlockView<T> model_block_view(const Args<T>& a) {
+    const int group = kGroupedHeads<F> ? a.kv_group : 1;
+    const int kv_heads = a.heads / group;
+    const int bh_kv = int(blockIdx.x / unsigned(a.k_blocks));
+    BlockView<T> w;
+    w.j = key_block_of_this_block<kDeterministic>(a);
+    w.b = bh_kv / kv_heads;
+    w.h = bh_kv % kv_heads;
+    w.kv0 = w.j * F::kBc;
+    w.k = a.k + w.b * a.k_sb + w.h * a.k_sh;
+    w.v = a.v + w.b * a.v_sb + w.h * a.v_sh;
+    return for_query_head<T, D>(a, w, w.h * group);
+}
+//! [model_heads]
 
 //! [pipeline]
 /// The pipeline both main kernels run around their work on each query block. Prologue: K_j and
@@ -702,6 +774,52 @@ __device__ __forceinline__ void query_block_pipeline(const Args<T>& a, const Blo
     fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing (the loop may not have run)
 }
 //! [pipeline]
+
+//! [model_pipeline]
+/// query_block_pipeline with stage 10's switches. Key block j visits the query blocks
+/// [i_begin, i_end) whose rows see its keys, once for every query head of its K/V head's group
+/// (kGroupedHeads: G = Hq / Hk heads, in order), as one stream of G (i_end - i_begin) iterations
+/// through the same rings: the prefetch runs from one head's last query block into the next
+/// head's first, and K_j, V_j (and the caller's dK_j, dV_j in registers) stay for the whole group.
+/// Before each iteration's body, `w` is moved to its query head (for_query_head), so that
+/// `body(i, slot)` reads that head's rows and adds into that head's dQ.
+template <class F, class L, int kThreads, int kQElems, int D, class T, class Body>
+__device__ __forceinline__ void model_query_block_pipeline(const Args<T>& a, BlockView<T>& w, uint16_t* k_tile,
+                                                           uint16_t* v_tile, uint16_t* q_ring, uint16_t* do_ring,
+                                                           float* lse_ring, float* delta_ring, Body&& body) {
+    const int i_begin = first_query_block(w.j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal);
+    const int blocks = a.q_blocks - i_begin > 0 ? a.q_blocks - i_begin : 0;  // query blocks per query head
+    const int group = kGroupedHeads<F> ? a.kv_group : 1;
+    const int hq0 = w.h * group;  // the group's first query head
+    const int iterations = group * blocks;
+    // Iteration n is query block i_begin + n % blocks of query head hq0 + n / blocks.
+    const auto load_query_block = [&](int n, int slot) {
+        const BlockView<T> x = for_query_head<T, D>(a, w, hq0 + n / blocks);
+        const int q0 = (i_begin + n % blocks) * F::kBr;
+        cuda::load_tile_gmem_to_smem<F::kBr, L, kThreads>(reinterpret_cast<T*>(q_ring + slot * kQElems), x.q, a.q_sn, q0,
+                                                          a.seq_q);
+        cuda::load_tile_gmem_to_smem<F::kBr, L, kThreads>(reinterpret_cast<T*>(do_ring + slot * kQElems), x.dout, a.do_sn,
+                                                          q0, a.seq_q);
+        load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, x.lse, x.delta, q0);
+    };
+
+    cuda::load_tile_gmem_to_smem<F::kBc, L, kThreads>(reinterpret_cast<T*>(k_tile), w.k, a.k_sn, w.kv0, a.seq_k);
+    cuda::load_tile_gmem_to_smem<F::kBc, L, kThreads>(reinterpret_cast<T*>(v_tile), w.v, a.v_sn, w.kv0, a.seq_k);
+    if (iterations > 0) load_query_block(0, 0);
+    fa::cuda::ptx::cp_async_commit();
+
+    for (int n = 0; n < iterations; ++n) {
+        const int slot = n % 2;
+        fa::cuda::ptx::cp_async_wait<0>();  // this thread's copies of iteration n (and of K_j, V_j) have landed
+        __syncthreads();  // ... and every thread's; every warp is done with iteration n-1's slot
+        if (n % blocks == 0) w = for_query_head<T, D>(a, w, hq0 + n / blocks);  // the next head of the group
+        if (n + 1 < iterations) load_query_block(n + 1, slot ^ 1);
+        fa::cuda::ptx::cp_async_commit();  // (possibly empty) group of iteration n+1, in flight during the body
+        body(i_begin + n % blocks, slot);
+    }
+    fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing (the loop may not have run)
+}
+//! [model_pipeline]
 
 //! [store_dkdv]
 /// The last part of both epilogues: rows [row0, row0 + rows) of dK_j and dV_j, already rounded to

@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "../07_pipelined_fused_kernel/model_options.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
 #include "kernel.cuh"
@@ -169,6 +170,30 @@ using TiledStepFeatures = typename std::conditional_t<
                        std::conditional_t<Step == 3, TunedDpPieces<D>,
                                           std::conditional_t<Step == 4, TunedPtRegisters<D>, TunedPtRegisters16<D>>>>>::F;
 
+//! [model_steps]
+/// What a real model's call adds (stage 10), as stage 07 takes it: grouped-query heads, a sliding
+/// window and the soft cap (stage07::ModelOptions, checked and resolved by stage07::resolve_options).
+using stage07::ModelOptions;
+using stage07::ResolvedOptions;
+
+/// The step of the road whose main kernel takes stage 10's switches: the default one
+/// (attention.cuh's kDefaultStep; attention.cu checks that they agree).
+inline constexpr int kModelStep = 4;
+
+/// The default main kernel with stage 10's switches: grouped-query heads (a runtime Hq / Hk, 1
+/// included). Calls without them run the default kernel itself (ResolvedOptions::plain()).
+template <int D>
+using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, false, false>;
+
+/// Calls `run(F{})` with the features the default main kernel runs for `options`: its own when
+/// they are plain, otherwise ModelStep.
+template <int D, class Run>
+decltype(auto) with_model_features(const ResolvedOptions& options, Run&& run) {
+    if (options.plain()) return run(TiledStepFeatures<D, kModelStep>{});
+    return run(ModelStep<D>{});
+}
+//! [model_steps]
+
 /// The shape of one main kernel, for the host: block counts, padding, the workspace, the report.
 struct Geometry {
     int br;                ///< query rows per query block
@@ -245,10 +270,13 @@ struct Launches {
 /// The arguments and block counts of the three kernels for one problem. `workspace` holds
 /// workspace_floats() floats (L log2(e), then D, then the dQ accumulator, per padded row); `turns`
 /// holds B*H*Tr counters in the deterministic mode, nullptr otherwise.
+/// With stage 10's options `m`: q, o, dout, dq and lse have Hq = p.heads heads, k, v, dk and dv
+/// Hk = Hq / m.kv_group; the main grid has one block per (key block, batch, K/V head), the
+/// preprocessing and postprocessing kernels work per query head.
 template <class T, int D>
-Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<const T> o,
-                          View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv,
-                          float* workspace, int* turns, const Geometry& geo) {
+Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<const T> q, View4<const T> k,
+                          View4<const T> v, View4<const T> o, View3<const float> lse, View4<const T> dout, View4<T> dq,
+                          View4<T> dk, View4<T> dv, float* workspace, int* turns, const Geometry& geo) {
     const Counts c = counts(p, geo);
     float* lse_log2 = workspace;                                 // [B*H, Nq_padded]
     float* delta = lse_log2 + c.batch_heads * c.seq_q_padded;    // [B*H, Nq_padded]
@@ -277,12 +305,13 @@ Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, 
     a.dv_sb = dv.stride[0], a.dv_sh = dv.stride[1], a.dv_sn = dv.stride[2];
     a.heads = int(p.heads), a.seq_q = int(p.seq_q), a.seq_k = int(p.seq_k), a.seq_q_padded = int(c.seq_q_padded);
     a.q_blocks = int(c.q_blocks), a.k_blocks = int(c.k_blocks);
-    a.causal = p.causal;
+    a.causal = p.causal || m.right == 0;  // the window (-1, 0) is causal attention
     // The scale keeps its sign: P = exp2(s * scale*log2e - L*log2e) is right for either sign, and
     // masked entries are zeroed after the exponential. A zero scale gives uniform weights.
     a.scale = float(scale);
     a.scale_log2 = float(scale * 1.4426950408889634);  // log2(e)
-    l.main_blocks = c.batch_heads * c.k_blocks;
+    a.kv_group = m.kv_group;
+    l.main_blocks = c.batch_heads / m.kv_group * c.k_blocks;
 
     PostprocessArgs<T>& post = l.post;
     post.dq_accum = dq_accum, post.dq = dq.data;
@@ -294,6 +323,14 @@ Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, 
     return l;
 }
 //! [launches]
+
+/// make_launches() of a plain call (no grouped heads, window or soft cap).
+template <class T, int D>
+Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<const T> o,
+                          View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv,
+                          float* workspace, int* turns, const Geometry& geo) {
+    return make_launches<T, D>(p, ResolvedOptions{}, q, k, v, o, lse, dout, dq, dk, dv, workspace, turns, geo);
+}
 
 /// A kernel as a type: `Kernel<k>::value` is `k`, so that a generic launcher receives the kernel
 /// as a compile-time constant (what fa::cuda::allow_dynamic_shared_memory takes).
@@ -367,5 +404,14 @@ void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
     launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
 }
 //! [run]
+
+/// run_kernels() with stage 10's options: the default main kernel with the features
+/// with_model_features() picks for `options` (launches made by make_launches() with the same options).
+template <class T, int D, bool kDeterministic, class Launch>
+void run_model_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
+    launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
+    with_model_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
+    launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
+}
 
 }  // namespace fa::stage09

@@ -458,7 +458,15 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
     float* lse_ring = reinterpret_cast<float*>(dst_tile + S::kPElems);  // 2 x [Br] L_i log2(e)
     float* delta_ring = lse_ring + 2 * F::kBr;                         // 2 x [Br] D_i
 
-    const detail::BlockView<T> w = detail::block_view<T, D, F::kBc, kDeterministic>(a);
+    // Stage 10's switches (ModelFeatures): a block per key block of a K/V head, which visits the
+    // query heads of its group in turn (`w` moves from one to the next, model_query_block_pipeline).
+    constexpr bool kModel = kGroupedHeads<F>;
+    detail::BlockView<T> w;
+    if constexpr (kModel) {
+        w = detail::model_block_view<T, D, F, kDeterministic>(a);
+    } else {
+        w = detail::block_view<T, D, F::kBc, kDeterministic>(a);
+    }
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int g = lane / 4, t = lane % 4;
     // The warp's pieces: keys (S^T, dP^T, dK, dV), query columns (S^T, dP^T), features (dK, dV),
@@ -509,9 +517,14 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
         });
         if constexpr (kDeterministic) detail::pass_turn(a, w.bh, i);
     };
-    // The same pipeline as the first kernel's (query_block_pipeline), with nothing to do after its barrier.
-    detail::query_block_pipeline<F, L, S::kThreads, S::kQElems>(a, w, k_tile, v_tile, q_ring, do_ring, lse_ring,
-                                                                delta_ring, [](int, int) {}, query_block);
+    if constexpr (kModel) {
+        detail::model_query_block_pipeline<F, L, S::kThreads, S::kQElems, D>(a, w, k_tile, v_tile, q_ring, do_ring,
+                                                                             lse_ring, delta_ring, query_block);
+    } else {
+        // The same pipeline as the first kernel's (query_block_pipeline), with nothing to do after its barrier.
+        detail::query_block_pipeline<F, L, S::kThreads, S::kQElems>(a, w, k_tile, v_tile, q_ring, do_ring, lse_ring,
+                                                                    delta_ring, [](int, int) {}, query_block);
+    }
 
     // Epilogue: dK_j (scaled) and dV_j rounded to T, staged in the K_j and V_j tiles once every
     // warp is done reading them, then written as whole 16-byte chunks by all threads.

@@ -1,0 +1,144 @@
+// Stage 09's default main kernel with stage 10's switches (grouped-query heads, sliding windows, the
+// soft cap), with its preprocessing and postprocessing kernels, launched as the stage launches them
+// (stages/09_backward_kernel/launch.cuh: the options resolved, the features chosen, the arguments
+// built) and run on the CPU by the warp emulator (tools/warp_emulator), against the float64
+// gradients of fa/reference_ext.hpp (tests/backward_model_cases.hpp). No GPU is needed, so this
+// runs in CI; the GPU tests (test_stage09) remain the check of the compiled kernels.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backward_model_cases.hpp"
+#include "emulator.hpp"
+#include "fa/error.hpp"
+#include "fa/problem.hpp"
+#include "fa/tensor.hpp"
+#include "stages/09_backward_kernel/launch.cuh"
+
+namespace fa::stage09 {
+// The dynamic shared memory the kernels declare (`extern __shared__ ... smem_raw[]`).
+alignas(128) unsigned char smem_raw[232448];
+}  // namespace fa::stage09
+
+namespace {
+
+using namespace fa;
+using namespace fa::stage09;
+
+/// What one emulated run gives: the gradients, and whether the kernel with stage 10's switches ran.
+struct Run {
+    test::ModelGradients grads;
+    bool model = false;
+};
+
+// The backward of case `c` through the stage's launch code (launch.cuh: the options resolved,
+// make_launches, run_model_kernels) on the emulator, in T at head dimension D. q, k, v, o, dout
+// in the packed orders of BackwardModelData; the workspace starts as garbage, the turns at 777
+// and the gradients as all-ones bits (NaN): what the kernels forget shows. Blocks run one at a
+// time in order of block number: in the deterministic mode a block that had to wait for its turn
+// would stop the emulator (a wait for a block that runs after it).
+template <class T, int D>
+Run run_emulated(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                 const std::vector<float>& v, const std::vector<float>& o, const std::vector<float>& lse,
+                 const std::vector<float>& dout, bool deterministic) {
+    const Problem p = c.problem();
+    const ResolvedOptions m = resolve_options(p, c.options());
+    const Geometry geo = geometry_for<D>(kModelStep);
+    const Counts counted = counts(p, geo);
+    std::vector<float> workspace(size_t(workspace_floats(p, geo)), 12345.0f);
+    std::vector<int> turns(size_t(counted.batch_heads * counted.q_blocks), 777);
+    const std::vector<uint16_t> q16 = emu::to_bits<T>(q), k16 = emu::to_bits<T>(k), v16 = emu::to_bits<T>(v),
+                                o16 = emu::to_bits<T>(o), do16 = emu::to_bits<T>(dout);
+    std::vector<uint16_t> dq16(q.size(), 0xffff), dk16(k.size(), 0xffff), dv16(v.size(), 0xffff);
+    // (B, H, N, d) views of the packed (total, H, d) buffers; the LSE (B, Hq, Nq) of an (Hq, total_q) buffer.
+    const auto view = [&](const std::vector<uint16_t>& x, int64_t h, int64_t n) {
+        return View4<const T>{reinterpret_cast<const T*>(x.data()), {c.B, h, n, D}, {n * h * D, D, h * D, 1}};
+    };
+    const auto out = [&](std::vector<uint16_t>& x, int64_t h, int64_t n) {
+        return View4<T>{reinterpret_cast<T*>(x.data()), {c.B, h, n, D}, {n * h * D, D, h * D, 1}};
+    };
+    const View3<const float> lv{lse.data(), {c.B, c.Hq, c.Nq}, {c.Nq, int64_t(c.B) * c.Nq, 1}};
+    const Launches<T> launches = make_launches<T, D>(
+        p, m, view(q16, c.Hq, c.Nq), view(k16, c.Hk, c.Nk), view(v16, c.Hk, c.Nk), view(o16, c.Hq, c.Nq), lv,
+        view(do16, c.Hq, c.Nq), out(dq16, c.Hq, c.Nq), out(dk16, c.Hk, c.Nk), out(dv16, c.Hk, c.Nk), workspace.data(),
+        deterministic ? turns.data() : nullptr, geo);
+    const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
+        REQUIRE(smem <= sizeof smem_raw);
+        emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); });
+    };
+    if (deterministic) {
+        run_model_kernels<T, D, true>(launches, m, launch);
+    } else {
+        run_model_kernels<T, D, false>(launches, m, launch);
+    }
+    Run r;
+    r.model = with_model_features<D>(m, [](auto features) { return kGroupedHeads<decltype(features)>; });
+    const auto widen = [](const std::vector<uint16_t>& x) {
+        std::vector<float> f(x.size());
+        for (size_t i = 0; i < x.size(); ++i) f[i] = emu::to_f<T>(x[i]);
+        return f;
+    };
+    r.grads = {widen(dq16), widen(dk16), widen(dv16)};
+    return r;
+}
+
+template <class T>
+Run run_for_d(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+              const std::vector<float>& o, const std::vector<float>& lse, const std::vector<float>& dout, bool deterministic) {
+    switch (c.d) {
+        case 32: return run_emulated<T, 32>(c, q, k, v, o, lse, dout, deterministic);
+        case 64: return run_emulated<T, 64>(c, q, k, v, o, lse, dout, deterministic);
+        default: return run_emulated<T, 128>(c, q, k, v, o, lse, dout, deterministic);
+    }
+}
+
+Run run_case(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+             const std::vector<float>& o, const std::vector<float>& lse, const std::vector<float>& dout, bool deterministic) {
+    return c.precision == Precision::BFloat16 ? run_for_d<__nv_bfloat16>(c, q, k, v, o, lse, dout, deterministic)
+                                              : run_for_d<__half>(c, q, k, v, o, lse, dout, deterministic);
+}
+
+// Case `c` in both dQ modes against the float64 gradients; the two modes' dK and dV are the same
+// bits (they never leave their block); with grouped heads, the same problem with K and V
+// repeated per query head on the plain kernel gives the same dQ, bit for bit (the same products
+// added in the same order), and its dK, dV summed over each group the grouped call's dK, dV to
+// the rounding of the per-head sums.
+void check_case(const test::ModelCase& c) {
+    const test::BackwardModelData data = test::backward_model_data(c);
+    const bool bf16 = c.precision == Precision::BFloat16;
+    test::ModelGradients by_mode[2];
+    for (const bool deterministic : {false, true}) {
+        const Run r = run_case(c, data.q, data.k, data.v, data.o, data.lse, data.dout, deterministic);
+        INFO(c.describe() << (deterministic ? " deterministic" : " atomic"));
+        CHECK(r.model == c.model);
+        test::check_backward_gradients(c, data, r.grads, deterministic ? "deterministic" : "atomic");
+        by_mode[deterministic] = r.grads;
+    }
+    CHECK(by_mode[0].dk == by_mode[1].dk);
+    CHECK(by_mode[0].dv == by_mode[1].dv);
+    if (c.Hk == c.Hq) return;
+    const test::ModelCase rc = test::repeated_case(c);
+    const std::vector<float> k = test::repeat_heads(data.k, c.Hk, c.Hq, c.d), v = test::repeat_heads(data.v, c.Hk, c.Hq, c.d);
+    const Run r = run_case(rc, data.q, k, v, data.o, data.lse, data.dout, true);
+    INFO(c.describe() << ": against K and V repeated per query head");
+    CHECK(r.model == rc.model);
+    CHECK(r.grads.dq == by_mode[1].dq);
+    const std::vector<double> dk = test::sum_over_groups(r.grads.dk, c.Hk, c.Hq, c.d);
+    const std::vector<double> dv = test::sum_over_groups(r.grads.dv, c.Hk, c.Hq, c.d);
+    int64_t nonfinite = 0;
+    const double ek = test::relative_max_error(by_mode[1].dk, dk, nonfinite);
+    const double ev = test::relative_max_error(by_mode[1].dv, dv, nonfinite);
+    INFO("dK " << ek << ", dV " << ev << " from the sums of the repeated heads' gradients");
+    CHECK(nonfinite == 0);
+    CHECK(ek <= (bf16 ? 1.6e-2 : 2e-3));
+    CHECK(ev <= (bf16 ? 1.6e-2 : 2e-3));
+}
+
+}  // namespace
+
+TEST_CASE("emulated stage 09: grouped-query heads match the float64 gradients and K, V repeated per query head") {
+    for (const test::ModelCase& c : test::backward_model_cases()) check_case(c);
+}
