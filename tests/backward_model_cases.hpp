@@ -21,14 +21,22 @@
 
 namespace fa::test {
 
-/// The cases of the backward: Hq/Hk = 1, 2, 4 (MQA), causal with rows that see no key, Nq != Nk
-/// both ways, tails, bf16 and fp16, d = 64 and 128. `model` says whether the options ask for the
-/// kernel with stage 10's switches (Hq/Hk = 1 with a full or causal window is the plain call).
+/// The cases of the backward: Hq/Hk = 1, 2, 4 (MQA), windows narrower than a tile and wider than
+/// N, both bounds, causal with rows that see no key, keys and whole key blocks no query sees,
+/// Nq != Nk both ways, tails, a negative scale, bf16 and fp16, d = 64 and 128. `model` says
+/// whether the options ask for the kernel with stage 10's switches (Hq/Hk = 1 with a full or
+/// causal window is the plain call).
 inline std::vector<ModelCase> backward_model_cases() {
     const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
     return {
+        // grouped-query heads
         {64, bf16, 1, 4, 2, 130, 200, false, Window::full(), 0.0, 0.125, true},  // Hq/Hk = 2, tails, Nq < Nk
         {128, fp16, 2, 4, 1, 150, 70, true, Window::full(), 0.0, 0.088, true},   // MQA (4 heads on one), causal, Nq > Nk
+        // sliding windows
+        {64, bf16, 1, 2, 2, 200, 200, false, Window{16, 0}, 0.0, 0.125, true},      // narrower than a tile, Hq/Hk = 1
+        {64, fp16, 1, 2, 1, 150, 90, false, Window{20, 7}, 0.0, -0.2, true},        // both bounded, Nq > Nk: rows see no key
+        {128, bf16, 1, 2, 1, 3, 300, true, Window{70, -1}, 0.0, 0.088, true},       // 3 rows at the end of 300 keys: (70, 0)
+        {128, fp16, 1, 2, 1, 65, 129, false, Window{500, 400}, 0.0, 0.088, true},  // wider than N: no window, with GQA
     };
 }
 
@@ -141,7 +149,7 @@ inline void check_backward_gradients(const ModelCase& c, const BackwardModelData
 inline ModelCase repeated_case(const ModelCase& c) {
     ModelCase r = c;
     r.Hk = c.Hq;
-    r.model = !(c.window.is_full() || (c.window.left < 0 && c.window.right == 0)) || c.softcap > 0.0;
+    r.model = !stage07::resolve_options(r.problem(), r.options()).plain();
     return r;
 }
 

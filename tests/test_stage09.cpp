@@ -459,6 +459,10 @@ TEST_CASE("stage 09 with stage 10's switches matches the float64 gradients, dete
         {128, bf16, 2, 8, 2, 1000, 1000, true, Window::full(), 0.0, 0.088, true},   // Hq/Hk = 4, causal
         {64, fp16, 1, 6, 1, 700, 1300, false, Window::full(), 0.0, 0.125, true},    // MQA, 6 heads on one
         {32, bf16, 2, 4, 2, 517, 389, true, Window::full(), 0.0, 0.17, true},       // d = 32, Nq > Nk
+        {64, bf16, 2, 4, 2, 2048, 2048, false, Window{256, 0}, 0.0, 0.125, true},   // a 257-key causal window, 16 key blocks
+        {128, fp16, 1, 4, 1, 1000, 700, false, Window{100, 50}, 0.0, 0.088, true},  // both bounds, Nq > Nk
+        {64, fp16, 1, 2, 2, 1, 1500, true, Window{300, -1}, 0.0, 0.125, true},     // one query row: 11 of 12 key blocks unseen
+        {32, bf16, 1, 2, 1, 900, 900, false, Window{-1, 40}, 0.0, 0.17, true},     // a right bound only
     };
     cases.insert(cases.end(), large.begin(), large.end());
     for (const test::ModelCase& c : cases) check_model_case(c);
@@ -486,4 +490,7 @@ TEST_CASE("stage 09 refuses stage 10's options it cannot apply, naming what is a
     CHECK(message(o).find("k must be (B, Hk, Nk, d) = (1, 2, 64, 64); got (1, 4, 64, 64)") != std::string::npos);
     o.dropout.p = 0.1;
     CHECK(message(o).find("does not apply dropout yet") != std::string::npos);
+    o.dropout.p = 0.0;
+    o.window = Window{-2, 0};
+    CHECK(message(o).find("--window -2,0") != std::string::npos);
 }

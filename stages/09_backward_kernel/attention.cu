@@ -124,9 +124,6 @@ ResolvedOptions resolve_backward_options(const Problem& p, const ModelOptions& o
         throw InputError("--dropout " + std::to_string(options.dropout.p) +
                          ": stage 09's backward does not apply dropout yet (use 0)");
     }
-    if (m.left >= 0 || m.right > 0) {
-        throw InputError("stage 09's backward does not take a sliding window yet: use the full window (-1, -1) or causal");
-    }
     if (m.softcap > 0.0) throw InputError("stage 09's backward does not take a soft cap yet: use --softcap 0");
     if (!m.plain() && resolve_step(step) != kDefaultStep) {
         throw InputError("stage 09: grouped heads, a window or a soft cap run on the default main kernel only (--step " +

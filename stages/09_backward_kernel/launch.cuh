@@ -180,10 +180,11 @@ using stage07::ResolvedOptions;
 /// (attention.cuh's kDefaultStep; attention.cu checks that they agree).
 inline constexpr int kModelStep = 4;
 
-/// The default main kernel with stage 10's switches: grouped-query heads (a runtime Hq / Hk, 1
-/// included). Calls without them run the default kernel itself (ResolvedOptions::plain()).
+/// The default main kernel with stage 10's switches: grouped-query heads and a sliding window
+/// (both runtime values: Hq / Hk = 1 and the full or causal window are their plain cases). Calls
+/// without them run the default kernel itself (ResolvedOptions::plain()).
 template <int D>
-using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, false, false>;
+using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, true, false>;
 
 /// Calls `run(F{})` with the features the default main kernel runs for `options`: its own when
 /// they are plain, otherwise ModelStep.
@@ -311,6 +312,7 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
     a.scale = float(scale);
     a.scale_log2 = float(scale * 1.4426950408889634);  // log2(e)
     a.kv_group = m.kv_group;
+    a.window_left = m.left, a.window_right = m.right;  // causal is (-1, 0) here
     l.main_blocks = c.batch_heads / m.kv_group * c.k_blocks;
 
     PostprocessArgs<T>& post = l.post;

@@ -247,7 +247,17 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float p = ex2(fmaf(s[mt][nt][e], a.scale_log2, -(e % 2 ? l2.y : l2.x)));
-                if constexpr (kMask) {
+                if constexpr (kMask && kWindow<F>) {
+                    //! [model_window_mask]
+                    // The window (fa/varlen.hpp): query r sees key k iff r + Nk - Nq - left <= k <=
+                    // r + Nk - Nq + right (a bound of -1 dropping its side) and k < Nk.
+                    const int key = kv0 + key_row0 + 16 * mt + g + 8 * (e / 2);
+                    const int query = q0 + c0 + nt * 8 + 2 * t + e % 2;
+                    const bool visible = key < a.seq_k && (a.window_left < 0 || key >= query + key_offset - a.window_left) &&
+                                         (a.window_right < 0 || key <= query + key_offset + a.window_right);
+                    if (!visible) p = 0.0f;
+                    //! [model_window_mask]
+                } else if constexpr (kMask) {
                     const int key = kv0 + key_row0 + 16 * mt + g + 8 * (e / 2);
                     const int query = q0 + c0 + nt * 8 + 2 * t + e % 2;
                     if (!(key < a.seq_k && (!a.causal || key <= query + key_offset))) p = 0.0f;
@@ -460,7 +470,7 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
 
     // Stage 10's switches (ModelFeatures): a block per key block of a K/V head, which visits the
     // query heads of its group in turn (`w` moves from one to the next, model_query_block_pipeline).
-    constexpr bool kModel = kGroupedHeads<F>;
+    constexpr bool kModel = kGroupedHeads<F> || kWindow<F>;
     detail::BlockView<T> w;
     if constexpr (kModel) {
         w = detail::model_block_view<T, D, F, kDeterministic>(a);
@@ -491,7 +501,7 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
         const uint16_t* do_tile = do_ring + slot * S::kQElems;
         const float* lse_slot = lse_ring + slot * F::kBr;
         const float* delta_slot = delta_ring + slot * F::kBr;
-        const bool mask = block_needs_mask(q0, w.kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
+        const bool mask = detail::needs_mask<F>(a, q0, w.kv0);
 #pragma unroll 1
         for (int step = 0; step < S::kSteps; ++step) {
             const int c0 = query_col0 + step * F::kBn;
@@ -511,7 +521,7 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
         // the two, holding its products in registers.
         detail::tiled_dq<T, D, F>(dst_tile, k_tile, w.dq + int64_t(q0) * D, dq_row0, dq_col0, lane, [&] {
             if constexpr (kDeterministic) {
-                detail::wait_for_turn<T, F::kBr, F::kBc>(a, w.bh, i, w.j);
+                detail::wait_for_turn<T, F::kBr, F::kBc, kWindow<F>>(a, w.bh, i, w.j);
                 __syncthreads();  // the turn thread 0 acquired, before every thread's dQ_i additions
             }
         });
