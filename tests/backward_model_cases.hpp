@@ -23,7 +23,8 @@ namespace fa::test {
 
 /// The cases of the backward: Hq/Hk = 1, 2, 4 (MQA), windows narrower than a tile and wider than
 /// N, both bounds, causal with rows that see no key, keys and whole key blocks no query sees,
-/// Nq != Nk both ways, tails, a negative scale, bf16 and fp16, d = 64 and 128. `model` says
+/// the soft cap (with large logits too), Nq != Nk both ways, tails, a negative scale, bf16 and
+/// fp16, d = 64 and 128. `model` says
 /// whether the options ask for the kernel with stage 10's switches (Hq/Hk = 1 with a full or
 /// causal window is the plain call).
 inline std::vector<ModelCase> backward_model_cases() {
@@ -37,6 +38,9 @@ inline std::vector<ModelCase> backward_model_cases() {
         {64, fp16, 1, 2, 1, 150, 90, false, Window{20, 7}, 0.0, -0.2, true},        // both bounded, Nq > Nk: rows see no key
         {128, bf16, 1, 2, 1, 3, 300, true, Window{70, -1}, 0.0, 0.088, true},       // 3 rows at the end of 300 keys: (70, 0)
         {128, fp16, 1, 2, 1, 65, 129, false, Window{500, 400}, 0.0, 0.088, true},  // wider than N: no window, with GQA
+        // the soft cap
+        {64, fp16, 1, 4, 2, 100, 140, false, Window{40, 0}, 5.0, 0.5, true},      // scores up to ~10 capped at 5, GQA, a window
+        {128, bf16, 1, 2, 2, 97, 97, true, Window::full(), 30.0, 0.088, true, InputKind::Large},  // large logits, causal
     };
 }
 

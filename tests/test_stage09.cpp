@@ -463,6 +463,8 @@ TEST_CASE("stage 09 with stage 10's switches matches the float64 gradients, dete
         {128, fp16, 1, 4, 1, 1000, 700, false, Window{100, 50}, 0.0, 0.088, true},  // both bounds, Nq > Nk
         {64, fp16, 1, 2, 2, 1, 1500, true, Window{300, -1}, 0.0, 0.125, true},     // one query row: 11 of 12 key blocks unseen
         {32, bf16, 1, 2, 1, 900, 900, false, Window{-1, 40}, 0.0, 0.17, true},     // a right bound only
+        {128, bf16, 2, 4, 1, 1024, 1024, true, Window::full(), 30.0, 0.088, true, InputKind::Large},  // the soft cap, MQA
+        {64, fp16, 1, 4, 2, 600, 800, false, Window{128, 64}, 10.0, -0.5, true},  // the cap with a window, scale < 0
     };
     cases.insert(cases.end(), large.begin(), large.end());
     for (const test::ModelCase& c : cases) check_model_case(c);

@@ -113,7 +113,7 @@ void check_case(const test::ModelCase& c) {
     test::ModelGradients by_mode[2];
     for (const bool deterministic : {false, true}) {
         const Run r = run_case(c, data.q, data.k, data.v, data.o, data.lse, data.dout, deterministic);
-        INFO(c.describe() << (deterministic ? " deterministic" : " atomic"));
+        INFO(c.describe() << std::string(deterministic ? " deterministic" : " atomic"));
         CHECK(r.model == c.model);
         test::check_backward_gradients(c, data, r.grads, deterministic ? "deterministic" : "atomic");
         by_mode[deterministic] = r.grads;
@@ -171,6 +171,6 @@ TEST_CASE("stage 09: under a window, key block j visits query block i iff i is i
                     }
 }
 
-TEST_CASE("emulated stage 09: grouped-query heads and windows match the float64 gradients and K, V repeated per query head") {
+TEST_CASE("emulated stage 09: grouped-query heads, windows and the soft cap match the float64 gradients and K, V repeated per query head") {
     for (const test::ModelCase& c : test::backward_model_cases()) check_case(c);
 }

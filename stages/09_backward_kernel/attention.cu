@@ -124,7 +124,6 @@ ResolvedOptions resolve_backward_options(const Problem& p, const ModelOptions& o
         throw InputError("--dropout " + std::to_string(options.dropout.p) +
                          ": stage 09's backward does not apply dropout yet (use 0)");
     }
-    if (m.softcap > 0.0) throw InputError("stage 09's backward does not take a soft cap yet: use --softcap 0");
     if (!m.plain() && resolve_step(step) != kDefaultStep) {
         throw InputError("stage 09: grouped heads, a window or a soft cap run on the default main kernel only (--step " +
                          std::to_string(kDefaultStep) + "), not on step " + std::to_string(resolve_step(step)));

@@ -147,12 +147,14 @@ struct Args {
     int k_blocks;      ///< Tc = ceil(Nk / Bc)
     bool causal;       ///< bottom-right aligned causal mask
     float scale;       ///< softmax scale, signed (dK and dQ are scaled by it)
-    float scale_log2;  ///< softmax scale * log2(e), signed
+    float scale_log2;  ///< softmax scale * log2(e), signed (kSoftcap: log2(e), the capped scores are scaled already)
     // Stage 10's fields, read only by kernels that switch the feature on (appended, so that the
     // fields above keep their offsets and the kernels without these switches their machine code).
     int kv_group;      ///< kGroupedHeads: Hq / Hk, query heads per K/V head (heads above is Hq)
     int window_left;   ///< kWindow: keys before the diagonal a query sees; -1 all
     int window_right;  ///< kWindow: keys after the diagonal a query sees; -1 all, 0 causal
+    float softcap;        ///< kSoftcap: c in c tanh(s / c); scale_log2 is then log2(e)
+    float softcap_scale;  ///< kSoftcap: softmax scale / c, applied to Q K^T before the tanh
 };
 
 /// What the preprocessing kernel reads and writes.

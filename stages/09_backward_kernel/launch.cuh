@@ -181,17 +181,20 @@ using stage07::ResolvedOptions;
 inline constexpr int kModelStep = 4;
 
 /// The default main kernel with stage 10's switches: grouped-query heads and a sliding window
-/// (both runtime values: Hq / Hk = 1 and the full or causal window are their plain cases). Calls
-/// without them run the default kernel itself (ResolvedOptions::plain()).
-template <int D>
-using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, true, false>;
+/// (both runtime values: Hq / Hk = 1 and the full or causal window are their plain cases), and the
+/// soft cap where `Softcap` (a tanh per score and 1 - tanh^2 in dS), so that only the calls that
+/// ask for it pay it. Calls without any of them run the default kernel itself
+/// (ResolvedOptions::plain()).
+template <int D, bool Softcap>
+using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, true, Softcap>;
 
 /// Calls `run(F{})` with the features the default main kernel runs for `options`: its own when
-/// they are plain, otherwise ModelStep.
+/// they are plain, otherwise ModelStep with or without the soft cap.
 template <int D, class Run>
 decltype(auto) with_model_features(const ResolvedOptions& options, Run&& run) {
     if (options.plain()) return run(TiledStepFeatures<D, kModelStep>{});
-    return run(ModelStep<D>{});
+    if (options.softcap > 0.0) return run(ModelStep<D, true>{});
+    return run(ModelStep<D, false>{});
 }
 //! [model_steps]
 
@@ -313,6 +316,13 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
     a.scale_log2 = float(scale * 1.4426950408889634);  // log2(e)
     a.kv_group = m.kv_group;
     a.window_left = m.left, a.window_right = m.right;  // causal is (-1, 0) here
+    if (m.softcap > 0.0) {
+        // The kernel scales and caps the scores itself (c tanh(scale s / c)), then takes P from
+        // the capped ones with log2(e) alone; dK and dQ keep the softmax scale (a.scale, post.scale).
+        a.softcap = float(m.softcap);
+        a.softcap_scale = float(scale / m.softcap);
+        a.scale_log2 = 1.4426950408889634f;
+    }
     l.main_blocks = c.batch_heads / m.kv_group * c.k_blocks;
 
     PostprocessArgs<T>& post = l.post;

@@ -236,6 +236,25 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
 
     float s[S::kKeyTiles][S::kNTiles][4];
     product(s, k_a, q_b);
+    //! [model_softcap]
+    // The soft cap (stage 07's): s <- c tanh(scale s / c), the scale applied before the tanh, so
+    // that P below takes the capped scores with log2(e) alone (the host passes scale_log2 =
+    // log2(e)). dS is then the gradient of the capped score; the products need that of scale s:
+    // d(c tanh(x / c))/dx = 1 - tanh^2(x / c), kept per score until dS is formed.
+    [[maybe_unused]] float dcap[kSoftcap<F> ? S::kKeyTiles : 1][kSoftcap<F> ? S::kNTiles : 1][4];
+    if constexpr (kSoftcap<F>) {
+#pragma unroll
+        for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float u = tanhf(s[mt][nt][e] * a.softcap_scale);
+                    s[mt][nt][e] = a.softcap * u;
+                    dcap[mt][nt][e] = 1.0f - u * u;
+                }
+    }
+    //! [model_softcap]
     // P^T = exp2(S^T scale log2e - L log2e); element e of tile (mt, nt) is key 16 mt + g + 8 (e/2),
     // query nt*8 + 2t + e%2 of the warp's piece.
     const int key_offset = a.seq_k - a.seq_q;
@@ -292,8 +311,14 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
                 const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
                 const float* x = dp[mt][nt];
                 const float* p = s[mt][nt];
-                ds[mt][nt][0] = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
-                ds[mt][nt][1] = pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+                if constexpr (kSoftcap<F>) {  // dS of the uncapped score: times 1 - tanh^2
+                    const float* c = dcap[mt][nt];
+                    ds[mt][nt][0] = pack2<T>(p[0] * (x[0] - d2.x) * c[0], p[1] * (x[1] - d2.y) * c[1]);
+                    ds[mt][nt][1] = pack2<T>(p[2] * (x[2] - d2.x) * c[2], p[3] * (x[3] - d2.y) * c[3]);
+                } else {
+                    ds[mt][nt][0] = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
+                    ds[mt][nt][1] = pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+                }
                 *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) = ds[mt][nt][0];
                 *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) = ds[mt][nt][1];
             }
@@ -304,6 +329,7 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
         // dP^T and dS^T kDpColumns query columns at a time: the float32 P^T of the whole step stays
         // in registers, but only one piece of dP^T beside it. Each piece reads the V_w fragments
         // again (the price: Bn / kDpColumns times the A loads of dP^T).
+        static_assert(!kSoftcap<F>, "stage 10's soft cap runs on the default main kernel, whose dP^T is not in pieces");
         constexpr int kPieceTiles = kDpColumns<F> / 8;  // 8-query column tiles per piece
 #pragma unroll
         for (int piece = 0; piece < S::kNTiles / kPieceTiles; ++piece) {
