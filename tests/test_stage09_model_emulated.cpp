@@ -174,3 +174,40 @@ TEST_CASE("stage 09: under a window, key block j visits query block i iff i is i
 TEST_CASE("emulated stage 09: grouped-query heads, windows and the soft cap match the float64 gradients and K, V repeated per query head") {
     for (const test::ModelCase& c : test::backward_model_cases()) check_case(c);
 }
+
+TEST_CASE("stage 09: stage 10's options it cannot apply are refused with InputError, naming what is allowed") {
+    Problem p;
+    p.heads = 6, p.seq_q = 100, p.seq_k = 100;
+    const auto message = [&](const ModelOptions& o, int step = kModelStep) -> std::string {
+        try {
+            resolve_backward_options(p, o, step);
+        } catch (const InputError& e) {
+            return e.what();
+        }
+        return "(no error)";
+    };
+    ModelOptions o;
+    o.kv_heads = 4;
+    CHECK(message(o).find("--heads 6 is not a multiple of --kv-heads 4") != std::string::npos);
+    o.kv_heads = 3;
+    CHECK(message(o) == "(no error)");
+    CHECK(resolve_backward_options(p, o, kModelStep).kv_group == 2);
+    // The switches run on the default main kernel only; plain options run on any step.
+    CHECK(message(o, 2).find("default main kernel only (--step 4), not on step 2") != std::string::npos);
+    CHECK(message(ModelOptions{}, 0) == "(no error)");
+    o.window = Window{-2, 0};
+    CHECK(message(o).find("--window -2,0") != std::string::npos);
+    o.window = Window{10, 3}, o.softcap = -1.0;
+    CHECK(message(o).find("--softcap") != std::string::npos);
+    o.softcap = 5.0, o.dropout.p = 0.1;
+    CHECK(message(o).find("--dropout 0.1: stage 09's backward does not apply dropout yet") != std::string::npos);
+    o.dropout.p = 0.0;
+    const ResolvedOptions m = resolve_backward_options(p, o, kModelStep);
+    CHECK(m.left == 10);
+    CHECK(m.right == 3);
+    CHECK(m.softcap == 5.0);
+    // Bounds no row reaches past are no bounds: a window wider than the problem is the plain call.
+    o = ModelOptions{};
+    o.window = Window{500, 400};
+    CHECK(resolve_backward_options(p, o, 0).plain());
+}

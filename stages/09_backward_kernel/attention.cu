@@ -114,23 +114,6 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
     if (workspace == nullptr) FA_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-//! [model_options]
-/// stage07::resolve_options() (InputError for Hk not dividing Hq, a bound below -1, a negative
-/// cap, a dropout p out of range), and what this backward adds: no dropout yet, and the switches
-/// on the default main kernel only.
-ResolvedOptions resolve_backward_options(const Problem& p, const ModelOptions& options, int step) {
-    const ResolvedOptions m = stage07::resolve_options(p, options);
-    if (m.dropout.enabled()) {
-        throw InputError("--dropout " + std::to_string(options.dropout.p) +
-                         ": stage 09's backward does not apply dropout yet (use 0)");
-    }
-    if (!m.plain() && resolve_step(step) != kDefaultStep) {
-        throw InputError("stage 09: grouped heads, a window or a soft cap run on the default main kernel only (--step " +
-                         std::to_string(kDefaultStep) + "), not on step " + std::to_string(resolve_step(step)));
-    }
-    return m;
-}
-//! [model_options]
 
 static_assert(kModelStep == kDefaultStep, "stage 10's switches are on the default main kernel (launch.cuh's kModelStep)");
 
@@ -181,7 +164,7 @@ void run_model_device(const Problem& p, const ModelOptions& options, View4<const
                       View4<T> dv, bool deterministic, cudaStream_t stream, Workspace* workspace, int step) {
     p.validate();
     check_supported(p, step);
-    const ResolvedOptions m = resolve_backward_options(p, options, step);
+    const ResolvedOptions m = resolve_backward_options(p, options, resolve_step(step));
     if (m.plain()) {  // exactly the call without options
         run_device<T>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace, step);
         return;
@@ -299,7 +282,7 @@ BackwardFn model_host_entry_for(bool deterministic, int step, const ModelOptions
                                         View4<const float> o, View3<const float> lse, View4<const float> dout,
                                         View4<float> dq, View4<float> dk, View4<float> dv) {
         check_supported(p, step);
-        resolve_backward_options(p, model, step);
+        resolve_backward_options(p, model, resolve_step(step));
         const Layout layout = q.stride[1] >= q.stride[2] ? Layout::BHND : Layout::BNHD;
         const HalfCopy<T> q16(q, layout), k16(k, layout), v16(v, layout), o16(o, layout), dout16(dout, layout);
         HalfCopy<T> dq16(dq.shape, layout), dk16(dk.shape, layout), dv16(dv.shape, layout);

@@ -12,10 +12,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <sstream>
+#include <string>
 #include <type_traits>
 #include <utility>
 
 #include "../07_pipelined_fused_kernel/model_options.hpp"
+#include "fa/error.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
 #include "kernel.cuh"
@@ -187,6 +190,23 @@ inline constexpr int kModelStep = 4;
 /// (ResolvedOptions::plain()).
 template <int D, bool Softcap>
 using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, true, Softcap>;
+
+/// stage07::resolve_options() (InputError for Hk not dividing Hq, a bound below -1, a negative
+/// or infinite cap, a dropout p out of range), and what this backward adds: no dropout yet, and
+/// the switches on the default main kernel only (`step`, 0 to 5, is the step that would run).
+inline ResolvedOptions resolve_backward_options(const Problem& p, const ModelOptions& options, int step) {
+    const ResolvedOptions m = stage07::resolve_options(p, options);
+    if (m.dropout.enabled()) {
+        std::ostringstream msg;
+        msg << "--dropout " << options.dropout.p << ": stage 09's backward does not apply dropout yet (use 0)";
+        throw InputError(msg.str());
+    }
+    if (!m.plain() && step != kModelStep) {
+        throw InputError("stage 09: grouped heads, a window or a soft cap run on the default main kernel only (--step " +
+                         std::to_string(kModelStep) + "), not on step " + std::to_string(step));
+    }
+    return m;
+}
 
 /// Calls `run(F{})` with the features the default main kernel runs for `options`: its own when
 /// they are plain, otherwise ModelStep with or without the soft cap.
