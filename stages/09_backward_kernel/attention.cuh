@@ -21,8 +21,15 @@
 /// forward's work in five products, so it belongs on the same tensor cores as stage 07's
 /// forward; what is new is the reduction across thread blocks that dQ needs.
 ///
-/// **Does not handle yet:** head dimensions other than 32, 64 and 128; Hopper's own
-/// instructions (TMA, wgmma); dQ written without a float32 accumulator in global memory.
+/// **Stage 10's switches** (ModelOptions, on the default main kernel): grouped-query heads (a
+/// block per key block of a K/V head visits the query heads of its group, dK and dV summed in
+/// registers), sliding windows (a range of query blocks per key block, masked at both edges; the
+/// deterministic turns count from each query block's last visitor) and the soft cap (dS times
+/// 1 - tanh^2). Checked on the CPU by the warp emulator; not yet run or timed on a GPU.
+///
+/// **Does not handle yet:** head dimensions other than 32, 64 and 128; dropout and packed batches
+/// of different lengths (stage 10's other switches); Hopper's own instructions (TMA, wgmma); dQ
+/// written without a float32 accumulator in global memory.
 ///
 /// **Measured:** on an NVIDIA H100 80GB HBM3 at up to 1980 MHz, 2026-11-23, B * N = 16384 tokens,
 /// H * d = 2048, N = 512 to 16384, bf16 and fp16: the backward alone at 130 to 228 TFLOP/s

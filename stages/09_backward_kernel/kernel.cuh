@@ -695,7 +695,7 @@ __device__ __forceinline__ int key_block_of_this_block(const Args<T>& a) {
 /// kWindowed (stage 10's sliding windows): the key blocks that visit i are no longer a prefix
 /// 0 .. last(i) but a range [first(i), last(i)] (window_key_blocks()), and the turn of key block
 /// j at i is still last(i) - j. Why that is right, and why no block waits for one launched after
-/// it (stage10_windows in the lesson):
+/// it (the lesson's stage09_model_turns):
 /// 1. The count. Key block j adds at i once the counter reads last(i) - j: the number of key
 ///    blocks j' in (j, last(i)]. All of them visit i, because the visitors form a range that
 ///    holds j and last(i); none of those below j adds before j, because their turns are larger.
