@@ -20,6 +20,7 @@
 #include "fa/precision.hpp"
 #include "fa/reference_backward.hpp"
 #include "fa/tolerance.hpp"
+#include "backward_model_cases.hpp"
 #include "support.hpp"
 
 using namespace fa;
@@ -351,4 +352,147 @@ TEST_CASE("stage 09 refuses what it cannot do, naming the option and what is all
     for (int step : {-2, last + 1}) {
         CHECK_THROWS_WITH_AS(stage09::check_supported(p, step), doctest::Contains(allowed.c_str()), InputError);
     }
+}
+
+namespace {
+
+float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+float to_float(__half x) { return __half2float(x); }
+template <class T>
+T from_float(float x);
+template <>
+__nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <>
+__half from_float<__half>(float x) { return __float2half(x); }
+
+// A case of tests/backward_model_cases.hpp through stage09::attention_backward_device with its
+// ModelOptions, in T: the packed (total, H, d) buffers of BackwardModelData on the device, read as
+// (B, H, N, d) views (B equal sequences); the gradients start as NaN, so what the kernels forget
+// shows. k and v may be given with Hq heads (the repeated problem: `c` says Hk).
+template <class T>
+test::ModelGradients run_model_on_gpu(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                                      const std::vector<float>& v, const std::vector<float>& o,
+                                      const std::vector<float>& lse, const std::vector<float>& dout, bool deterministic) {
+    const auto to_device = [](const std::vector<float>& x) {
+        std::vector<T> h(x.size());
+        for (size_t i = 0; i < x.size(); ++i) h[i] = from_float<T>(x[i]);
+        cuda::DeviceBuffer<T> d(x.size());
+        d.copy_from_host(h.data(), h.size());
+        return d;
+    };
+    const cuda::DeviceBuffer<T> qd = to_device(q), kd = to_device(k), vd = to_device(v), od = to_device(o), dod = to_device(dout);
+    cuda::DeviceBuffer<T> dqd(q.size()), dkd(k.size()), dvd(v.size());
+    for (cuda::DeviceBuffer<T>* b : {&dqd, &dkd, &dvd}) FA_CUDA_CHECK(cudaMemset(b->data(), 0xff, b->bytes()));
+    cuda::DeviceBuffer<float> lsed(lse.size());
+    lsed.copy_from_host(lse.data(), lse.size());
+    const int64_t D = c.d;
+    const auto view = [&](const cuda::DeviceBuffer<T>& x, int64_t h, int64_t n) {
+        return View4<const T>{x.data(), {c.B, h, n, D}, {n * h * D, D, h * D, 1}};
+    };
+    const auto out = [&](cuda::DeviceBuffer<T>& x, int64_t h, int64_t n) {
+        return View4<T>{x.data(), {c.B, h, n, D}, {n * h * D, D, h * D, 1}};
+    };
+    const View3<const float> lv{lsed.data(), {c.B, c.Hq, c.Nq}, {c.Nq, int64_t(c.B) * c.Nq, 1}};
+    stage09::attention_backward_device(c.problem(), c.options(), view(qd, c.Hq, c.Nq), view(kd, c.Hk, c.Nk),
+                                       view(vd, c.Hk, c.Nk), view(od, c.Hq, c.Nq), lv, view(dod, c.Hq, c.Nq),
+                                       out(dqd, c.Hq, c.Nq), out(dkd, c.Hk, c.Nk), out(dvd, c.Hk, c.Nk), deterministic,
+                                       nullptr);
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto back = [](const cuda::DeviceBuffer<T>& x) {
+        std::vector<T> h(x.size());
+        x.copy_to_host(h.data(), h.size());
+        std::vector<float> f(h.size());
+        for (size_t i = 0; i < h.size(); ++i) f[i] = to_float(h[i]);
+        return f;
+    };
+    return {back(dqd), back(dkd), back(dvd)};
+}
+
+test::ModelGradients run_model_case(const test::ModelCase& c, const test::BackwardModelData& data, const std::vector<float>& k,
+                                    const std::vector<float>& v, bool deterministic) {
+    return c.precision == Precision::BFloat16
+               ? run_model_on_gpu<__nv_bfloat16>(c, data.q, k, v, data.o, data.lse, data.dout, deterministic)
+               : run_model_on_gpu<__half>(c, data.q, k, v, data.o, data.lse, data.dout, deterministic);
+}
+
+// Case `c` in both dQ modes against the float64 gradients (tests/backward_model_cases.hpp); the
+// deterministic mode twice, bit for bit; dK, dV the same bits in both modes; with grouped heads,
+// the problem with K and V repeated per query head gives the same dQ (deterministic: the same
+// additions in the same order) and, summed over each group, the same dK and dV to the rounding
+// of the per-head sums.
+void check_model_case(const test::ModelCase& c) {
+    const test::BackwardModelData data = test::backward_model_data(c);
+    const test::ModelGradients atomic = run_model_case(c, data, data.k, data.v, false);
+    const test::ModelGradients fixed = run_model_case(c, data, data.k, data.v, true);
+    const test::ModelGradients again = run_model_case(c, data, data.k, data.v, true);
+    test::check_backward_gradients(c, data, atomic, "atomic (GPU)");
+    test::check_backward_gradients(c, data, fixed, "deterministic (GPU)");
+    INFO(c.describe());
+    CHECK(bit_identical(fixed.dq, again.dq));
+    CHECK(bit_identical(fixed.dk, again.dk));
+    CHECK(bit_identical(fixed.dv, again.dv));
+    CHECK(bit_identical(fixed.dk, atomic.dk));
+    CHECK(bit_identical(fixed.dv, atomic.dv));
+    if (c.Hk == c.Hq) return;
+    const test::ModelCase rc = test::repeated_case(c);
+    const test::ModelGradients rep = run_model_case(rc, data, test::repeat_heads(data.k, c.Hk, c.Hq, c.d),
+                                                    test::repeat_heads(data.v, c.Hk, c.Hq, c.d), true);
+    CHECK(bit_identical(fixed.dq, rep.dq));
+    const bool bf16 = c.precision == Precision::BFloat16;
+    int64_t nonfinite = 0;
+    const double ek = test::relative_max_error(fixed.dk, test::sum_over_groups(rep.dk, c.Hk, c.Hq, c.d), nonfinite);
+    const double ev = test::relative_max_error(fixed.dv, test::sum_over_groups(rep.dv, c.Hk, c.Hq, c.d), nonfinite);
+    INFO("against K and V repeated per query head: dK " << ek << ", dV " << ev);
+    CHECK(nonfinite == 0);
+    CHECK(ek <= (bf16 ? 1.6e-2 : 2e-3));
+    CHECK(ev <= (bf16 ? 1.6e-2 : 2e-3));
+}
+
+}  // namespace
+
+TEST_CASE("stage 09 with stage 10's switches matches the float64 gradients, deterministic bit for bit, GQA as K, V repeated") {
+    // The cases of tests/backward_model_cases.hpp (also run on the CPU by test_stage09_model_emulated),
+    // and larger ones: many key blocks and query blocks on both sides of every edge.
+    std::vector<test::ModelCase> cases = test::backward_model_cases();
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    const std::vector<test::ModelCase> large = {
+        {128, bf16, 2, 8, 2, 1000, 1000, true, Window::full(), 0.0, 0.088, true},   // Hq/Hk = 4, causal
+        {64, fp16, 1, 6, 1, 700, 1300, false, Window::full(), 0.0, 0.125, true},    // MQA, 6 heads on one
+        {32, bf16, 2, 4, 2, 517, 389, true, Window::full(), 0.0, 0.17, true},       // d = 32, Nq > Nk
+        {64, bf16, 2, 4, 2, 2048, 2048, false, Window{256, 0}, 0.0, 0.125, true},   // a 257-key causal window, 16 key blocks
+        {128, fp16, 1, 4, 1, 1000, 700, false, Window{100, 50}, 0.0, 0.088, true},  // both bounds, Nq > Nk
+        {64, fp16, 1, 2, 2, 1, 1500, true, Window{300, -1}, 0.0, 0.125, true},     // one query row: 11 of 12 key blocks unseen
+        {32, bf16, 1, 2, 1, 900, 900, false, Window{-1, 40}, 0.0, 0.17, true},     // a right bound only
+        {128, bf16, 2, 4, 1, 1024, 1024, true, Window::full(), 30.0, 0.088, true, InputKind::Large},  // the soft cap, MQA
+        {64, fp16, 1, 4, 2, 600, 800, false, Window{128, 64}, 10.0, -0.5, true},  // the cap with a window, scale < 0
+    };
+    cases.insert(cases.end(), large.begin(), large.end());
+    for (const test::ModelCase& c : cases) check_model_case(c);
+}
+
+TEST_CASE("stage 09 refuses stage 10's options it cannot apply, naming what is allowed") {
+    const Problem p = test::make_problem(1, 4, 64, 64, 64);
+    View4<const __nv_bfloat16> in{nullptr, {1, 4, 64, 64}, {4 * 64 * 64, 64 * 64, 64, 1}};
+    View4<__nv_bfloat16> out{nullptr, {1, 4, 64, 64}, {4 * 64 * 64, 64 * 64, 64, 1}};
+    const View3<const float> lse{nullptr, {1, 4, 64}, {4 * 64, 64, 1}};
+    const auto message = [&](const stage09::ModelOptions& o, int step = -1) -> std::string {
+        try {
+            stage09::attention_backward_device(p, o, in, in, in, in, lse, in, out, out, out, false, nullptr, nullptr, step);
+        } catch (const InputError& e) {
+            return e.what();
+        }
+        return "(nothing thrown)";
+    };
+    stage09::ModelOptions o;
+    o.kv_heads = 3;  // does not divide 4
+    CHECK(message(o).find("--heads 4 is not a multiple of --kv-heads 3") != std::string::npos);
+    o.kv_heads = 2;
+    CHECK(message(o, 0).find("default main kernel only (--step 4), not on step 0") != std::string::npos);
+    // k and v with Hq heads where Hk = 2 is asked for: the shapes are named.
+    CHECK(message(o).find("k must be (B, Hk, Nk, d) = (1, 2, 64, 64); got (1, 4, 64, 64)") != std::string::npos);
+    o.dropout.p = 0.1;
+    CHECK(message(o).find("does not apply dropout yet") != std::string::npos);
+    o.dropout.p = 0.0;
+    o.window = Window{-2, 0};
+    CHECK(message(o).find("--window -2,0") != std::string::npos);
 }

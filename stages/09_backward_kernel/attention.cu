@@ -2,6 +2,7 @@
 #include "attention.cuh"
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -113,6 +114,84 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
     if (workspace == nullptr) FA_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+
+static_assert(kModelStep == kDefaultStep, "stage 10's switches are on the default main kernel (launch.cuh's kModelStep)");
+
+/// A device view with `heads` heads and `rows` rows per head, or InputError naming what it has.
+template <class T>
+void require_model_view(const char* name, const View4<T>& view, const Problem& p, int64_t heads, int64_t rows,
+                        const char* shape) {
+    if (view.shape[0] != p.batch || view.shape[1] != heads || view.shape[2] != rows || view.shape[3] != p.head_dim) {
+        throw InputError(std::string("stage 09: ") + name + " must be " + shape + " = (" + std::to_string(p.batch) + ", " +
+                         std::to_string(heads) + ", " + std::to_string(rows) + ", " + std::to_string(p.head_dim) + "); got (" +
+                         std::to_string(view.shape[0]) + ", " + std::to_string(view.shape[1]) + ", " +
+                         std::to_string(view.shape[2]) + ", " + std::to_string(view.shape[3]) + ")");
+    }
+    cuda::require_16_byte_rows("stage 09", name, view);
+}
+
+/// The backward with stage 10's options for one (T, D): as run_for_d, with the launches and the
+/// main kernel of the options.
+template <class T, int D>
+void run_model_for_d(const Problem& p, const ResolvedOptions& m, View4<const T> q, View4<const T> k, View4<const T> v,
+                     View4<const T> o, View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv,
+                     bool deterministic, cudaStream_t stream, Workspace& ws) {
+    const Geometry geo = geometry(D, kDefaultStep);
+    const Counts c = stage09::counts(p, geo);
+    const size_t floats = size_t(stage09::workspace_floats(p, geo));
+    if (ws.floats.size() < floats) ws.floats = cuda::DeviceBuffer<float>(floats);
+    if (deterministic && ws.turns.size() < size_t(c.batch_heads * c.q_blocks)) {
+        ws.turns = cuda::DeviceBuffer<int>(size_t(c.batch_heads * c.q_blocks));
+    }
+    const Launches<T> launches = make_launches<T, D>(p, m, q, k, v, o, lse, dout, dq, dk, dv, ws.floats.data(),
+                                                     deterministic ? ws.turns.data() : nullptr, geo);
+    const auto launch = [&](auto kernel, const char* name, int64_t blocks, int threads, size_t smem, const auto& args) {
+        if (smem > 0) cuda::allow_dynamic_shared_memory<decltype(kernel)::value>(smem);
+        decltype(kernel)::value<<<unsigned(blocks), unsigned(threads), smem, stream>>>(args);
+        FA_CUDA_CHECK_LAUNCH("stage09 " + std::string(name) + "<d=" + std::to_string(D) + ", stage 10's switches" +
+                             (deterministic ? ", deterministic>" : ">"));
+    };
+    if (deterministic) {
+        run_model_kernels<T, D, true>(launches, m, launch);
+    } else {
+        run_model_kernels<T, D, false>(launches, m, launch);
+    }
+}
+
+template <class T>
+void run_model_device(const Problem& p, const ModelOptions& options, View4<const T> q, View4<const T> k, View4<const T> v,
+                      View4<const T> o, View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk,
+                      View4<T> dv, bool deterministic, cudaStream_t stream, Workspace* workspace, int step) {
+    p.validate();
+    check_supported(p, step);
+    const ResolvedOptions m = resolve_backward_options(p, options, resolve_step(step));
+    if (m.plain()) {  // exactly the call without options
+        run_device<T>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace, step);
+        return;
+    }
+    const int64_t hq = p.heads, hk = p.heads / m.kv_group;
+    require_model_view("q", q, p, hq, p.seq_q, "(B, Hq, Nq, d)");
+    require_model_view("k", k, p, hk, p.seq_k, "(B, Hk, Nk, d)");
+    require_model_view("v", v, p, hk, p.seq_k, "(B, Hk, Nk, d)");
+    require_model_view("o", o, p, hq, p.seq_q, "(B, Hq, Nq, d)");
+    require_model_view("dout", dout, p, hq, p.seq_q, "(B, Hq, Nq, d)");
+    require_model_view("dq", dq, p, hq, p.seq_q, "(B, Hq, Nq, d)");
+    require_model_view("dk", dk, p, hk, p.seq_k, "(B, Hk, Nk, d)");
+    require_model_view("dv", dv, p, hk, p.seq_k, "(B, Hk, Nk, d)");
+    if (lse.shape[0] != p.batch || lse.shape[1] != hq || lse.shape[2] != p.seq_q) {
+        throw InputError("stage 09: lse must be (B, Hq, Nq) = (" + std::to_string(p.batch) + ", " + std::to_string(hq) +
+                         ", " + std::to_string(p.seq_q) + ")");
+    }
+    Workspace own;
+    Workspace& ws = workspace != nullptr ? *workspace : own;
+    switch (p.head_dim) {
+        case 32: run_model_for_d<T, 32>(p, m, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, ws); break;
+        case 64: run_model_for_d<T, 64>(p, m, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, ws); break;
+        default: run_model_for_d<T, 128>(p, m, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, ws); break;
+    }
+    if (workspace == nullptr) FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 /// A float32 copy on the device of a host view, with the host view's strides (gaps included,
 /// copied as they are), and the way back.
 struct DeviceCopy {
@@ -165,6 +244,57 @@ BackwardFn host_entry_for(bool deterministic, int step) {
         dq_f32.copy_to(dq);
         dk_f32.copy_to(dk);
         dv_f32.copy_to(dv);
+    };
+}
+
+/// A 16-bit dense copy on the device of a float32 host view (its shape, in `layout`): the view
+/// copied with its strides, then rounded on the device.
+template <class T>
+struct HalfCopy {
+    cuda::DeviceBuffer<T> buffer;
+    View4<T> view;
+
+    HalfCopy(View4<const float> host, Layout layout)
+        : buffer(size_t(host.shape[0] * host.shape[1] * host.shape[2] * host.shape[3])),
+          view(make_view<T>(buffer.data(), host.shape[0], host.shape[1], host.shape[2], host.shape[3], layout)) {
+        const DeviceCopy wide(host);
+        cuda::convert(View4<const float>(wide.view), view);
+        FA_CUDA_CHECK(cudaDeviceSynchronize());  // the float32 copy is freed on return
+    }
+    /// A copy to be written (all bits set: NaN in bf16 and fp16, so an element the kernels forget stays NaN).
+    HalfCopy(const std::array<int64_t, 4>& shape, Layout layout)
+        : buffer(size_t(shape[0] * shape[1] * shape[2] * shape[3])),
+          view(make_view<T>(buffer.data(), shape[0], shape[1], shape[2], shape[3], layout)) {
+        FA_CUDA_CHECK(cudaMemset(buffer.data(), 0xff, buffer.bytes()));
+    }
+    /// Widened back into the float32 host view `host` (its strides).
+    void copy_to(View4<float> host) const {
+        DeviceCopy wide(host);
+        cuda::convert(View4<const T>(view), wide.view);
+        FA_CUDA_CHECK(cudaDeviceSynchronize());
+        wide.copy_to(host);
+    }
+};
+
+template <class T>
+BackwardFn model_host_entry_for(bool deterministic, int step, const ModelOptions& model) {
+    return [deterministic, step, model](const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v,
+                                        View4<const float> o, View3<const float> lse, View4<const float> dout,
+                                        View4<float> dq, View4<float> dk, View4<float> dv) {
+        check_supported(p, step);
+        resolve_backward_options(p, model, resolve_step(step));
+        const Layout layout = q.stride[1] >= q.stride[2] ? Layout::BHND : Layout::BNHD;
+        const HalfCopy<T> q16(q, layout), k16(k, layout), v16(v, layout), o16(o, layout), dout16(dout, layout);
+        HalfCopy<T> dq16(dq.shape, layout), dk16(dk.shape, layout), dv16(dv.shape, layout);
+        cuda::DeviceBuffer<float> lse_buf(size_t(cuda::span_elements(lse)));
+        lse_buf.copy_from_host(lse.data, lse_buf.size());
+        const View3<const float> lse_dev{lse_buf.data(), lse.shape, lse.stride};
+        run_model_device<T>(p, model, View4<const T>(q16.view), View4<const T>(k16.view), View4<const T>(v16.view),
+                            View4<const T>(o16.view), lse_dev, View4<const T>(dout16.view), dq16.view, dk16.view,
+                            dv16.view, deterministic, nullptr, nullptr, step);
+        dq16.copy_to(dq);
+        dk16.copy_to(dk);
+        dv16.copy_to(dv);
     };
 }
 
@@ -233,6 +363,26 @@ void attention_backward_device(const Problem& p, View4<const __half> q, View4<co
                                View4<__half> dk, View4<__half> dv, bool deterministic, cudaStream_t stream,
                                Workspace* workspace, int step) {
     run_device<__half>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace, step);
+}
+
+void attention_backward_device(const Problem& p, const ModelOptions& options, View4<const __nv_bfloat16> q,
+                               View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v, View4<const __nv_bfloat16> o,
+                               View3<const float> lse, View4<const __nv_bfloat16> dout, View4<__nv_bfloat16> dq,
+                               View4<__nv_bfloat16> dk, View4<__nv_bfloat16> dv, bool deterministic, cudaStream_t stream,
+                               Workspace* workspace, int step) {
+    run_model_device<__nv_bfloat16>(p, options, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace, step);
+}
+
+void attention_backward_device(const Problem& p, const ModelOptions& options, View4<const __half> q, View4<const __half> k,
+                               View4<const __half> v, View4<const __half> o, View3<const float> lse,
+                               View4<const __half> dout, View4<__half> dq, View4<__half> dk, View4<__half> dv,
+                               bool deterministic, cudaStream_t stream, Workspace* workspace, int step) {
+    run_model_device<__half>(p, options, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace, step);
+}
+
+BackwardFn host_entry(const Options& options, const ModelOptions& model) {
+    return options.dtype == DType::BF16 ? model_host_entry_for<__nv_bfloat16>(options.deterministic, options.step, model)
+                                        : model_host_entry_for<__half>(options.deterministic, options.step, model);
 }
 
 BackwardFn host_entry(const Options& options) {

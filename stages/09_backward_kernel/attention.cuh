@@ -21,8 +21,15 @@
 /// forward's work in five products, so it belongs on the same tensor cores as stage 07's
 /// forward; what is new is the reduction across thread blocks that dQ needs.
 ///
-/// **Does not handle yet:** head dimensions other than 32, 64 and 128; Hopper's own
-/// instructions (TMA, wgmma); dQ written without a float32 accumulator in global memory.
+/// **Stage 10's switches** (ModelOptions, on the default main kernel): grouped-query heads (a
+/// block per key block of a K/V head visits the query heads of its group, dK and dV summed in
+/// registers), sliding windows (a range of query blocks per key block, masked at both edges; the
+/// deterministic turns count from each query block's last visitor) and the soft cap (dS times
+/// 1 - tanh^2). Checked on the CPU by the warp emulator; not yet run or timed on a GPU.
+///
+/// **Does not handle yet:** head dimensions other than 32, 64 and 128; dropout and packed batches
+/// of different lengths (stage 10's other switches); Hopper's own instructions (TMA, wgmma); dQ
+/// written without a float32 accumulator in global memory.
 ///
 /// **Measured:** on an NVIDIA H100 80GB HBM3, 2026-11-25, B * N = 16384 tokens, H * d = 2048,
 /// bf16 and fp16, causal and not, three rounds each ours then SDPA (docs/results/
@@ -42,6 +49,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "../07_pipelined_fused_kernel/model_options.hpp"
 #include "fa/cuda/buffer.hpp"
 #include "fa/cuda/half.hpp"
 #include "fa/problem.hpp"
@@ -130,10 +138,40 @@ void attention_backward_device(const Problem& problem, View4<const __half> q, Vi
                                bool deterministic, cudaStream_t stream, Workspace* workspace = nullptr,
                                int step = -1);
 
+/// What a real model's call adds (stage 10): grouped-query heads, a sliding window and the soft
+/// cap, as stage 07's forward takes them (Hk = kv_heads dividing Hq = problem.heads; the window
+/// bottom-right aligned, causal as (-1, 0); the cap c tanh(s / c) on the scaled scores).
+using stage07::ModelOptions;
+
+/// Device entry point with stage 10's options, bf16: the gradients of stage 07's forward run with
+/// the same options. q, o, dout, dq are (B, Hq, Nq, d) with Hq = problem.heads, k, v, dk, dv are
+/// (B, Hk, Nk, d) with Hk = options.kv_heads, lse is (B, Hq, Nq) (that forward's). dK and dV of a
+/// K/V head are sums over the query heads of its group, added in registers (no atomics: the same
+/// bits on every run); dQ as the plain call (atomic or deterministic). Throws fa::InputError when
+/// Hk does not divide Hq (naming both), for a window bound below -1, a negative soft cap, dropout
+/// (not applied by this backward yet), options on a step other than kDefaultStep, or views of
+/// the wrong shapes. Plain options run exactly the kernels of the overload without them.
+void attention_backward_device(const Problem& problem, const ModelOptions& options, View4<const __nv_bfloat16> q,
+                               View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v, View4<const __nv_bfloat16> o,
+                               View3<const float> lse, View4<const __nv_bfloat16> dout, View4<__nv_bfloat16> dq,
+                               View4<__nv_bfloat16> dk, View4<__nv_bfloat16> dv, bool deterministic, cudaStream_t stream,
+                               Workspace* workspace = nullptr, int step = -1);
+
+/// Device entry point with stage 10's options, fp16 (see the bf16 overload).
+void attention_backward_device(const Problem& problem, const ModelOptions& options, View4<const __half> q,
+                               View4<const __half> k, View4<const __half> v, View4<const __half> o, View3<const float> lse,
+                               View4<const __half> dout, View4<__half> dq, View4<__half> dk, View4<__half> dv,
+                               bool deterministic, cudaStream_t stream, Workspace* workspace = nullptr, int step = -1);
+
 /// A host entry point with the float32 signature of every backward stage (fa::BackwardFn): the
 /// inputs are copied to the device and rounded to `options.dtype` there, the backward runs, the
 /// gradients are widened back to float32 into the host views (any strides).
 BackwardFn host_entry(const Options& options);
+
+/// host_entry() with stage 10's options `model`: k, v, dk and dv (float32 host views) have Hk
+/// heads, the others Hq (see the device entry point with ModelOptions); the same copies, roundings
+/// and checks.
+BackwardFn host_entry(const Options& options, const ModelOptions& model);
 
 /// host_entry() with the default Options (bf16, atomic dQ additions).
 void attention_backward(const Problem& problem, View4<const float> q, View4<const float> k, View4<const float> v,

@@ -41,6 +41,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 
@@ -48,6 +49,7 @@
 #include "fa/cuda/ptx.cuh"
 #include "fa/cuda/tile_copy.cuh"
 #include "fa/problem.hpp"
+#include "fa/varlen.hpp"
 
 namespace fa::stage09 {
 
@@ -72,6 +74,38 @@ struct Features {
                   "the dQ products split the query block's 16-row tiles evenly over the warps");
 };
 //! [features]
+
+//! [model_features]
+/// Features F with stage 10's switches: grouped-query heads (a block per K/V head that visits the
+/// query heads of its group, query head h reading K/V head h / (Hq/Hk) in place), a sliding window
+/// of keys and the soft cap. A wrapper, as stage 07's ModelFeatures, so that every kernel without
+/// the switches keeps its type, its name and its machine code. Only the warp-tiled kernel takes it.
+template <class F, bool GroupedHeads, bool Window, bool Softcap>
+struct ModelFeatures : F {
+    static constexpr bool kGroupedHeads = GroupedHeads;  ///< Hq / Hk query heads per K/V head
+    static constexpr bool kWindow = Window;              ///< keys seen through a window (left, right)
+    static constexpr bool kSoftcap = Softcap;            ///< scores squashed by c tanh(s / c)
+};
+
+/// Whether F has grouped-query heads (ModelFeatures); false for every plain Features.
+template <class F, class = void>
+inline constexpr bool kGroupedHeads = false;
+/// kGroupedHeads for features that say.
+template <class F>
+inline constexpr bool kGroupedHeads<F, std::void_t<decltype(F::kGroupedHeads)>> = F::kGroupedHeads;
+/// Whether F sees keys through a sliding window (ModelFeatures).
+template <class F, class = void>
+inline constexpr bool kWindow = false;
+/// kWindow for features that say.
+template <class F>
+inline constexpr bool kWindow<F, std::void_t<decltype(F::kWindow)>> = F::kWindow;
+/// Whether F caps the scores (ModelFeatures).
+template <class F, class = void>
+inline constexpr bool kSoftcap = false;
+/// kSoftcap for features that say.
+template <class F>
+inline constexpr bool kSoftcap<F, std::void_t<decltype(F::kSoftcap)>> = F::kSoftcap;
+//! [model_features]
 
 /// Pointers, strides (in elements) and sizes the main kernel reads; built by the host entry point.
 template <class T>
@@ -113,7 +147,14 @@ struct Args {
     int k_blocks;      ///< Tc = ceil(Nk / Bc)
     bool causal;       ///< bottom-right aligned causal mask
     float scale;       ///< softmax scale, signed (dK and dQ are scaled by it)
-    float scale_log2;  ///< softmax scale * log2(e), signed
+    float scale_log2;  ///< softmax scale * log2(e), signed (kSoftcap: log2(e), the capped scores are scaled already)
+    // Stage 10's fields, read only by kernels that switch the feature on (appended, so that the
+    // fields above keep their offsets and the kernels without these switches their machine code).
+    int kv_group;      ///< kGroupedHeads: Hq / Hk, query heads per K/V head (heads above is Hq)
+    int window_left;   ///< kWindow: keys before the diagonal a query sees; -1 all
+    int window_right;  ///< kWindow: keys after the diagonal a query sees; -1 all, 0 causal
+    float softcap;        ///< kSoftcap: c in c tanh(s / c); scale_log2 is then log2(e)
+    float softcap_scale;  ///< kSoftcap: softmax scale / c, applied to Q K^T before the tanh
 };
 
 /// What the preprocessing kernel reads and writes.
@@ -573,6 +614,63 @@ __host__ __device__ inline bool block_needs_mask(int q0, int kv0, int bc, int se
 }
 //! [query_blocks]
 
+//! [window_blocks]
+/// The query blocks key block `j` visits under the window (left, right) (fa/varlen.hpp's Window,
+/// -1 unbounded; causal is (-1, 0)): `[begin, end)`, the blocks holding a row that sees one of its
+/// keys (`begin == end`: none). Row r sees the keys [max(0, δ_r - left), min(Nk, δ_r + right + 1))
+/// with δ_r = r + Nk - Nq (visible_key_range()), so it sees a key of [kv0, kv_last] iff
+/// δ_r + right >= kv0 and δ_r - left <= kv_last: the rows from r0 = kv0 - right - (Nk - Nq) to
+/// r1 = kv_last + left - (Nk - Nq) (a bound of -1 drops its side), clipped to the rows that exist.
+/// r0 <= r1 before the clipping (kv0 <= kv_last, left + right >= 0 when both are set), so the
+/// block visits a row iff the clipped range is not empty. With (-1, 0): first_query_block(), up
+/// to Tr, except that query blocks past Nq's last row are never visited.
+__host__ __device__ inline void window_query_blocks(int j, int br, int bc, int seq_q, int seq_k, int left, int right,
+                                                    int& begin, int& end) {
+    const int64_t offset = int64_t(seq_k) - seq_q;  // row r's diagonal key is r + offset
+    const int64_t kv0 = int64_t(j) * bc, kv_last = (kv0 + bc < seq_k ? kv0 + bc : seq_k) - 1;
+    int64_t r0 = right < 0 ? 0 : kv0 - right - offset;
+    int64_t r1 = left < 0 ? seq_q - 1 : kv_last + left - offset;
+    r0 = r0 > 0 ? r0 : 0;
+    r1 = r1 < seq_q - 1 ? r1 : seq_q - 1;
+    begin = r0 <= r1 ? int(r0 / br) : 0;
+    end = r0 <= r1 ? int(r1 / br) + 1 : 0;
+}
+
+/// The key blocks that visit query block `i` under the window: `[first, last]` (first > last:
+/// none). Key block j visits i iff r0(j) <= q_last and r1(j) >= q0 (the block's first and last
+/// rows; window_query_blocks()'s r0, r1 before clipping). Both only grow with j, so the j with
+/// r0(j) <= q_last are a prefix 0 .. last and the j with r1(j) >= q0 a suffix first .. Tc-1: the
+/// visitors are the range between. r0(j) <= q_last iff j Bc <= q_last + right + Nk - Nq; r1(j)
+/// >= q0 iff the block's last key kv_last(j) >= q0 - left + Nk - Nq =: x, i.e. (x < Nk) j >= x / Bc.
+__host__ __device__ inline void window_key_blocks(int i, int br, int bc, int seq_q, int seq_k, int k_blocks, int left,
+                                                  int right, int& first, int& last) {
+    const int64_t offset = int64_t(seq_k) - seq_q;
+    const int64_t q0 = int64_t(i) * br, q_last = (q0 + br < seq_q ? q0 + br : seq_q) - 1;
+    last = k_blocks - 1;
+    if (right >= 0) {
+        const int64_t reach = q_last + right + offset;  // the last key the block's last row sees
+        last = reach < 0 ? -1 : (reach / bc < k_blocks - 1 ? int(reach / bc) : k_blocks - 1);
+    }
+    first = 0;
+    if (left >= 0) {
+        const int64_t x = q0 - left + offset;  // the first key the block's first row sees
+        first = x < 0 ? 0 : (x < seq_k ? int(x / bc) : k_blocks);
+    }
+}
+
+/// True when the block (query block from `q0`, key block from `kv0`) holds a (query, key) pair
+/// the window hides, among its real rows: its first row does not see its last key (or the block
+/// runs past Nk), or its last row does not see its first key. The first row sees the fewest keys
+/// on the right, the last the fewest on the left, so those two rows decide.
+__host__ __device__ inline bool window_block_needs_mask(int q0, int br, int kv0, int bc, int seq_q, int seq_k, int left,
+                                                        int right) {
+    const int q_last = (q0 + br < seq_q ? q0 + br : seq_q) - 1;
+    const KeyRange top = visible_key_range(q0, seq_q, seq_k, Window{left, right});
+    const KeyRange bottom = visible_key_range(q_last, seq_q, seq_k, Window{left, right});
+    return top.end < int64_t(kv0) + bc || bottom.begin > kv0;
+}
+//! [window_blocks]
+
 namespace detail {
 
 //! [turns]
@@ -593,11 +691,40 @@ __device__ __forceinline__ int key_block_of_this_block(const Args<T>& a) {
 /// (and at j's first query block no later key block has anything to add, or it started there
 /// too). The caller's next __syncthreads carries the acquired turn to every thread before their
 /// dQ_i additions.
-template <class T, int Br, int Bc>
+///
+/// kWindowed (stage 10's sliding windows): the key blocks that visit i are no longer a prefix
+/// 0 .. last(i) but a range [first(i), last(i)] (window_key_blocks()), and the turn of key block
+/// j at i is still last(i) - j. Why that is right, and why no block waits for one launched after
+/// it (the lesson's stage09_model_turns):
+/// 1. The count. Key block j adds at i once the counter reads last(i) - j: the number of key
+///    blocks j' in (j, last(i)]. All of them visit i, because the visitors form a range that
+///    holds j and last(i); none of those below j adds before j, because their turns are larger.
+///    So at every query block the visitors add one at a time, from last(i) down to first(i), and
+///    the counter of each turn is reached exactly once.
+/// 2. Whom a block waits for. Key block j waits at i only for key blocks j' > j of the same
+///    batch and head (grouped heads: the same query head; every key block of a K/V head visits
+///    the query heads of its group in the same order, each with counters of its own). In the
+///    deterministic grid key block j' is block Tc-1-j' of its head (key_block_of_this_block): a
+///    smaller block number, launched before j's block.
+/// 3. No wait lasts forever. A block waits only for larger key blocks, so the waits form no
+///    cycle; the largest visitor of i, last(i), waits for nobody there, and by induction downward
+///    every j' > j that visits i passes its turn at i after finitely many steps, however the
+///    blocks of lower numbers are doing.
+/// The emulated test (tests/test_stage09_model_emulated.cpp) runs the blocks one at a time in
+/// order of block number and stops if a block ever has to wait: every turn it checks is there
+/// when its block arrives.
+template <class T, int Br, int Bc, bool kWindowed = false>
 __device__ __forceinline__ void wait_for_turn(const Args<T>& a, int bh, int i, int j) {
     if (threadIdx.x == 0) {
         const int* turn = a.turns + int64_t(bh) * a.q_blocks + i;
-        const int mine = last_key_block(i, Br, Bc, a.seq_q, a.seq_k, a.k_blocks, a.causal) - j;
+        int last;
+        if constexpr (kWindowed) {
+            int first;
+            window_key_blocks(i, Br, Bc, a.seq_q, a.seq_k, a.k_blocks, a.window_left, a.window_right, first, last);
+        } else {
+            last = last_key_block(i, Br, Bc, a.seq_q, a.seq_k, a.k_blocks, a.causal);
+        }
+        const int mine = last - j;
         while (ld_global_acquire_gpu_b32(turn) != mine) __nanosleep(32);
     }
 }
@@ -621,13 +748,15 @@ __device__ __forceinline__ void pass_turn(const Args<T>& a, int bh, int i) {
 //! [frame]
 /// Where one block of either main kernel works: its key block j (counted from the last one in the
 /// deterministic mode, key_block_of_this_block), its (batch, head) bh, and that head's rows of
-/// every tensor it reads or adds to.
+/// every tensor it reads or adds to. With grouped-query heads (kGroupedHeads), h is the K/V head
+/// (k, v and the dK, dV it writes) and bh the batch and query head whose rows q, dout, lse, delta
+/// and dq point to at the moment (for_query_head moves them from one head of the group to the next).
 template <class T>
 struct BlockView {
     int j;                  ///< the key block
-    int bh;                 ///< batch * heads + head
+    int bh;                 ///< batch * heads + head (kGroupedHeads: batch * Hq + the query head)
     int b;                  ///< the batch
-    int h;                  ///< the head
+    int h;                  ///< the head (kGroupedHeads: the K/V head)
     int kv0;                ///< the key block's first key, j Bc
     const T* q;             ///< [Nq, d]
     const T* k;             ///< [Nk, d]
@@ -657,6 +786,51 @@ __device__ __forceinline__ BlockView<T> block_view(const Args<T>& a) {
     return w;
 }
 //! [frame]
+
+/// Whether the block (query block from `q0`, key block from `kv0`) needs the mask: with a window
+/// (kWindow) at either edge (window_block_needs_mask()), otherwise where it crosses the causal
+/// diagonal or Nk (block_needs_mask()).
+template <class F, class T>
+__device__ __forceinline__ bool needs_mask(const Args<T>& a, int q0, int kv0) {
+    if constexpr (kWindow<F>) {
+        return window_block_needs_mask(q0, F::kBr, kv0, F::kBc, a.seq_q, a.seq_k, a.window_left, a.window_right);
+    } else {
+        return block_needs_mask(q0, kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
+    }
+}
+
+//! [model_heads]
+/// `w` moved to query head `hq` of its batch: that head's rows of Q, dO, L log2(e), D and the dQ
+/// accumulator, and bh (its turns). K, V, dK and dV stay those of the K/V head `w.h`.
+template <class T, int D>
+__device__ __forceinline__ BlockView<T> for_query_head(const Args<T>& a, BlockView<T> w, int hq) {
+    w.bh = w.b * a.heads + hq;
+    w.q = a.q + w.b * a.q_sb + hq * a.q_sh;
+    w.dout = a.dout + w.b * a.do_sb + hq * a.do_sh;
+    w.lse = a.lse_log2 + int64_t(w.bh) * a.seq_q_padded;
+    w.delta = a.delta + int64_t(w.bh) * a.seq_q_padded;
+    w.dq = a.dq_accum + int64_t(w.bh) * a.seq_q_padded * D;
+    return w;
+}
+
+/// The BlockView of this thread block with stage 10's switches: block (b Hk + h_kv) Tc + jb of a
+/// flat grid works on key block j of K/V head h_kv, which query heads h_kv G .. h_kv G + G - 1
+/// read (G = Hq / Hk, kGroupedHeads; G = 1 otherwise); it starts at the group's first query head.
+template <class T, int D, class F, bool kDeterministic>
+__device__ __forceinline__ BlockView<T> model_block_view(const Args<T>& a) {
+    const int group = kGroupedHeads<F> ? a.kv_group : 1;
+    const int kv_heads = a.heads / group;
+    const int bh_kv = int(blockIdx.x / unsigned(a.k_blocks));
+    BlockView<T> w;
+    w.j = key_block_of_this_block<kDeterministic>(a);
+    w.b = bh_kv / kv_heads;
+    w.h = bh_kv % kv_heads;
+    w.kv0 = w.j * F::kBc;
+    w.k = a.k + w.b * a.k_sb + w.h * a.k_sh;
+    w.v = a.v + w.b * a.v_sb + w.h * a.v_sh;
+    return for_query_head<T, D>(a, w, w.h * group);
+}
+//! [model_heads]
 
 //! [pipeline]
 /// The pipeline both main kernels run around their work on each query block. Prologue: K_j and
@@ -702,6 +876,58 @@ __device__ __forceinline__ void query_block_pipeline(const Args<T>& a, const Blo
     fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing (the loop may not have run)
 }
 //! [pipeline]
+
+//! [model_pipeline]
+/// query_block_pipeline with stage 10's switches. Key block j visits the query blocks
+/// [i_begin, i_end) whose rows see its keys (kWindow: window_query_blocks(), the window's range,
+/// masked at its two ends), once for every query head of its K/V head's group
+/// (kGroupedHeads: G = Hq / Hk heads, in order), as one stream of G (i_end - i_begin) iterations
+/// through the same rings: the prefetch runs from one head's last query block into the next
+/// head's first, and K_j, V_j (and the caller's dK_j, dV_j in registers) stay for the whole group.
+/// Before each iteration's body, `w` is moved to its query head (for_query_head), so that
+/// `body(i, slot)` reads that head's rows and adds into that head's dQ.
+template <class F, class L, int kThreads, int kQElems, int D, class T, class Body>
+__device__ __forceinline__ void model_query_block_pipeline(const Args<T>& a, BlockView<T>& w, uint16_t* k_tile,
+                                                           uint16_t* v_tile, uint16_t* q_ring, uint16_t* do_ring,
+                                                           float* lse_ring, float* delta_ring, Body&& body) {
+    int i_begin, i_end;  // the query blocks key block j visits (the window's range, or the causal one)
+    if constexpr (kWindow<F>) {
+        window_query_blocks(w.j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.window_left, a.window_right, i_begin, i_end);
+    } else {
+        i_begin = first_query_block(w.j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.causal), i_end = a.q_blocks;
+    }
+    const int blocks = i_end - i_begin > 0 ? i_end - i_begin : 0;  // query blocks per query head
+    const int group = kGroupedHeads<F> ? a.kv_group : 1;
+    const int hq0 = w.h * group;  // the group's first query head
+    const int iterations = group * blocks;
+    // Iteration n is query block i_begin + n % blocks of query head hq0 + n / blocks.
+    const auto load_query_block = [&](int n, int slot) {
+        const BlockView<T> x = for_query_head<T, D>(a, w, hq0 + n / blocks);
+        const int q0 = (i_begin + n % blocks) * F::kBr;
+        cuda::load_tile_gmem_to_smem<F::kBr, L, kThreads>(reinterpret_cast<T*>(q_ring + slot * kQElems), x.q, a.q_sn, q0,
+                                                          a.seq_q);
+        cuda::load_tile_gmem_to_smem<F::kBr, L, kThreads>(reinterpret_cast<T*>(do_ring + slot * kQElems), x.dout, a.do_sn,
+                                                          q0, a.seq_q);
+        load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, x.lse, x.delta, q0);
+    };
+
+    cuda::load_tile_gmem_to_smem<F::kBc, L, kThreads>(reinterpret_cast<T*>(k_tile), w.k, a.k_sn, w.kv0, a.seq_k);
+    cuda::load_tile_gmem_to_smem<F::kBc, L, kThreads>(reinterpret_cast<T*>(v_tile), w.v, a.v_sn, w.kv0, a.seq_k);
+    if (iterations > 0) load_query_block(0, 0);
+    fa::cuda::ptx::cp_async_commit();
+
+    for (int n = 0; n < iterations; ++n) {
+        const int slot = n % 2;
+        fa::cuda::ptx::cp_async_wait<0>();  // this thread's copies of iteration n (and of K_j, V_j) have landed
+        __syncthreads();  // ... and every thread's; every warp is done with iteration n-1's slot
+        if (n % blocks == 0) w = for_query_head<T, D>(a, w, hq0 + n / blocks);  // the next head of the group
+        if (n + 1 < iterations) load_query_block(n + 1, slot ^ 1);
+        fa::cuda::ptx::cp_async_commit();  // (possibly empty) group of iteration n+1, in flight during the body
+        body(i_begin + n % blocks, slot);
+    }
+    fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing (the loop may not have run)
+}
+//! [model_pipeline]
 
 //! [store_dkdv]
 /// The last part of both epilogues: rows [row0, row0 + rows) of dK_j and dV_j, already rounded to

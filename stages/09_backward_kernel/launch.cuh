@@ -12,9 +12,13 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <sstream>
+#include <string>
 #include <type_traits>
 #include <utility>
 
+#include "../07_pipelined_fused_kernel/model_options.hpp"
+#include "fa/error.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
 #include "kernel.cuh"
@@ -169,6 +173,51 @@ using TiledStepFeatures = typename std::conditional_t<
                        std::conditional_t<Step == 3, TunedDpPieces<D>,
                                           std::conditional_t<Step == 4, TunedPtRegisters<D>, TunedPtRegisters16<D>>>>>::F;
 
+//! [model_steps]
+/// What a real model's call adds (stage 10), as stage 07 takes it: grouped-query heads, a sliding
+/// window and the soft cap (stage07::ModelOptions, checked and resolved by stage07::resolve_options).
+using stage07::ModelOptions;
+using stage07::ResolvedOptions;
+
+/// The step of the road whose main kernel takes stage 10's switches: the default one
+/// (attention.cuh's kDefaultStep; attention.cu checks that they agree).
+inline constexpr int kModelStep = 4;
+
+/// The default main kernel with stage 10's switches: grouped-query heads and a sliding window
+/// (both runtime values: Hq / Hk = 1 and the full or causal window are their plain cases), and the
+/// soft cap where `Softcap` (a tanh per score and 1 - tanh^2 in dS), so that only the calls that
+/// ask for it pay it. Calls without any of them run the default kernel itself
+/// (ResolvedOptions::plain()).
+template <int D, bool Softcap>
+using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, true, Softcap>;
+
+/// stage07::resolve_options() (InputError for Hk not dividing Hq, a bound below -1, a negative
+/// or infinite cap, a dropout p out of range), and what this backward adds: no dropout yet, and
+/// the switches on the default main kernel only (`step`, 0 to 5, is the step that would run).
+inline ResolvedOptions resolve_backward_options(const Problem& p, const ModelOptions& options, int step) {
+    const ResolvedOptions m = stage07::resolve_options(p, options);
+    if (m.dropout.enabled()) {
+        std::ostringstream msg;
+        msg << "--dropout " << options.dropout.p << ": stage 09's backward does not apply dropout yet (use 0)";
+        throw InputError(msg.str());
+    }
+    if (!m.plain() && step != kModelStep) {
+        throw InputError("stage 09: grouped heads, a window or a soft cap run on the default main kernel only (--step " +
+                         std::to_string(kModelStep) + "), not on step " + std::to_string(step));
+    }
+    return m;
+}
+
+/// Calls `run(F{})` with the features the default main kernel runs for `options`: its own when
+/// they are plain, otherwise ModelStep with or without the soft cap.
+template <int D, class Run>
+decltype(auto) with_model_features(const ResolvedOptions& options, Run&& run) {
+    if (options.plain()) return run(TiledStepFeatures<D, kModelStep>{});
+    if (options.softcap > 0.0) return run(ModelStep<D, true>{});
+    return run(ModelStep<D, false>{});
+}
+//! [model_steps]
+
 /// The shape of one main kernel, for the host: block counts, padding, the workspace, the report.
 struct Geometry {
     int br;                ///< query rows per query block
@@ -245,10 +294,13 @@ struct Launches {
 /// The arguments and block counts of the three kernels for one problem. `workspace` holds
 /// workspace_floats() floats (L log2(e), then D, then the dQ accumulator, per padded row); `turns`
 /// holds B*H*Tr counters in the deterministic mode, nullptr otherwise.
+/// With stage 10's options `m`: q, o, dout, dq and lse have Hq = p.heads heads, k, v, dk and dv
+/// Hk = Hq / m.kv_group; the main grid has one block per (key block, batch, K/V head), the
+/// preprocessing and postprocessing kernels work per query head.
 template <class T, int D>
-Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<const T> o,
-                          View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv,
-                          float* workspace, int* turns, const Geometry& geo) {
+Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<const T> q, View4<const T> k,
+                          View4<const T> v, View4<const T> o, View3<const float> lse, View4<const T> dout, View4<T> dq,
+                          View4<T> dk, View4<T> dv, float* workspace, int* turns, const Geometry& geo) {
     const Counts c = counts(p, geo);
     float* lse_log2 = workspace;                                 // [B*H, Nq_padded]
     float* delta = lse_log2 + c.batch_heads * c.seq_q_padded;    // [B*H, Nq_padded]
@@ -277,12 +329,21 @@ Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, 
     a.dv_sb = dv.stride[0], a.dv_sh = dv.stride[1], a.dv_sn = dv.stride[2];
     a.heads = int(p.heads), a.seq_q = int(p.seq_q), a.seq_k = int(p.seq_k), a.seq_q_padded = int(c.seq_q_padded);
     a.q_blocks = int(c.q_blocks), a.k_blocks = int(c.k_blocks);
-    a.causal = p.causal;
+    a.causal = p.causal || m.right == 0;  // the window (-1, 0) is causal attention
     // The scale keeps its sign: P = exp2(s * scale*log2e - L*log2e) is right for either sign, and
     // masked entries are zeroed after the exponential. A zero scale gives uniform weights.
     a.scale = float(scale);
     a.scale_log2 = float(scale * 1.4426950408889634);  // log2(e)
-    l.main_blocks = c.batch_heads * c.k_blocks;
+    a.kv_group = m.kv_group;
+    a.window_left = m.left, a.window_right = m.right;  // causal is (-1, 0) here
+    if (m.softcap > 0.0) {
+        // The kernel scales and caps the scores itself (c tanh(scale s / c)), then takes P from
+        // the capped ones with log2(e) alone; dK and dQ keep the softmax scale (a.scale, post.scale).
+        a.softcap = float(m.softcap);
+        a.softcap_scale = float(scale / m.softcap);
+        a.scale_log2 = 1.4426950408889634f;
+    }
+    l.main_blocks = c.batch_heads / m.kv_group * c.k_blocks;
 
     PostprocessArgs<T>& post = l.post;
     post.dq_accum = dq_accum, post.dq = dq.data;
@@ -294,6 +355,14 @@ Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, 
     return l;
 }
 //! [launches]
+
+/// make_launches() of a plain call (no grouped heads, window or soft cap).
+template <class T, int D>
+Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<const T> o,
+                          View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv,
+                          float* workspace, int* turns, const Geometry& geo) {
+    return make_launches<T, D>(p, ResolvedOptions{}, q, k, v, o, lse, dout, dq, dk, dv, workspace, turns, geo);
+}
 
 /// A kernel as a type: `Kernel<k>::value` is `k`, so that a generic launcher receives the kernel
 /// as a compile-time constant (what fa::cuda::allow_dynamic_shared_memory takes).
@@ -367,5 +436,14 @@ void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
     launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
 }
 //! [run]
+
+/// run_kernels() with stage 10's options: the default main kernel with the features
+/// with_model_features() picks for `options` (launches made by make_launches() with the same options).
+template <class T, int D, bool kDeterministic, class Launch>
+void run_model_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
+    launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
+    with_model_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
+    launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
+}
 
 }  // namespace fa::stage09

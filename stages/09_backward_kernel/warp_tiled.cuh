@@ -236,6 +236,25 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
 
     float s[S::kKeyTiles][S::kNTiles][4];
     product(s, k_a, q_b);
+    //! [model_softcap]
+    // The soft cap (stage 07's): s <- c tanh(scale s / c), the scale applied before the tanh, so
+    // that P below takes the capped scores with log2(e) alone (the host passes scale_log2 =
+    // log2(e)). dS is then the gradient of the capped score; the products need that of scale s:
+    // d(c tanh(x / c))/dx = 1 - tanh^2(x / c), kept per score until dS is formed.
+    [[maybe_unused]] float dcap[kSoftcap<F> ? S::kKeyTiles : 1][kSoftcap<F> ? S::kNTiles : 1][4];
+    if constexpr (kSoftcap<F>) {
+#pragma unroll
+        for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float u = tanhf(s[mt][nt][e] * a.softcap_scale);
+                    s[mt][nt][e] = a.softcap * u;
+                    dcap[mt][nt][e] = 1.0f - u * u;
+                }
+    }
+    //! [model_softcap]
     // P^T = exp2(S^T scale log2e - L log2e); element e of tile (mt, nt) is key 16 mt + g + 8 (e/2),
     // query nt*8 + 2t + e%2 of the warp's piece.
     const int key_offset = a.seq_k - a.seq_q;
@@ -247,7 +266,17 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float p = ex2(fmaf(s[mt][nt][e], a.scale_log2, -(e % 2 ? l2.y : l2.x)));
-                if constexpr (kMask) {
+                if constexpr (kMask && kWindow<F>) {
+                    //! [model_window_mask]
+                    // The window (fa/varlen.hpp): query r sees key k iff r + Nk - Nq - left <= k <=
+                    // r + Nk - Nq + right (a bound of -1 dropping its side) and k < Nk.
+                    const int key = kv0 + key_row0 + 16 * mt + g + 8 * (e / 2);
+                    const int query = q0 + c0 + nt * 8 + 2 * t + e % 2;
+                    const bool visible = key < a.seq_k && (a.window_left < 0 || key >= query + key_offset - a.window_left) &&
+                                         (a.window_right < 0 || key <= query + key_offset + a.window_right);
+                    if (!visible) p = 0.0f;
+                    //! [model_window_mask]
+                } else if constexpr (kMask) {
                     const int key = kv0 + key_row0 + 16 * mt + g + 8 * (e / 2);
                     const int query = q0 + c0 + nt * 8 + 2 * t + e % 2;
                     if (!(key < a.seq_k && (!a.causal || key <= query + key_offset))) p = 0.0f;
@@ -282,8 +311,14 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
                 const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
                 const float* x = dp[mt][nt];
                 const float* p = s[mt][nt];
-                ds[mt][nt][0] = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
-                ds[mt][nt][1] = pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+                if constexpr (kSoftcap<F>) {  // dS of the uncapped score: times 1 - tanh^2
+                    const float* c = dcap[mt][nt];
+                    ds[mt][nt][0] = pack2<T>(p[0] * (x[0] - d2.x) * c[0], p[1] * (x[1] - d2.y) * c[1]);
+                    ds[mt][nt][1] = pack2<T>(p[2] * (x[2] - d2.x) * c[2], p[3] * (x[3] - d2.y) * c[3]);
+                } else {
+                    ds[mt][nt][0] = pack2<T>(p[0] * (x[0] - d2.x), p[1] * (x[1] - d2.y));
+                    ds[mt][nt][1] = pack2<T>(p[2] * (x[2] - d2.x), p[3] * (x[3] - d2.y));
+                }
                 *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r, c)) = ds[mt][nt][0];
                 *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) = ds[mt][nt][1];
             }
@@ -294,6 +329,7 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
         // dP^T and dS^T kDpColumns query columns at a time: the float32 P^T of the whole step stays
         // in registers, but only one piece of dP^T beside it. Each piece reads the V_w fragments
         // again (the price: Bn / kDpColumns times the A loads of dP^T).
+        static_assert(!kSoftcap<F>, "stage 10's soft cap runs on the default main kernel, whose dP^T is not in pieces");
         constexpr int kPieceTiles = kDpColumns<F> / 8;  // 8-query column tiles per piece
 #pragma unroll
         for (int piece = 0; piece < S::kNTiles / kPieceTiles; ++piece) {
@@ -458,7 +494,15 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
     float* lse_ring = reinterpret_cast<float*>(dst_tile + S::kPElems);  // 2 x [Br] L_i log2(e)
     float* delta_ring = lse_ring + 2 * F::kBr;                         // 2 x [Br] D_i
 
-    const detail::BlockView<T> w = detail::block_view<T, D, F::kBc, kDeterministic>(a);
+    // Stage 10's switches (ModelFeatures): a block per key block of a K/V head, which visits the
+    // query heads of its group in turn (`w` moves from one to the next, model_query_block_pipeline).
+    constexpr bool kModel = kGroupedHeads<F> || kWindow<F>;
+    detail::BlockView<T> w;
+    if constexpr (kModel) {
+        w = detail::model_block_view<T, D, F, kDeterministic>(a);
+    } else {
+        w = detail::block_view<T, D, F::kBc, kDeterministic>(a);
+    }
     const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int g = lane / 4, t = lane % 4;
     // The warp's pieces: keys (S^T, dP^T, dK, dV), query columns (S^T, dP^T), features (dK, dV),
@@ -483,7 +527,7 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
         const uint16_t* do_tile = do_ring + slot * S::kQElems;
         const float* lse_slot = lse_ring + slot * F::kBr;
         const float* delta_slot = delta_ring + slot * F::kBr;
-        const bool mask = block_needs_mask(q0, w.kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
+        const bool mask = detail::needs_mask<F>(a, q0, w.kv0);
 #pragma unroll 1
         for (int step = 0; step < S::kSteps; ++step) {
             const int c0 = query_col0 + step * F::kBn;
@@ -503,15 +547,20 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
         // the two, holding its products in registers.
         detail::tiled_dq<T, D, F>(dst_tile, k_tile, w.dq + int64_t(q0) * D, dq_row0, dq_col0, lane, [&] {
             if constexpr (kDeterministic) {
-                detail::wait_for_turn<T, F::kBr, F::kBc>(a, w.bh, i, w.j);
+                detail::wait_for_turn<T, F::kBr, F::kBc, kWindow<F>>(a, w.bh, i, w.j);
                 __syncthreads();  // the turn thread 0 acquired, before every thread's dQ_i additions
             }
         });
         if constexpr (kDeterministic) detail::pass_turn(a, w.bh, i);
     };
-    // The same pipeline as the first kernel's (query_block_pipeline), with nothing to do after its barrier.
-    detail::query_block_pipeline<F, L, S::kThreads, S::kQElems>(a, w, k_tile, v_tile, q_ring, do_ring, lse_ring,
-                                                                delta_ring, [](int, int) {}, query_block);
+    if constexpr (kModel) {
+        detail::model_query_block_pipeline<F, L, S::kThreads, S::kQElems, D>(a, w, k_tile, v_tile, q_ring, do_ring,
+                                                                             lse_ring, delta_ring, query_block);
+    } else {
+        // The same pipeline as the first kernel's (query_block_pipeline), with nothing to do after its barrier.
+        detail::query_block_pipeline<F, L, S::kThreads, S::kQElems>(a, w, k_tile, v_tile, q_ring, do_ring, lse_ring,
+                                                                    delta_ring, [](int, int) {}, query_block);
+    }
 
     // Epilogue: dK_j (scaled) and dV_j rounded to T, staged in the K_j and V_j tiles once every
     // warp is done reading them, then written as whole 16-byte chunks by all threads.

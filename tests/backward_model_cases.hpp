@@ -1,0 +1,180 @@
+// Stage 10's switches on stage 09's backward kernel (grouped-query heads, sliding windows, the soft
+// cap), checked the same way on the CPU (test_stage09_model_emulated: the warp emulator) and on the
+// GPU (test_stage09): the cases, their inputs rounded to bf16 or fp16, the forward's O and LSE and
+// the gradients from the float64 reference of fa/reference_ext.hpp, and the checks. A test
+// supplies only how the backward runs.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fa/inputs.hpp"
+#include "fa/precision.hpp"
+#include "fa/reference_ext.hpp"
+#include "fa/varlen.hpp"
+#include "model_cases.hpp"
+
+namespace fa::test {
+
+/// The cases of the backward: Hq/Hk = 1, 2, 4 (MQA), windows narrower than a tile and wider than
+/// N, both bounds, causal with rows that see no key, keys and whole key blocks no query sees,
+/// the soft cap (with large logits too), Nq != Nk both ways, tails, a negative scale, bf16 and
+/// fp16, d = 64 and 128. `model` says
+/// whether the options ask for the kernel with stage 10's switches (Hq/Hk = 1 with a full or
+/// causal window is the plain call).
+inline std::vector<ModelCase> backward_model_cases() {
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    return {
+        // grouped-query heads
+        {64, bf16, 1, 4, 2, 130, 200, false, Window::full(), 0.0, 0.125, true},  // Hq/Hk = 2, tails, Nq < Nk
+        {128, fp16, 2, 4, 1, 150, 70, true, Window::full(), 0.0, 0.088, true},   // MQA (4 heads on one), causal, Nq > Nk
+        // sliding windows
+        {64, bf16, 1, 2, 2, 200, 200, false, Window{16, 0}, 0.0, 0.125, true},      // narrower than a tile, Hq/Hk = 1
+        {64, fp16, 1, 2, 1, 150, 90, false, Window{20, 7}, 0.0, -0.2, true},        // both bounded, Nq > Nk: rows see no key
+        {128, bf16, 1, 2, 1, 3, 300, true, Window{70, -1}, 0.0, 0.088, true},       // 3 rows at the end of 300 keys: (70, 0)
+        {128, fp16, 1, 2, 1, 65, 129, false, Window{500, 400}, 0.0, 0.088, true},  // wider than N: no window, with GQA
+        // the soft cap
+        {64, fp16, 1, 4, 2, 100, 140, false, Window{40, 0}, 5.0, 0.5, true},      // scores up to ~10 capped at 5, GQA, a window
+        {128, bf16, 1, 2, 2, 97, 97, true, Window::full(), 30.0, 0.088, true, InputKind::Large},  // large logits, causal
+    };
+}
+
+/// One case's data: the inputs rounded to the case's precision (what the kernel reads, exactly),
+/// the forward's O (the float64 one, rounded) and LSE as the backward receives them, dO, and the
+/// float64 gradients of the rounded inputs. Packed orders: q, o, dout (total_q, Hq, d), k, v
+/// (total_k, Hk, d), lse (Hq, total_q), as reference_ext.hpp has them; the kernels read them as
+/// (B, H, N, d) views of B equal sequences.
+struct BackwardModelData {
+    VarlenProblem vp;            ///< the case as a packed problem (packed_problem())
+    std::vector<float> q;        ///< (total_q, Hq, d)
+    std::vector<float> k;        ///< (total_k, Hk, d)
+    std::vector<float> v;        ///< (total_k, Hk, d)
+    std::vector<float> dout;     ///< (total_q, Hq, d)
+    std::vector<float> o;        ///< (total_q, Hq, d)
+    std::vector<float> lse;      ///< (Hq, total_q), -inf for rows that see no key
+    VarlenGradients ref;         ///< the float64 gradients
+};
+
+/// The data of case `c` (seeded by its shape).
+inline BackwardModelData backward_model_data(const ModelCase& c) {
+    BackwardModelData data;
+    data.vp = packed_problem(c);
+    data.vp.validate();
+    const uint64_t seed = 9000 + uint64_t(c.Nq) * 31 + uint64_t(c.Nk) * 7 + uint64_t(c.d) + uint64_t(c.Hq) * 3 + uint64_t(c.Hk);
+    Inputs in = make_varlen_inputs(data.vp, c.inputs, seed);
+    HostTensor dout = make_varlen_output_gradient(data.vp, seed);
+    for (HostTensor* t : {&in.q, &in.k, &in.v, &dout})
+        for (float& x : t->storage) x = round_to(c.precision, x);
+    data.q = in.q.storage, data.k = in.k.storage, data.v = in.v.storage, data.dout = dout.storage;
+    const VarlenReference fwd = reference_attention_varlen(data.vp, in.q.cview(), in.k.cview(), in.v.cview());
+    data.o.resize(fwd.o.size());
+    for (size_t i = 0; i < fwd.o.size(); ++i) data.o[i] = round_to(c.precision, float(fwd.o[i]));
+    data.lse.resize(fwd.lse.size());
+    for (size_t i = 0; i < fwd.lse.size(); ++i) data.lse[i] = float(fwd.lse[i]);
+    data.ref = reference_backward_varlen(data.vp, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
+    return data;
+}
+
+/// Gradients of one run, widened to float32, in the packed orders of BackwardModelData.
+struct ModelGradients {
+    std::vector<float> dq;  ///< (total_q, Hq, d)
+    std::vector<float> dk;  ///< (total_k, Hk, d)
+    std::vector<float> dv;  ///< (total_k, Hk, d)
+};
+
+/// max |x - ref| over max |ref| (the absolute error where the reference is all but zero), and the
+/// count of elements of x that are not finite: the rule of test_stage09_emulated.
+template <class Ref>
+double relative_max_error(const std::vector<float>& x, const std::vector<Ref>& ref, int64_t& nonfinite) {
+    double e = 0.0, m = 0.0;
+    for (size_t i = 0; i < x.size(); ++i) {
+        const double a = x[i], b = double(ref[i]);
+        if (!std::isfinite(a)) ++nonfinite;
+        e = std::max(e, std::abs(a - b)), m = std::max(m, std::abs(b));
+    }
+    return m < 1e-6 ? e : e / m;
+}
+
+/// The limit of relative_max_error() against float64: a few units of the 16-bit type's rounding
+/// of the largest gradient (the kernels keep float32 sums; their error is the rounding of their
+/// inputs, O and outputs), as test_stage09_emulated allows the plain kernels.
+inline double backward_limit(Precision precision) { return precision == Precision::BFloat16 ? 2e-2 : 4e-3; }
+
+/// `got` against the float64 gradients of `data`: each gradient within backward_limit(), every
+/// element finite, and exactly 0 where float64 is exactly 0 because nothing reaches it: dQ of rows
+/// that see no key (LSE -inf), dK and dV of keys that no query sees.
+inline void check_backward_gradients(const ModelCase& c, const BackwardModelData& data, const ModelGradients& got,
+                                     const std::string& what) {
+    INFO(c.describe() << " " << what);
+    const double limit = backward_limit(c.precision);
+    const char* names[3] = {"dQ", "dK", "dV"};
+    const std::vector<float>* g[3] = {&got.dq, &got.dk, &got.dv};
+    const std::vector<double>* want[3] = {&data.ref.dq, &data.ref.dk, &data.ref.dv};
+    for (int i = 0; i < 3; ++i) {
+        REQUIRE(g[i]->size() == want[i]->size());
+        int64_t nonfinite = 0;
+        const double e = relative_max_error(*g[i], *want[i], nonfinite);
+        INFO(std::string(names[i]) << ": relative max error " << e << " (limit " << limit << "), " << nonfinite << " not finite");
+        CHECK(nonfinite == 0);
+        CHECK(e <= limit);
+    }
+    // Rows that see no key: dQ exactly 0. Keys no query sees: dK and dV exactly 0.
+    const int64_t d = c.d, hq = c.Hq, total_q = data.vp.total_q;
+    int64_t empty_rows = 0, nonzero = 0;
+    for (int64_t h = 0; h < hq; ++h)
+        for (int64_t t = 0; t < total_q; ++t) {
+            if (!std::isinf(data.lse[size_t(h * total_q + t)])) continue;
+            ++empty_rows;
+            for (int64_t x = 0; x < d; ++x) nonzero += got.dq[size_t((t * hq + h) * d + x)] != 0.0f;
+        }
+    int64_t unseen = 0;
+    for (size_t row = 0; row * size_t(d) < data.ref.dk.size(); ++row) {
+        bool zero = true;
+        for (int64_t x = 0; x < d; ++x) zero = zero && data.ref.dv[row * size_t(d) + size_t(x)] == 0.0;
+        if (!zero) continue;
+        ++unseen;
+        for (int64_t x = 0; x < d; ++x) {
+            nonzero += got.dk[row * size_t(d) + size_t(x)] != 0.0f;
+            nonzero += got.dv[row * size_t(d) + size_t(x)] != 0.0f;
+        }
+    }
+    INFO(empty_rows << " query rows see no key, " << unseen << " key rows are seen by no query");
+    CHECK(nonzero == 0);
+}
+
+/// The same case with K and V repeated per query head (Hk = Hq): without a window or a soft cap,
+/// the plain kernel's problem. Its dK and dV, summed over each group, are the grouped call's; its
+/// dQ is the grouped call's.
+inline ModelCase repeated_case(const ModelCase& c) {
+    ModelCase r = c;
+    r.Hk = c.Hq;
+    r.model = !stage07::resolve_options(r.problem(), r.options()).plain();
+    return r;
+}
+
+/// k or v (total_k, Hk, d) repeated per query head: (total_k, Hq, d), head h holding K/V head h / (Hq/Hk).
+inline std::vector<float> repeat_heads(const std::vector<float>& x, int64_t hk, int64_t hq, int64_t d) {
+    const int64_t total = int64_t(x.size()) / (hk * d), group = hq / hk;
+    std::vector<float> r(size_t(total * hq * d));
+    for (int64_t t = 0; t < total; ++t)
+        for (int64_t h = 0; h < hq; ++h)
+            std::copy_n(&x[size_t((t * hk + h / group) * d)], d, &r[size_t((t * hq + h) * d)]);
+    return r;
+}
+
+/// Gradients of the repeated problem (total_k, Hq, d) summed over each group: (total_k, Hk, d), in float64.
+inline std::vector<double> sum_over_groups(const std::vector<float>& x, int64_t hk, int64_t hq, int64_t d) {
+    const int64_t total = int64_t(x.size()) / (hq * d), group = hq / hk;
+    std::vector<double> r(size_t(total * hk * d), 0.0);
+    for (int64_t t = 0; t < total; ++t)
+        for (int64_t h = 0; h < hq; ++h)
+            for (int64_t e = 0; e < d; ++e) r[size_t((t * hk + h / group) * d + e)] += x[size_t((t * hq + h) * d + e)];
+    return r;
+}
+
+}  // namespace fa::test

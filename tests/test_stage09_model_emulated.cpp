@@ -1,0 +1,213 @@
+// Stage 09's default main kernel with stage 10's switches (grouped-query heads, sliding windows, the
+// soft cap), with its preprocessing and postprocessing kernels, launched as the stage launches them
+// (stages/09_backward_kernel/launch.cuh: the options resolved, the features chosen, the arguments
+// built) and run on the CPU by the warp emulator (tools/warp_emulator), against the float64
+// gradients of fa/reference_ext.hpp (tests/backward_model_cases.hpp). No GPU is needed, so this
+// runs in CI; the GPU tests (test_stage09) remain the check of the compiled kernels.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backward_model_cases.hpp"
+#include "emulator.hpp"
+#include "fa/error.hpp"
+#include "fa/problem.hpp"
+#include "fa/tensor.hpp"
+#include "stages/09_backward_kernel/launch.cuh"
+
+namespace fa::stage09 {
+// The dynamic shared memory the kernels declare (`extern __shared__ ... smem_raw[]`).
+alignas(128) unsigned char smem_raw[232448];
+}  // namespace fa::stage09
+
+namespace {
+
+using namespace fa;
+using namespace fa::stage09;
+
+/// What one emulated run gives: the gradients, and whether the kernel with stage 10's switches ran.
+struct Run {
+    test::ModelGradients grads;
+    bool model = false;
+};
+
+// The backward of case `c` through the stage's launch code (launch.cuh: the options resolved,
+// make_launches, run_model_kernels) on the emulator, in T at head dimension D. q, k, v, o, dout
+// in the packed orders of BackwardModelData; the workspace starts as garbage, the turns at 777
+// and the gradients as all-ones bits (NaN): what the kernels forget shows. Blocks run one at a
+// time in order of block number: in the deterministic mode a block that had to wait for its turn
+// would stop the emulator (a wait for a block that runs after it).
+template <class T, int D>
+Run run_emulated(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                 const std::vector<float>& v, const std::vector<float>& o, const std::vector<float>& lse,
+                 const std::vector<float>& dout, bool deterministic) {
+    const Problem p = c.problem();
+    const ResolvedOptions m = resolve_options(p, c.options());
+    const Geometry geo = geometry_for<D>(kModelStep);
+    const Counts counted = counts(p, geo);
+    std::vector<float> workspace(size_t(workspace_floats(p, geo)), 12345.0f);
+    std::vector<int> turns(size_t(counted.batch_heads * counted.q_blocks), 777);
+    const std::vector<uint16_t> q16 = emu::to_bits<T>(q), k16 = emu::to_bits<T>(k), v16 = emu::to_bits<T>(v),
+                                o16 = emu::to_bits<T>(o), do16 = emu::to_bits<T>(dout);
+    std::vector<uint16_t> dq16(q.size(), 0xffff), dk16(k.size(), 0xffff), dv16(v.size(), 0xffff);
+    // (B, H, N, d) views of the packed (total, H, d) buffers; the LSE (B, Hq, Nq) of an (Hq, total_q) buffer.
+    const auto view = [&](const std::vector<uint16_t>& x, int64_t h, int64_t n) {
+        return View4<const T>{reinterpret_cast<const T*>(x.data()), {c.B, h, n, D}, {n * h * D, D, h * D, 1}};
+    };
+    const auto out = [&](std::vector<uint16_t>& x, int64_t h, int64_t n) {
+        return View4<T>{reinterpret_cast<T*>(x.data()), {c.B, h, n, D}, {n * h * D, D, h * D, 1}};
+    };
+    const View3<const float> lv{lse.data(), {c.B, c.Hq, c.Nq}, {c.Nq, int64_t(c.B) * c.Nq, 1}};
+    const Launches<T> launches = make_launches<T, D>(
+        p, m, view(q16, c.Hq, c.Nq), view(k16, c.Hk, c.Nk), view(v16, c.Hk, c.Nk), view(o16, c.Hq, c.Nq), lv,
+        view(do16, c.Hq, c.Nq), out(dq16, c.Hq, c.Nq), out(dk16, c.Hk, c.Nk), out(dv16, c.Hk, c.Nk), workspace.data(),
+        deterministic ? turns.data() : nullptr, geo);
+    const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
+        REQUIRE(smem <= sizeof smem_raw);
+        emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); });
+    };
+    if (deterministic) {
+        run_model_kernels<T, D, true>(launches, m, launch);
+    } else {
+        run_model_kernels<T, D, false>(launches, m, launch);
+    }
+    Run r;
+    r.model = with_model_features<D>(m, [](auto features) { return kGroupedHeads<decltype(features)>; });
+    const auto widen = [](const std::vector<uint16_t>& x) {
+        std::vector<float> f(x.size());
+        for (size_t i = 0; i < x.size(); ++i) f[i] = emu::to_f<T>(x[i]);
+        return f;
+    };
+    r.grads = {widen(dq16), widen(dk16), widen(dv16)};
+    return r;
+}
+
+template <class T>
+Run run_for_d(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+              const std::vector<float>& o, const std::vector<float>& lse, const std::vector<float>& dout, bool deterministic) {
+    switch (c.d) {
+        case 32: return run_emulated<T, 32>(c, q, k, v, o, lse, dout, deterministic);
+        case 64: return run_emulated<T, 64>(c, q, k, v, o, lse, dout, deterministic);
+        default: return run_emulated<T, 128>(c, q, k, v, o, lse, dout, deterministic);
+    }
+}
+
+Run run_case(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
+             const std::vector<float>& o, const std::vector<float>& lse, const std::vector<float>& dout, bool deterministic) {
+    return c.precision == Precision::BFloat16 ? run_for_d<__nv_bfloat16>(c, q, k, v, o, lse, dout, deterministic)
+                                              : run_for_d<__half>(c, q, k, v, o, lse, dout, deterministic);
+}
+
+// Case `c` in both dQ modes against the float64 gradients; the two modes' dK and dV are the same
+// bits (they never leave their block); with grouped heads, the same problem with K and V
+// repeated per query head on the plain kernel gives the same dQ, bit for bit (the same products
+// added in the same order), and its dK, dV summed over each group the grouped call's dK, dV to
+// the rounding of the per-head sums.
+void check_case(const test::ModelCase& c) {
+    const test::BackwardModelData data = test::backward_model_data(c);
+    const bool bf16 = c.precision == Precision::BFloat16;
+    test::ModelGradients by_mode[2];
+    for (const bool deterministic : {false, true}) {
+        const Run r = run_case(c, data.q, data.k, data.v, data.o, data.lse, data.dout, deterministic);
+        INFO(c.describe() << std::string(deterministic ? " deterministic" : " atomic"));
+        CHECK(r.model == c.model);
+        test::check_backward_gradients(c, data, r.grads, deterministic ? "deterministic" : "atomic");
+        by_mode[deterministic] = r.grads;
+    }
+    CHECK(by_mode[0].dk == by_mode[1].dk);
+    CHECK(by_mode[0].dv == by_mode[1].dv);
+    const test::ModelCase rc = test::repeated_case(c);
+    if (c.Hk == c.Hq || rc.model) return;  // the repeated problem on the plain kernel only (a windowed one is slow here)
+    const std::vector<float> k = test::repeat_heads(data.k, c.Hk, c.Hq, c.d), v = test::repeat_heads(data.v, c.Hk, c.Hq, c.d);
+    const Run r = run_case(rc, data.q, k, v, data.o, data.lse, data.dout, true);
+    INFO(c.describe() << ": against K and V repeated per query head");
+    CHECK(r.model == rc.model);
+    CHECK(r.grads.dq == by_mode[1].dq);
+    const std::vector<double> dk = test::sum_over_groups(r.grads.dk, c.Hk, c.Hq, c.d);
+    const std::vector<double> dv = test::sum_over_groups(r.grads.dv, c.Hk, c.Hq, c.d);
+    int64_t nonfinite = 0;
+    const double ek = test::relative_max_error(by_mode[1].dk, dk, nonfinite);
+    const double ev = test::relative_max_error(by_mode[1].dv, dv, nonfinite);
+    INFO("dK " << ek << ", dV " << ev << " from the sums of the repeated heads' gradients");
+    CHECK(nonfinite == 0);
+    CHECK(ek <= (bf16 ? 1.6e-2 : 2e-3));
+    CHECK(ev <= (bf16 ? 1.6e-2 : 2e-3));
+}
+
+}  // namespace
+
+TEST_CASE("stage 09: under a window, key block j visits query block i iff i is in j's range iff j is in i's") {
+    // window_query_blocks() (the pipeline's range), window_key_blocks() (the deterministic turns)
+    // and the truth, a real row of block i that sees a real key of block j (visible_key_range()),
+    // must agree: the turns count on it, and on the visitors of i being one range.
+    const int bounds[][2] = {{-1, -1}, {-1, 0}, {0, 0}, {16, 0}, {20, 7}, {0, 5}, {70, -1}, {-1, 3}, {130, 40}, {1, 200}};
+    for (const auto& [left, right] : bounds)
+        for (const int br : {64, 128})
+            for (const int bc : {64, 128})
+                for (int nq = 1; nq <= 300; nq += 37)
+                    for (int nk = 1; nk <= 300; nk += 29) {
+                        const int tr = (nq + br - 1) / br, tc = (nk + bc - 1) / bc;
+                        for (int i = 0; i < tr; ++i) {
+                            int first, last;
+                            window_key_blocks(i, br, bc, nq, nk, tc, left, right, first, last);
+                            for (int j = 0; j < tc; ++j) {
+                                bool sees = false;
+                                for (int r = i * br; r < std::min((i + 1) * br, nq) && !sees; ++r) {
+                                    const KeyRange keys = visible_key_range(r, nq, nk, Window{left, right});
+                                    sees = std::max<int64_t>(keys.begin, int64_t(j) * bc) < std::min<int64_t>(keys.end, int64_t(j + 1) * bc);
+                                }
+                                int begin, end;
+                                window_query_blocks(j, br, bc, nq, nk, left, right, begin, end);
+                                INFO("window (" << left << ", " << right << ") Br=" << br << " Bc=" << bc << " Nq=" << nq
+                                                << " Nk=" << nk << " i=" << i << " j=" << j);
+                                REQUIRE(sees == (begin <= i && i < end));
+                                REQUIRE(sees == (first <= j && j <= last));
+                            }
+                        }
+                    }
+}
+
+TEST_CASE("emulated stage 09: grouped-query heads, windows and the soft cap match the float64 gradients and K, V repeated per query head") {
+    for (const test::ModelCase& c : test::backward_model_cases()) check_case(c);
+}
+
+TEST_CASE("stage 09: stage 10's options it cannot apply are refused with InputError, naming what is allowed") {
+    Problem p;
+    p.heads = 6, p.seq_q = 100, p.seq_k = 100;
+    const auto message = [&](const ModelOptions& o, int step = kModelStep) -> std::string {
+        try {
+            resolve_backward_options(p, o, step);
+        } catch (const InputError& e) {
+            return e.what();
+        }
+        return "(no error)";
+    };
+    ModelOptions o;
+    o.kv_heads = 4;
+    CHECK(message(o).find("--heads 6 is not a multiple of --kv-heads 4") != std::string::npos);
+    o.kv_heads = 3;
+    CHECK(message(o) == "(no error)");
+    CHECK(resolve_backward_options(p, o, kModelStep).kv_group == 2);
+    // The switches run on the default main kernel only; plain options run on any step.
+    CHECK(message(o, 2).find("default main kernel only (--step 4), not on step 2") != std::string::npos);
+    CHECK(message(ModelOptions{}, 0) == "(no error)");
+    o.window = Window{-2, 0};
+    CHECK(message(o).find("--window -2,0") != std::string::npos);
+    o.window = Window{10, 3}, o.softcap = -1.0;
+    CHECK(message(o).find("--softcap") != std::string::npos);
+    o.softcap = 5.0, o.dropout.p = 0.1;
+    CHECK(message(o).find("--dropout 0.1: stage 09's backward does not apply dropout yet") != std::string::npos);
+    o.dropout.p = 0.0;
+    const ResolvedOptions m = resolve_backward_options(p, o, kModelStep);
+    CHECK(m.left == 10);
+    CHECK(m.right == 3);
+    CHECK(m.softcap == 5.0);
+    // Bounds no row reaches past are no bounds: a window wider than the problem is the plain call.
+    o = ModelOptions{};
+    o.window = Window{500, 400};
+    CHECK(resolve_backward_options(p, o, 0).plain());
+}
