@@ -60,24 +60,29 @@ struct BackwardModelData {
     VarlenGradients ref;         ///< the float64 gradients
 };
 
-/// The data of case `c` (seeded by its shape).
-inline BackwardModelData backward_model_data(const ModelCase& c) {
+/// The data of the packed problem `vp` in `precision`, inputs of `kind` drawn with `seed`.
+inline BackwardModelData backward_data(const VarlenProblem& vp, Precision precision, InputKind kind, uint64_t seed) {
     BackwardModelData data;
-    data.vp = packed_problem(c);
+    data.vp = vp;
     data.vp.validate();
-    const uint64_t seed = 9000 + uint64_t(c.Nq) * 31 + uint64_t(c.Nk) * 7 + uint64_t(c.d) + uint64_t(c.Hq) * 3 + uint64_t(c.Hk);
-    Inputs in = make_varlen_inputs(data.vp, c.inputs, seed);
+    Inputs in = make_varlen_inputs(data.vp, kind, seed);
     HostTensor dout = make_varlen_output_gradient(data.vp, seed);
     for (HostTensor* t : {&in.q, &in.k, &in.v, &dout})
-        for (float& x : t->storage) x = round_to(c.precision, x);
+        for (float& x : t->storage) x = round_to(precision, x);
     data.q = in.q.storage, data.k = in.k.storage, data.v = in.v.storage, data.dout = dout.storage;
     const VarlenReference fwd = reference_attention_varlen(data.vp, in.q.cview(), in.k.cview(), in.v.cview());
     data.o.resize(fwd.o.size());
-    for (size_t i = 0; i < fwd.o.size(); ++i) data.o[i] = round_to(c.precision, float(fwd.o[i]));
+    for (size_t i = 0; i < fwd.o.size(); ++i) data.o[i] = round_to(precision, float(fwd.o[i]));
     data.lse.resize(fwd.lse.size());
     for (size_t i = 0; i < fwd.lse.size(); ++i) data.lse[i] = float(fwd.lse[i]);
     data.ref = reference_backward_varlen(data.vp, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
     return data;
+}
+
+/// The data of case `c` (seeded by its shape), as a packed problem of B equal sequences.
+inline BackwardModelData backward_model_data(const ModelCase& c) {
+    const uint64_t seed = 9000 + uint64_t(c.Nq) * 31 + uint64_t(c.Nk) * 7 + uint64_t(c.d) + uint64_t(c.Hq) * 3 + uint64_t(c.Hk);
+    return backward_data(packed_problem(c), c.precision, c.inputs, seed);
 }
 
 /// Gradients of one run, widened to float32, in the packed orders of BackwardModelData.
@@ -108,10 +113,10 @@ inline double backward_limit(Precision precision) { return precision == Precisio
 /// `got` against the float64 gradients of `data`: each gradient within backward_limit(), every
 /// element finite, and exactly 0 where float64 is exactly 0 because nothing reaches it: dQ of rows
 /// that see no key (LSE -inf), dK and dV of keys that no query sees.
-inline void check_backward_gradients(const ModelCase& c, const BackwardModelData& data, const ModelGradients& got,
+inline void check_backward_gradients(Precision precision, const BackwardModelData& data, const ModelGradients& got,
                                      const std::string& what) {
-    INFO(c.describe() << " " << what);
-    const double limit = backward_limit(c.precision);
+    INFO(to_string(precision) << " " << data.vp.describe() << " " << what);
+    const double limit = backward_limit(precision);
     const char* names[3] = {"dQ", "dK", "dV"};
     const std::vector<float>* g[3] = {&got.dq, &got.dk, &got.dv};
     const std::vector<double>* want[3] = {&data.ref.dq, &data.ref.dk, &data.ref.dv};
@@ -124,7 +129,7 @@ inline void check_backward_gradients(const ModelCase& c, const BackwardModelData
         CHECK(e <= limit);
     }
     // Rows that see no key: dQ exactly 0. Keys no query sees: dK and dV exactly 0.
-    const int64_t d = c.d, hq = c.Hq, total_q = data.vp.total_q;
+    const int64_t d = data.vp.head_dim, hq = data.vp.heads_q, total_q = data.vp.total_q;
     int64_t empty_rows = 0, nonzero = 0;
     for (int64_t h = 0; h < hq; ++h)
         for (int64_t t = 0; t < total_q; ++t) {
@@ -145,6 +150,29 @@ inline void check_backward_gradients(const ModelCase& c, const BackwardModelData
     }
     INFO(empty_rows << " query rows see no key, " << unseen << " key rows are seen by no query");
     CHECK(nonzero == 0);
+}
+
+/// check_backward_gradients() of a dense case.
+inline void check_backward_gradients(const ModelCase& c, const BackwardModelData& data, const ModelGradients& got,
+                                     const std::string& what) {
+    check_backward_gradients(c.precision, data, got, c.describe() + " " + what);
+}
+
+/// The packed cases of the backward (cases of varlen_cases() and of the same kind): sequences of
+/// length 0 and 1 (queries, keys or both), Nq != Nk both ways within one batch, one long sequence
+/// among short ones, Hq/Hk = 2 and 4 (MQA), causal per sequence, a window narrower than a tile,
+/// both bounds, the soft cap, a negative scale, longest lengths larger than needed, bf16 and fp16,
+/// d 64 and 128.
+inline std::vector<VarlenCase> backward_varlen_cases() {
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    return {
+        // causal per sequence: empty sequences, a query with no key, Nq > Nk and Nq < Nk
+        {64, bf16, {0, 1, 7, 131, 1, 0, 37, 2}, {5, 1, 13, 131, 2, 0, 29, 0}, 4, 2, Window::causal(), 0.0, 0.125},
+        // one long sequence among short ones, MQA, a window narrower than a tile
+        {128, fp16, {200, 1, 2, 3, 5, 7, 11, 1}, {263, 3, 2, 1, 5, 17, 11, 1}, 4, 1, Window{40, 0}, 0.0, 0.088},
+        // both bounds, the soft cap, a negative scale, longest lengths larger than needed
+        {64, fp16, {97, 1, 61, 0, 19}, {53, 64, 61, 3, 23}, 2, 2, Window{20, 7}, 5.0, -0.3, 50},
+    };
 }
 
 /// The same case with K and V repeated per query head (Hk = Hq): without a window or a soft cap,

@@ -5,6 +5,7 @@
 // that see no key get exactly zero gradients; any scale; the deterministic mode is bit-identical
 // from run to run; the device entry point with a kept workspace; what the stage refuses. Every
 // test runs each main kernel of the stage's road (every --step of road()).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -495,4 +496,83 @@ TEST_CASE("stage 09 refuses stage 10's options it cannot apply, naming what is a
     o.dropout.p = 0.0;
     o.window = Window{-2, 0};
     CHECK(message(o).find("--window -2,0") != std::string::npos);
+}
+
+namespace {
+
+// A packed case through stage09::attention_backward_varlen_device, in T: the packed buffers of
+// BackwardModelData and cu_seqlens on the device, max lengths `max`; the gradients start as NaN.
+template <class T>
+test::ModelGradients run_varlen_on_gpu(const test::BackwardModelData& data, const stage09::MaxSeqlens& max,
+                                       bool deterministic) {
+    const VarlenProblem& vp = data.vp;
+    const auto to_device = [](const std::vector<float>& x) {
+        std::vector<T> h(x.size());
+        for (size_t i = 0; i < x.size(); ++i) h[i] = from_float<T>(x[i]);
+        cuda::DeviceBuffer<T> d(x.size());
+        if (!h.empty()) d.copy_from_host(h.data(), h.size());
+        return d;
+    };
+    const auto ints_to_device = [](const std::vector<int32_t>& x) {
+        cuda::DeviceBuffer<int32_t> d(x.size());
+        d.copy_from_host(x.data(), x.size());
+        return d;
+    };
+    const cuda::DeviceBuffer<T> qd = to_device(data.q), kd = to_device(data.k), vd = to_device(data.v),
+                                od = to_device(data.o), dod = to_device(data.dout);
+    cuda::DeviceBuffer<T> dqd(data.q.size()), dkd(data.k.size()), dvd(data.v.size());
+    for (cuda::DeviceBuffer<T>* b : {&dqd, &dkd, &dvd})
+        if (b->bytes() > 0) FA_CUDA_CHECK(cudaMemset(b->data(), 0xff, b->bytes()));
+    cuda::DeviceBuffer<float> lsed(data.lse.size());
+    if (!data.lse.empty()) lsed.copy_from_host(data.lse.data(), data.lse.size());
+    const cuda::DeviceBuffer<int32_t> cu_q = ints_to_device(vp.cu_seqlens_q), cu_k = ints_to_device(vp.cu_seqlens_k);
+    cuda::DeviceBuffer<int32_t> schedule(size_t(std::max<int64_t>(1, stage09::varlen_backward_schedule_ints(vp))));
+    const int64_t d = vp.head_dim;
+    const auto in = [&](const cuda::DeviceBuffer<T>& x, int64_t total, int64_t heads) {
+        return make_packed_view(static_cast<const T*>(x.data()), total, heads, d);
+    };
+    const auto out = [&](cuda::DeviceBuffer<T>& x, int64_t total, int64_t heads) { return make_packed_view(x.data(), total, heads, d); };
+    const View3<const float> lv{lsed.data(), {1, vp.heads_q, vp.total_q}, {vp.heads_q * vp.total_q, vp.total_q, 1}};
+    stage09::attention_backward_varlen_device(
+        vp, max, in(qd, vp.total_q, vp.heads_q), in(kd, vp.total_k, vp.heads_k), in(vd, vp.total_k, vp.heads_k),
+        in(od, vp.total_q, vp.heads_q), lv, in(dod, vp.total_q, vp.heads_q), out(dqd, vp.total_q, vp.heads_q),
+        out(dkd, vp.total_k, vp.heads_k), out(dvd, vp.total_k, vp.heads_k),
+        stage09::VarlenBackwardArrays{cu_q.data(), cu_k.data(), schedule.data()}, deterministic, nullptr);
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto back = [](const cuda::DeviceBuffer<T>& x) {
+        std::vector<T> h(x.size());
+        if (!h.empty()) x.copy_to_host(h.data(), h.size());
+        std::vector<float> f(h.size());
+        for (size_t i = 0; i < h.size(); ++i) f[i] = to_float(h[i]);
+        return f;
+    };
+    return {back(dqd), back(dkd), back(dvd)};
+}
+
+}  // namespace
+
+TEST_CASE("stage 09 on packed batches of different lengths matches the float64 gradients, deterministic bit for bit") {
+    // The cases of tests/backward_model_cases.hpp (also run on the CPU by test_stage09_model_emulated),
+    // and larger ones: long sequences beside short ones, many key blocks per sequence.
+    std::vector<test::VarlenCase> cases = test::backward_varlen_cases();
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    cases.push_back({128, bf16, {1000, 3, 517, 0, 64}, {1000, 700, 517, 5, 129}, 8, 2, Window::causal(), 0.0, 0.088});
+    cases.push_back({64, fp16, {2048, 1, 300}, {2048, 1, 900}, 4, 1, Window{256, 0}, 30.0, 0.125, 17});
+    cases.push_back({32, bf16, {129, 257, 1}, {300, 1, 64}, 2, 2, Window::full(), 0.0, 0.17});
+    uint64_t seed = 9700;
+    for (const test::VarlenCase& c : cases) {
+        const test::BackwardModelData data = test::backward_data(c.problem(), c.precision, InputKind::Normal, seed++);
+        const stage09::MaxSeqlens max{data.vp.max_seq_q() + c.extra_max, data.vp.max_seq_k() + c.extra_max};
+        const auto run = [&](bool deterministic) {
+            return c.precision == Precision::BFloat16 ? run_varlen_on_gpu<__nv_bfloat16>(data, max, deterministic)
+                                                      : run_varlen_on_gpu<__half>(data, max, deterministic);
+        };
+        const test::ModelGradients atomic = run(false), fixed = run(true), again = run(true);
+        test::check_backward_gradients(c.precision, data, atomic, "packed, atomic (GPU)");
+        test::check_backward_gradients(c.precision, data, fixed, "packed, deterministic (GPU)");
+        INFO(data.vp.describe());
+        CHECK(bit_identical(fixed.dq, again.dq));
+        CHECK(bit_identical(fixed.dk, atomic.dk));
+        CHECK(bit_identical(fixed.dv, atomic.dv));
+    }
 }

@@ -102,6 +102,70 @@ Run run_case(const test::ModelCase& c, const std::vector<float>& q, const std::v
                                               : run_for_d<__half>(c, q, k, v, o, lse, dout, deterministic);
 }
 
+// A packed call through the stage's launch code for packed batches (resolve_varlen_backward,
+// kv_schedule, make_varlen_launches, run_varlen_kernels) on the emulator, in T at head dimension
+// D; the host arrays stand in for the device ones. Returns whether the kernel ran with the
+// varlen switch (and grouped heads and the window).
+template <class T, int D>
+Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData& data, bool deterministic) {
+    const VarlenProblem& vp = data.vp;
+    const MaxSeqlens max{vp.max_seq_q() + c.extra_max, vp.max_seq_k() + c.extra_max};
+    const ResolvedOptions m = resolve_varlen_backward(vp, max);
+    const Geometry geo = geometry_for<D>(kModelStep);
+    const Problem rows = varlen_rows_problem(vp);
+    const Counts counted = counts(rows, geo, 1);
+    std::vector<float> workspace(size_t(workspace_floats(rows, geo, 1)), 12345.0f);
+    std::vector<int> turns(size_t(counted.batch_heads * counted.seq_q_padded), 777);
+    const std::vector<int32_t> schedule = kv_schedule(vp, geo.bc, deterministic);
+    const std::vector<uint16_t> q16 = emu::to_bits<T>(data.q), k16 = emu::to_bits<T>(data.k), v16 = emu::to_bits<T>(data.v),
+                                o16 = emu::to_bits<T>(data.o), do16 = emu::to_bits<T>(data.dout);
+    std::vector<uint16_t> dq16(data.q.size(), 0xffff), dk16(data.k.size(), 0xffff), dv16(data.v.size(), 0xffff);
+    const auto in = [&](const std::vector<uint16_t>& x, int64_t total, int64_t heads) {
+        return make_packed_view(reinterpret_cast<const T*>(x.data()), total, heads, int64_t(D));
+    };
+    const auto out = [&](std::vector<uint16_t>& x, int64_t total, int64_t heads) {
+        return make_packed_view(reinterpret_cast<T*>(x.data()), total, heads, int64_t(D));
+    };
+    const View3<const float> lv{data.lse.data(), {1, vp.heads_q, vp.total_q}, {vp.heads_q * vp.total_q, vp.total_q, 1}};
+    const Launches<T> launches = make_varlen_launches<T, D>(
+        vp, m, in(q16, vp.total_q, vp.heads_q), in(k16, vp.total_k, vp.heads_k), in(v16, vp.total_k, vp.heads_k),
+        in(o16, vp.total_q, vp.heads_q), lv, in(do16, vp.total_q, vp.heads_q), out(dq16, vp.total_q, vp.heads_q),
+        out(dk16, vp.total_k, vp.heads_k), out(dv16, vp.total_k, vp.heads_k), workspace.data(),
+        deterministic ? turns.data() : nullptr, geo, vp.cu_seqlens_q.data(), vp.cu_seqlens_k.data(), schedule.data(),
+        int64_t(schedule.size() / 2));
+    const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
+        REQUIRE(smem <= sizeof smem_raw);
+        emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); });
+    };
+    if (deterministic) {
+        run_varlen_kernels<T, D, true>(launches, m, launch);
+    } else {
+        run_varlen_kernels<T, D, false>(launches, m, launch);
+    }
+    Run r;
+    r.model = with_varlen_features<D>(m, [](auto features) {
+        using F = decltype(features);
+        return kPacked<F> && kWindow<F> && kGroupedHeads<F>;
+    });
+    const auto widen = [](const std::vector<uint16_t>& x) {
+        std::vector<float> f(x.size());
+        for (size_t i = 0; i < x.size(); ++i) f[i] = emu::to_f<T>(x[i]);
+        return f;
+    };
+    r.grads = {widen(dq16), widen(dk16), widen(dv16)};
+    return r;
+}
+
+Run run_varlen_case(const test::VarlenCase& c, const test::BackwardModelData& data, bool deterministic) {
+    const bool bf16 = c.precision == Precision::BFloat16;
+    switch (c.d) {
+        case 64: return bf16 ? run_varlen_emulated<__nv_bfloat16, 64>(c, data, deterministic)
+                             : run_varlen_emulated<__half, 64>(c, data, deterministic);
+        default: return bf16 ? run_varlen_emulated<__nv_bfloat16, 128>(c, data, deterministic)
+                             : run_varlen_emulated<__half, 128>(c, data, deterministic);
+    }
+}
+
 // Case `c` in both dQ modes against the float64 gradients; the two modes' dK and dV are the same
 // bits (they never leave their block); with grouped heads, the same problem with K and V
 // repeated per query head on the plain kernel gives the same dQ, bit for bit (the same products
@@ -173,6 +237,23 @@ TEST_CASE("stage 09: under a window, key block j visits query block i iff i is i
 
 TEST_CASE("emulated stage 09: grouped-query heads, windows and the soft cap match the float64 gradients and K, V repeated per query head") {
     for (const test::ModelCase& c : test::backward_model_cases()) check_case(c);
+}
+
+TEST_CASE("emulated stage 09: packed batches of different lengths match the float64 gradients") {
+    uint64_t seed = 9500;
+    for (const test::VarlenCase& c : test::backward_varlen_cases()) {
+        const test::BackwardModelData data = test::backward_data(c.problem(), c.precision, InputKind::Normal, seed++);
+        test::ModelGradients by_mode[2];
+        for (const bool deterministic : {false, true}) {
+            const Run r = run_varlen_case(c, data, deterministic);
+            CHECK(r.model);
+            test::check_backward_gradients(c.precision, data, r.grads, deterministic ? "packed, deterministic" : "packed, atomic");
+            by_mode[deterministic] = r.grads;
+        }
+        INFO(data.vp.describe());
+        CHECK(by_mode[0].dk == by_mode[1].dk);
+        CHECK(by_mode[0].dv == by_mode[1].dv);
+    }
 }
 
 TEST_CASE("stage 09: stage 10's options it cannot apply are refused with InputError, naming what is allowed") {

@@ -192,6 +192,91 @@ void run_model_device(const Problem& p, const ModelOptions& options, View4<const
     if (workspace == nullptr) FA_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+/// The backward of a packed call for one (T, D): the schedule copied to the device, the workspace
+/// (grown if needed), then the three kernels (launch.cuh: make_varlen_launches, run_varlen_kernels).
+template <class T, int D>
+void run_varlen_for_d(const VarlenProblem& vp, const ResolvedOptions& m, View4<const T> q, View4<const T> k,
+                      View4<const T> v, View4<const T> o, View3<const float> lse, View4<const T> dout, View4<T> dq,
+                      View4<T> dk, View4<T> dv, const VarlenBackwardArrays& arrays, bool deterministic,
+                      cudaStream_t stream, Workspace& ws) {
+    const Geometry geo = geometry(D, kDefaultStep);
+    const Problem rows = varlen_rows_problem(vp);
+    const Counts c = stage09::counts(rows, geo, 1);
+    const size_t floats = size_t(stage09::workspace_floats(rows, geo, 1));
+    if (ws.floats.size() < floats) ws.floats = cuda::DeviceBuffer<float>(floats);
+    if (deterministic && ws.turns.size() < size_t(c.batch_heads * c.seq_q_padded)) {
+        ws.turns = cuda::DeviceBuffer<int>(size_t(c.batch_heads * c.seq_q_padded));
+    }
+    const std::vector<int32_t> schedule = kv_schedule(vp, geo.bc, deterministic);
+    const int64_t entries = int64_t(schedule.size() / 2);
+    if (entries * (vp.heads_q / m.kv_group) >= (int64_t(1) << 31)) {
+        throw InputError("stage 09: the packed problem needs more than 2^31 thread blocks");
+    }
+    if (entries > 0) {
+        if (arrays.cu_seqlens_q == nullptr || arrays.cu_seqlens_k == nullptr || arrays.schedule == nullptr) {
+            throw InputError("stage 09: a packed call needs cu_seqlens_q, cu_seqlens_k and the schedule on the device");
+        }
+        // From pageable memory: the call returns once the schedule is staged, so the vector may go.
+        FA_CUDA_CHECK(cudaMemcpyAsync(arrays.schedule, schedule.data(), schedule.size() * sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream));
+    }
+    const Launches<T> launches =
+        make_varlen_launches<T, D>(vp, m, q, k, v, o, lse, dout, dq, dk, dv, ws.floats.data(),
+                                   deterministic ? ws.turns.data() : nullptr, geo, arrays.cu_seqlens_q,
+                                   arrays.cu_seqlens_k, arrays.schedule, entries);
+    const auto launch = [&](auto kernel, const char* name, int64_t blocks, int threads, size_t smem, const auto& args) {
+        if (blocks == 0) return;  // no rows (postprocessing) or no keys (the main kernel)
+        if (smem > 0) cuda::allow_dynamic_shared_memory<decltype(kernel)::value>(smem);
+        decltype(kernel)::value<<<unsigned(blocks), unsigned(threads), smem, stream>>>(args);
+        FA_CUDA_CHECK_LAUNCH("stage09 " + std::string(name) + "<d=" + std::to_string(D) + ", packed" +
+                             (deterministic ? ", deterministic>" : ">"));
+    };
+    if (deterministic) {
+        run_varlen_kernels<T, D, true>(launches, m, launch);
+    } else {
+        run_varlen_kernels<T, D, false>(launches, m, launch);
+    }
+}
+
+template <class T>
+void run_varlen_device(const VarlenProblem& vp, const MaxSeqlens& max, View4<const T> q, View4<const T> k,
+                       View4<const T> v, View4<const T> o, View3<const float> lse, View4<const T> dout, View4<T> dq,
+                       View4<T> dk, View4<T> dv, const VarlenBackwardArrays& arrays, bool deterministic,
+                       cudaStream_t stream, Workspace* workspace) {
+    const ResolvedOptions m = resolve_varlen_backward(vp, max);
+    const Problem rows = varlen_rows_problem(vp);
+    check_supported(rows, kDefaultStep);
+    const auto require_shape = [](const char* name, const auto& view, int64_t heads, int64_t total, int64_t last) {
+        if (view.shape[0] != 1 || view.shape[1] != heads || view.shape[2] != total || view.shape[3] != last) {
+            throw InputError(std::string("stage 09: packed ") + name + " must be (1, " + std::to_string(heads) + ", " +
+                             std::to_string(total) + ", " + std::to_string(last) + "), a (total, H, d) buffer; got (" +
+                             std::to_string(view.shape[0]) + ", " + std::to_string(view.shape[1]) + ", " +
+                             std::to_string(view.shape[2]) + ", " + std::to_string(view.shape[3]) + ")");
+        }
+        cuda::require_16_byte_rows("stage 09", name, view);
+    };
+    require_shape("q", q, vp.heads_q, vp.total_q, vp.head_dim);
+    require_shape("k", k, vp.heads_k, vp.total_k, vp.head_dim);
+    require_shape("v", v, vp.heads_k, vp.total_k, vp.head_dim);
+    require_shape("o", o, vp.heads_q, vp.total_q, vp.head_dim);
+    require_shape("dout", dout, vp.heads_q, vp.total_q, vp.head_dim);
+    require_shape("dq", dq, vp.heads_q, vp.total_q, vp.head_dim);
+    require_shape("dk", dk, vp.heads_k, vp.total_k, vp.head_dim);
+    require_shape("dv", dv, vp.heads_k, vp.total_k, vp.head_dim);
+    if (lse.shape[0] != 1 || lse.shape[1] != vp.heads_q || lse.shape[2] != vp.total_q) {
+        throw InputError("stage 09: the packed LSE must be (1, " + std::to_string(vp.heads_q) + ", " +
+                         std::to_string(vp.total_q) + "), an (Hq, total_q) buffer");
+    }
+    Workspace own;
+    Workspace& ws = workspace != nullptr ? *workspace : own;
+    switch (vp.head_dim) {
+        case 32: run_varlen_for_d<T, 32>(vp, m, q, k, v, o, lse, dout, dq, dk, dv, arrays, deterministic, stream, ws); break;
+        case 64: run_varlen_for_d<T, 64>(vp, m, q, k, v, o, lse, dout, dq, dk, dv, arrays, deterministic, stream, ws); break;
+        default: run_varlen_for_d<T, 128>(vp, m, q, k, v, o, lse, dout, dq, dk, dv, arrays, deterministic, stream, ws); break;
+    }
+    if (workspace == nullptr) FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 /// A float32 copy on the device of a host view, with the host view's strides (gaps included,
 /// copied as they are), and the way back.
 struct DeviceCopy {
@@ -378,6 +463,29 @@ void attention_backward_device(const Problem& p, const ModelOptions& options, Vi
                                View4<const __half> dout, View4<__half> dq, View4<__half> dk, View4<__half> dv,
                                bool deterministic, cudaStream_t stream, Workspace* workspace, int step) {
     run_model_device<__half>(p, options, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace, step);
+}
+
+int64_t varlen_backward_schedule_ints(const VarlenProblem& vp) {
+    int64_t blocks = 0;
+    for (int64_t b = 0; b < vp.batch(); ++b) blocks += ceil_div(vp.seq_k(b), int64_t(geometry(vp.head_dim, kDefaultStep).bc));
+    return 2 * blocks;
+}
+
+void attention_backward_varlen_device(const VarlenProblem& vp, const MaxSeqlens& max, View4<const __nv_bfloat16> q,
+                                      View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v,
+                                      View4<const __nv_bfloat16> o, View3<const float> lse,
+                                      View4<const __nv_bfloat16> dout, View4<__nv_bfloat16> dq, View4<__nv_bfloat16> dk,
+                                      View4<__nv_bfloat16> dv, const VarlenBackwardArrays& arrays, bool deterministic,
+                                      cudaStream_t stream, Workspace* workspace) {
+    run_varlen_device<__nv_bfloat16>(vp, max, q, k, v, o, lse, dout, dq, dk, dv, arrays, deterministic, stream, workspace);
+}
+
+void attention_backward_varlen_device(const VarlenProblem& vp, const MaxSeqlens& max, View4<const __half> q,
+                                      View4<const __half> k, View4<const __half> v, View4<const __half> o,
+                                      View3<const float> lse, View4<const __half> dout, View4<__half> dq,
+                                      View4<__half> dk, View4<__half> dv, const VarlenBackwardArrays& arrays,
+                                      bool deterministic, cudaStream_t stream, Workspace* workspace) {
+    run_varlen_device<__half>(vp, max, q, k, v, o, lse, dout, dq, dk, dv, arrays, deterministic, stream, workspace);
 }
 
 BackwardFn host_entry(const Options& options, const ModelOptions& model) {

@@ -24,12 +24,14 @@
 /// **Stage 10's switches** (ModelOptions, on the default main kernel): grouped-query heads (a
 /// block per key block of a K/V head visits the query heads of its group, dK and dV summed in
 /// registers), sliding windows (a range of query blocks per key block, masked at both edges; the
-/// deterministic turns count from each query block's last visitor) and the soft cap (dS times
-/// 1 - tanh^2). Checked on the CPU by the warp emulator; not yet run or timed on a GPU.
+/// deterministic turns count from each query block's last visitor), the soft cap (dS times
+/// 1 - tanh^2), and packed batches of different lengths (attention_backward_varlen_device(): a
+/// block per key block of one sequence, from a schedule). Checked on the CPU by the warp
+/// emulator; not yet run or timed on a GPU.
 ///
-/// **Does not handle yet:** head dimensions other than 32, 64 and 128; dropout and packed batches
-/// of different lengths (stage 10's other switches); Hopper's own instructions (TMA, wgmma); dQ
-/// written without a float32 accumulator in global memory.
+/// **Does not handle yet:** head dimensions other than 32, 64 and 128; dropout (stage 10's last
+/// switch); Hopper's own instructions (TMA, wgmma); dQ written without a float32 accumulator in
+/// global memory.
 ///
 /// **Measured:** on an NVIDIA H100 80GB HBM3, 2026-11-25, B * N = 16384 tokens, H * d = 2048,
 /// bf16 and fp16, causal and not, three rounds each ours then SDPA (docs/results/
@@ -42,6 +44,7 @@
 /// (stages/09_backward_kernel/README.md) has the tables, the profiles and the road.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -56,6 +59,7 @@
 #include "fa/road.hpp"
 #include "fa/stage.hpp"
 #include "fa/tensor.hpp"
+#include "fa/varlen.hpp"
 
 namespace fa::stage09 {
 
@@ -162,6 +166,43 @@ void attention_backward_device(const Problem& problem, const ModelOptions& optio
                                View4<const __half> k, View4<const __half> v, View4<const __half> o, View3<const float> lse,
                                View4<const __half> dout, View4<__half> dq, View4<__half> dk, View4<__half> dv,
                                bool deterministic, cudaStream_t stream, Workspace* workspace = nullptr, int step = -1);
+
+/// The longest sequences of a packed call (flash_attn_varlen_func's max_seqlen_q, max_seqlen_k).
+using stage07::MaxSeqlens;
+
+/// The device arrays of a packed call: cu_seqlens as flash_attn_varlen_func takes them, and room for
+/// the schedule of the main kernel the call writes (varlen_backward_schedule_ints() ints).
+struct VarlenBackwardArrays {
+    const int32_t* cu_seqlens_q = nullptr;  ///< (B+1) on the device, equal to problem.cu_seqlens_q
+    const int32_t* cu_seqlens_k = nullptr;  ///< (B+1) on the device, equal to problem.cu_seqlens_k
+    int32_t* schedule = nullptr;            ///< varlen_backward_schedule_ints(problem) ints on the device, written
+};
+
+/// Ints of device memory the schedule of a packed call needs (2 per key block of every sequence).
+int64_t varlen_backward_schedule_ints(const VarlenProblem& problem);
+
+/// Device entry point for a packed batch of sequences of different lengths, bf16: the backward of
+/// stage07::attention_varlen_device() with the same problem. q, o, dout, dq are packed (total_q,
+/// Hq, d) buffers and k, v, dk, dv (total_k, Hk, d), passed as make_packed_view() views (1, H,
+/// total, d); lse is (Hq, total_q), the View3 (1, Hq, total_q), that forward's. Each sequence's
+/// queries see its keys only, the window and causality aligned bottom-right in each sequence,
+/// with grouped heads and the soft cap of the problem. Throws fa::InputError naming what is wrong
+/// (resolve_varlen(): cu_seqlens, the longest lengths, Hk not dividing Hq; dropout, not applied
+/// yet; the head dimension; the views' shapes). Queues a copy of the schedule and the three
+/// kernels on `stream`; `workspace` as in the dense call.
+void attention_backward_varlen_device(const VarlenProblem& problem, const MaxSeqlens& max,
+                                      View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
+                                      View4<const __nv_bfloat16> v, View4<const __nv_bfloat16> o, View3<const float> lse,
+                                      View4<const __nv_bfloat16> dout, View4<__nv_bfloat16> dq, View4<__nv_bfloat16> dk,
+                                      View4<__nv_bfloat16> dv, const VarlenBackwardArrays& arrays, bool deterministic,
+                                      cudaStream_t stream, Workspace* workspace = nullptr);
+
+/// Device entry point for a packed batch, fp16 (see the bf16 overload).
+void attention_backward_varlen_device(const VarlenProblem& problem, const MaxSeqlens& max, View4<const __half> q,
+                                      View4<const __half> k, View4<const __half> v, View4<const __half> o,
+                                      View3<const float> lse, View4<const __half> dout, View4<__half> dq,
+                                      View4<__half> dk, View4<__half> dv, const VarlenBackwardArrays& arrays,
+                                      bool deterministic, cudaStream_t stream, Workspace* workspace = nullptr);
 
 /// A host entry point with the float32 signature of every backward stage (fa::BackwardFn): the
 /// inputs are copied to the device and rounded to `options.dtype` there, the backward runs, the

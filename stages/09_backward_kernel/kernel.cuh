@@ -105,6 +105,20 @@ inline constexpr bool kSoftcap = false;
 /// kSoftcap for features that say.
 template <class F>
 inline constexpr bool kSoftcap<F, std::void_t<decltype(F::kSoftcap)>> = F::kSoftcap;
+
+/// Features F on a packed batch of sequences of different lengths (stage 07's Packed, cu_seqlens):
+/// each block takes (sequence, key block) from a schedule the host builds and sees that sequence
+/// alone, as a batch of one. A wrapper too, for the same reason.
+template <class F>
+struct Packed : F {
+    static constexpr bool kVarlen = true;  ///< a packed batch
+};
+/// Whether F runs on a packed batch (Packed).
+template <class F, class = void>
+inline constexpr bool kPacked = false;
+/// kPacked of a Packed<...>.
+template <class F>
+inline constexpr bool kPacked<F, std::void_t<decltype(F::kVarlen)>> = F::kVarlen;
 //! [model_features]
 
 /// Pointers, strides (in elements) and sizes the main kernel reads; built by the host entry point.
@@ -155,6 +169,14 @@ struct Args {
     int window_right;  ///< kWindow: keys after the diagonal a query sees; -1 all, 0 causal
     float softcap;        ///< kSoftcap: c in c tanh(s / c); scale_log2 is then log2(e)
     float softcap_scale;  ///< kSoftcap: softmax scale / c, applied to Q K^T before the tanh
+    // Packed batches (kPacked). q, o, dout, dq are then (1, Hq, total_q, d), k, v, dk, dv (1, Hk,
+    // total_k, d), the per-row arrays per query head hold the packed rows (and a query block of
+    // padding past them), seq_q and seq_k are the longest sequences; each block replaces them with
+    // its sequence's (sequence_args()).
+    const int* cu_seqlens_q;  ///< kPacked: (B+1) sequence b owns query rows [cu_seqlens_q[b], cu_seqlens_q[b+1])
+    const int* cu_seqlens_k;  ///< kPacked: (B+1) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1])
+    const int* kv_schedule;   ///< kPacked: (entries, 2) block e of a K/V head works on key block [2e+1] of sequence [2e]
+    int schedule_entries;     ///< kPacked: blocks per K/V head
 };
 
 /// What the preprocessing kernel reads and writes.
@@ -684,6 +706,18 @@ __device__ __forceinline__ int key_block_of_this_block(const Args<T>& a) {
     return kDeterministic ? a.k_blocks - 1 - jb : jb;
 }
 
+/// The counter of query block `i` of head `bh`: [B*H, Tr] counters, one per query block; kPerRow
+/// (packed batches, where `a` is the block's sequence_args()): one per packed row of the head,
+/// that of the block's first row (each query block of a sequence starts at a row of its own).
+template <bool kPerRow, int Br, class T>
+__device__ __forceinline__ int* turn_counter(const Args<T>& a, int bh, int i) {
+    if constexpr (kPerRow) {
+        return a.turns + int64_t(bh) * a.seq_q_padded + int64_t(i) * Br;
+    } else {
+        return a.turns + int64_t(bh) * a.q_blocks + i;
+    }
+}
+
 /// The deterministic mode's wait: thread 0 spins until key block `j` has the turn at query block
 /// `i` of head `bh`, i.e. until the key blocks j+1 .. last_key_block(i) that visit i have added
 /// their dQ_i. In the causal triangle they got there first: key block j' > j starts at a query
@@ -713,10 +747,13 @@ __device__ __forceinline__ int key_block_of_this_block(const Args<T>& a) {
 /// The emulated test (tests/test_stage09_model_emulated.cpp) runs the blocks one at a time in
 /// order of block number and stops if a block ever has to wait: every turn it checks is there
 /// when its block arrives.
-template <class T, int Br, int Bc, bool kWindowed = false>
+///
+/// kPerRow (packed batches): the counter of a query block is that of its first packed row
+/// (turn_counter()), since the query blocks of different sequences start at any row.
+template <class T, int Br, int Bc, bool kWindowed = false, bool kPerRow = false>
 __device__ __forceinline__ void wait_for_turn(const Args<T>& a, int bh, int i, int j) {
     if (threadIdx.x == 0) {
-        const int* turn = a.turns + int64_t(bh) * a.q_blocks + i;
+        const int* turn = turn_counter<kPerRow, Br>(a, bh, i);
         int last;
         if constexpr (kWindowed) {
             int first;
@@ -734,13 +771,13 @@ __device__ __forceinline__ void wait_for_turn(const Args<T>& a, int bh, int i, i
 /// increment, and thread 0's own fence makes the increment a release of everything it has
 /// observed (the other threads' additions included). The next key block's additions to the same
 /// floats therefore come after these in L2's order of operations: a fixed order of float sums.
-template <class T>
+template <bool kPerRow = false, int Br = 1, class T>
 __device__ __forceinline__ void pass_turn(const Args<T>& a, int bh, int i) {
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        atomicAdd(a.turns + int64_t(bh) * a.q_blocks + i, 1);
+        atomicAdd(turn_counter<kPerRow, Br>(a, bh, i), 1);
     }
 }
 //! [turns]
@@ -792,12 +829,62 @@ __device__ __forceinline__ BlockView<T> block_view(const Args<T>& a) {
 /// diagonal or Nk (block_needs_mask()).
 template <class F, class T>
 __device__ __forceinline__ bool needs_mask(const Args<T>& a, int q0, int kv0) {
-    if constexpr (kWindow<F>) {
+    if constexpr (kPacked<F>) {  // and the rows past the sequence, which belong to the next one
+        return q0 + F::kBr > a.seq_q ||
+               window_block_needs_mask(q0, F::kBr, kv0, F::kBc, a.seq_q, a.seq_k, a.window_left, a.window_right);
+    } else if constexpr (kWindow<F>) {
         return window_block_needs_mask(q0, F::kBr, kv0, F::kBc, a.seq_q, a.seq_k, a.window_left, a.window_right);
     } else {
         return block_needs_mask(q0, kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
     }
 }
+
+//! [model_varlen_block]
+/// The arguments of a packed batch (kPacked) as this block sees them: its sequence b (entry
+/// blockIdx mod E of the schedule) alone, as a dense batch of one. Every pointer starts at the
+/// sequence's first row (cu_seqlens), Nq, Nk, Tr and Tc are the sequence's; the per-row arrays
+/// keep their head stride (seq_q_padded), so the sequence's rows of head h start at h
+/// seq_q_padded + cu_seqlens_q[b]. Everything downstream (the window's ranges, the masks, the
+/// tile copies, the stores of dK and dV) then reads one sequence as it reads a dense head,
+/// bottom-right alignment included, and never touches another sequence's rows.
+template <class F, int D, class T>
+__device__ __forceinline__ Args<T> sequence_args(const Args<T>& a) {
+    Args<T> s = a;
+    const int b = a.kv_schedule[2 * int(blockIdx.x % unsigned(a.schedule_entries))];
+    const int q_begin = a.cu_seqlens_q[b], k_begin = a.cu_seqlens_k[b];
+    s.seq_q = a.cu_seqlens_q[b + 1] - q_begin;
+    s.seq_k = a.cu_seqlens_k[b + 1] - k_begin;
+    s.q_blocks = (s.seq_q + F::kBr - 1) / F::kBr;
+    s.k_blocks = (s.seq_k + F::kBc - 1) / F::kBc;
+    s.q = a.q + int64_t(q_begin) * a.q_sn;
+    s.dout = a.dout + int64_t(q_begin) * a.do_sn;
+    s.k = a.k + int64_t(k_begin) * a.k_sn;
+    s.v = a.v + int64_t(k_begin) * a.v_sn;
+    s.dk = a.dk + int64_t(k_begin) * a.dk_sn;
+    s.dv = a.dv + int64_t(k_begin) * a.dv_sn;
+    s.lse_log2 = a.lse_log2 + q_begin;
+    s.delta = a.delta + q_begin;
+    s.dq_accum = a.dq_accum + int64_t(q_begin) * D;
+    if (a.turns != nullptr) s.turns = a.turns + q_begin;
+    return s;
+}
+
+/// load_row_stats() for a packed batch: a sequence's rows start anywhere, so its Br floats of
+/// L log2(e) and D need not be 16-byte aligned. Plain loads, one float per thread for the first
+/// 2 Br threads, stored before the barrier that precedes their first read. Rows past the
+/// sequence belong to the next one (or to the padding): the mask hides them (query < Nq).
+template <class F>
+__device__ __forceinline__ void load_row_stats_unaligned(float* lse_slot, float* delta_slot, const float* lse_head,
+                                                         const float* delta_head, int q0) {
+    static_assert(2 * F::kBr <= 32 * F::kWarps, "enough threads for one float each");
+    const int tid = int(threadIdx.x);
+    if (tid < F::kBr) {
+        lse_slot[tid] = lse_head[q0 + tid];
+    } else if (tid < 2 * F::kBr) {
+        delta_slot[tid - F::kBr] = delta_head[q0 + tid - F::kBr];
+    }
+}
+//! [model_varlen_block]
 
 //! [model_heads]
 /// `w` moved to query head `hq` of its batch: that head's rows of Q, dO, L log2(e), D and the dQ
@@ -816,13 +903,20 @@ __device__ __forceinline__ BlockView<T> for_query_head(const Args<T>& a, BlockVi
 /// The BlockView of this thread block with stage 10's switches: block (b Hk + h_kv) Tc + jb of a
 /// flat grid works on key block j of K/V head h_kv, which query heads h_kv G .. h_kv G + G - 1
 /// read (G = Hq / Hk, kGroupedHeads; G = 1 otherwise); it starts at the group's first query head.
+/// Packed (kPacked, `a` the block's sequence_args()): block h_kv E + e, entry e of the schedule.
 template <class T, int D, class F, bool kDeterministic>
 __device__ __forceinline__ BlockView<T> model_block_view(const Args<T>& a) {
     const int group = kGroupedHeads<F> ? a.kv_group : 1;
     const int kv_heads = a.heads / group;
-    const int bh_kv = int(blockIdx.x / unsigned(a.k_blocks));
     BlockView<T> w;
-    w.j = key_block_of_this_block<kDeterministic>(a);
+    int bh_kv;
+    if constexpr (kPacked<F>) {  // entry e of the schedule, for K/V head blockIdx / entries
+        bh_kv = int(blockIdx.x / unsigned(a.schedule_entries));
+        w.j = a.kv_schedule[2 * int(blockIdx.x % unsigned(a.schedule_entries)) + 1];
+    } else {
+        bh_kv = int(blockIdx.x / unsigned(a.k_blocks));
+        w.j = key_block_of_this_block<kDeterministic>(a);
+    }
     w.b = bh_kv / kv_heads;
     w.h = bh_kv % kv_heads;
     w.kv0 = w.j * F::kBc;
@@ -908,7 +1002,11 @@ __device__ __forceinline__ void model_query_block_pipeline(const Args<T>& a, Blo
                                                           a.seq_q);
         cuda::load_tile_gmem_to_smem<F::kBr, L, kThreads>(reinterpret_cast<T*>(do_ring + slot * kQElems), x.dout, a.do_sn,
                                                           q0, a.seq_q);
-        load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, x.lse, x.delta, q0);
+        if constexpr (kPacked<F>) {
+            load_row_stats_unaligned<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, x.lse, x.delta, q0);
+        } else {
+            load_row_stats<F>(lse_ring + slot * F::kBr, delta_ring + slot * F::kBr, x.lse, x.delta, q0);
+        }
     };
 
     cuda::load_tile_gmem_to_smem<F::kBc, L, kThreads>(reinterpret_cast<T*>(k_tile), w.k, a.k_sn, w.kv0, a.seq_k);

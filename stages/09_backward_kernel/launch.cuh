@@ -16,6 +16,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "../07_pipelined_fused_kernel/model_options.hpp"
 #include "fa/error.hpp"
@@ -178,6 +179,7 @@ using TiledStepFeatures = typename std::conditional_t<
 /// window and the soft cap (stage07::ModelOptions, checked and resolved by stage07::resolve_options).
 using stage07::ModelOptions;
 using stage07::ResolvedOptions;
+using stage07::MaxSeqlens;
 
 /// The step of the road whose main kernel takes stage 10's switches: the default one
 /// (attention.cuh's kDefaultStep; attention.cu checks that they agree).
@@ -204,6 +206,18 @@ inline ResolvedOptions resolve_backward_options(const Problem& p, const ModelOpt
     if (!m.plain() && step != kModelStep) {
         throw InputError("stage 09: grouped heads, a window or a soft cap run on the default main kernel only (--step " +
                          std::to_string(kModelStep) + "), not on step " + std::to_string(step));
+    }
+    return m;
+}
+
+/// resolve_backward_options() for a packed call: stage07::resolve_varlen() (cu_seqlens, the longest
+/// lengths, Hk dividing Hq, the window, the cap, dropout's p), then no dropout yet.
+inline ResolvedOptions resolve_varlen_backward(const VarlenProblem& vp, const MaxSeqlens& max) {
+    const ResolvedOptions m = stage07::resolve_varlen(vp, max);
+    if (m.dropout.enabled()) {
+        std::ostringstream msg;
+        msg << "--dropout " << vp.dropout.p << ": stage 09's backward does not apply dropout yet (use 0)";
+        throw InputError(msg.str());
     }
     return m;
 }
@@ -263,19 +277,20 @@ struct Counts {
     int64_t seq_q_padded;  ///< Tr * Br
 };
 
-/// The counts of `problem` for blocks of shape `geo`.
-inline Counts counts(const Problem& problem, const Geometry& geo) {
+/// The counts of `problem` for blocks of shape `geo`; `extra_blocks` query blocks of padding rows
+/// after the last (packed batches: a sequence's last query block may run past the packed rows).
+inline Counts counts(const Problem& problem, const Geometry& geo, int64_t extra_blocks = 0) {
     Counts c{};
     c.batch_heads = problem.batch * problem.heads;
     c.q_blocks = ceil_div(problem.seq_q, geo.br);
     c.k_blocks = ceil_div(problem.seq_k, geo.bc);
-    c.seq_q_padded = c.q_blocks * geo.br;
+    c.seq_q_padded = (c.q_blocks + extra_blocks) * geo.br;
     return c;
 }
 
 /// Floats of the workspace: L log2(e) and D (one per padded row), the dQ accumulator (d per padded row).
-inline int64_t workspace_floats(const Problem& problem, const Geometry& geo) {
-    const Counts c = counts(problem, geo);
+inline int64_t workspace_floats(const Problem& problem, const Geometry& geo, int64_t extra_blocks = 0) {
+    const Counts c = counts(problem, geo, extra_blocks);
     return c.batch_heads * c.seq_q_padded * (2 + problem.head_dim);
 }
 
@@ -300,8 +315,9 @@ struct Launches {
 template <class T, int D>
 Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<const T> q, View4<const T> k,
                           View4<const T> v, View4<const T> o, View3<const float> lse, View4<const T> dout, View4<T> dq,
-                          View4<T> dk, View4<T> dv, float* workspace, int* turns, const Geometry& geo) {
-    const Counts c = counts(p, geo);
+                          View4<T> dk, View4<T> dv, float* workspace, int* turns, const Geometry& geo,
+                          int64_t extra_blocks = 0) {
+    const Counts c = counts(p, geo, extra_blocks);
     float* lse_log2 = workspace;                                 // [B*H, Nq_padded]
     float* delta = lse_log2 + c.batch_heads * c.seq_q_padded;    // [B*H, Nq_padded]
     float* dq_accum = delta + c.batch_heads * c.seq_q_padded;    // [B*H, Nq_padded, d] (16-byte aligned: Nq_padded % 64 == 0)
@@ -443,6 +459,74 @@ template <class T, int D, bool kDeterministic, class Launch>
 void run_model_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
     launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
     with_model_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
+    launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
+}
+
+//! [varlen_launches]
+/// The default main kernel on packed batches: ModelStep (grouped heads, the window, the soft cap
+/// where `Softcap`; causal is the window (-1, 0) of each sequence) with the varlen switch.
+template <int D, bool Softcap>
+using VarlenStep = Packed<ModelStep<D, Softcap>>;
+
+/// Calls `run(F{})` with the features a packed call runs for `options`: VarlenStep with or
+/// without the soft cap.
+template <int D, class Run>
+decltype(auto) with_varlen_features(const ResolvedOptions& options, Run&& run) {
+    if (options.softcap > 0.0) return run(VarlenStep<D, true>{});
+    return run(VarlenStep<D, false>{});
+}
+
+/// The blocks of one K/V head of a packed call, as the main kernel's schedule: entry e is
+/// (sequence, key block), 2 ints, one entry per key block of `bc` keys of every sequence that has
+/// keys (a sequence with keys but no queries still writes dK = dV = 0). The key blocks of one
+/// sequence are neighbours, the last one first in the deterministic mode (`last_first`): the
+/// blocks a block waits for then have smaller numbers, as in the dense grid
+/// (key_block_of_this_block); otherwise the first (under a causal window the longest loops) first.
+inline std::vector<int32_t> kv_schedule(const VarlenProblem& vp, int bc, bool last_first) {
+    std::vector<int32_t> schedule;
+    for (int64_t b = 0; b < vp.batch(); ++b) {
+        const int blocks = int(ceil_div(vp.seq_k(b), bc));
+        for (int n = 0; n < blocks; ++n) schedule.insert(schedule.end(), {int32_t(b), int32_t(last_first ? blocks - 1 - n : n)});
+    }
+    return schedule;
+}
+
+/// The problem the preprocessing and postprocessing kernels see for a packed call: one batch
+/// entry of Hq heads and total_q rows (they work row by row, whatever sequence a row is in).
+inline Problem varlen_rows_problem(const VarlenProblem& vp) {
+    Problem p;
+    p.batch = 1, p.heads = vp.heads_q, p.seq_q = vp.total_q, p.seq_k = vp.total_k, p.head_dim = vp.head_dim;
+    p.scale = vp.scale, p.causal = false;
+    return p;
+}
+
+/// The launches of a packed call: make_launches() of varlen_rows_problem() with one query block
+/// of padding rows more per head (a sequence's last query block may run that far past the packed
+/// rows), a turn counter per padded row (`turns`: Hq seq_q_padded ints, all zeroed by the
+/// preprocessing kernel, which counts them as one-row blocks), and the packed arrays: cu_seqlens
+/// and the schedule of `entries` entries (kv_schedule()), all on the device. The window of `m`
+/// is resolved against the longest sequences (resolve_varlen()).
+template <class T, int D>
+Launches<T> make_varlen_launches(const VarlenProblem& vp, const ResolvedOptions& m, View4<const T> q, View4<const T> k,
+                                 View4<const T> v, View4<const T> o, View3<const float> lse, View4<const T> dout,
+                                 View4<T> dq, View4<T> dk, View4<T> dv, float* workspace, int* turns, const Geometry& geo,
+                                 const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, const int32_t* schedule,
+                                 int64_t entries) {
+    Launches<T> l = make_launches<T, D>(varlen_rows_problem(vp), m, q, k, v, o, lse, dout, dq, dk, dv, workspace, turns, geo, 1);
+    l.pre.br = 1;  // zero every row's counter
+    l.main.causal = false;  // the window of each sequence masks
+    l.main.cu_seqlens_q = cu_seqlens_q, l.main.cu_seqlens_k = cu_seqlens_k;
+    l.main.kv_schedule = schedule, l.main.schedule_entries = int(entries);
+    l.main_blocks = (vp.heads_q / m.kv_group) * entries;
+    return l;
+}
+//! [varlen_launches]
+
+/// run_model_kernels() for a packed call (launches made by make_varlen_launches()).
+template <class T, int D, bool kDeterministic, class Launch>
+void run_varlen_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
+    launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
+    with_varlen_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
     launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
 }
 

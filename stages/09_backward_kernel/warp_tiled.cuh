@@ -269,11 +269,13 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
                 if constexpr (kMask && kWindow<F>) {
                     //! [model_window_mask]
                     // The window (fa/varlen.hpp): query r sees key k iff r + Nk - Nq - left <= k <=
-                    // r + Nk - Nq + right (a bound of -1 dropping its side) and k < Nk.
+                    // r + Nk - Nq + right (a bound of -1 dropping its side) and k < Nk (and, packed,
+                    // r < Nq: the rows past the sequence's end are the next sequence's).
                     const int key = kv0 + key_row0 + 16 * mt + g + 8 * (e / 2);
                     const int query = q0 + c0 + nt * 8 + 2 * t + e % 2;
                     const bool visible = key < a.seq_k && (a.window_left < 0 || key >= query + key_offset - a.window_left) &&
-                                         (a.window_right < 0 || key <= query + key_offset + a.window_right);
+                                         (a.window_right < 0 || key <= query + key_offset + a.window_right) &&
+                                         (!kPacked<F> || query < a.seq_q);  // packed: past Nq is the next sequence
                     if (!visible) p = 0.0f;
                     //! [model_window_mask]
                 } else if constexpr (kMask) {
@@ -429,9 +431,12 @@ __device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccu
 /// kDqCols/8 n-tiles. `before_adding()` runs, in every thread, between the products and the
 /// additions: the deterministic mode waits for its turn there, so that the products are not part
 /// of the time other key blocks wait for it.
-template <class T, int D, class F, class BeforeAdding>
+///
+/// kRowLimit (packed batches): only the first `rows` rows of the query block are added, the
+/// others being another sequence's.
+template <class T, int D, class F, bool kRowLimit = false, class BeforeAdding>
 __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_t* k_tile, float* dq_block, int row0,
-                                         int col0, int lane, BeforeAdding&& before_adding) {
+                                         int col0, int lane, BeforeAdding&& before_adding, int rows = 0) {
     using S = TiledShape<T, D, F>;
     constexpr int kTiles = S::kDqCols / 8;
     const int g = lane / 4, t = lane % 4;
@@ -468,6 +473,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
         for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
+                if (kRowLimit && row0 + 16 * mt + g + 8 * hh >= rows) continue;
                 float* p = dq_block + int64_t(row0 + 16 * mt + g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
                 red_global_add_v2_f32(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
             }
@@ -477,11 +483,10 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
 }  // namespace detail
 
 //! [tiled_kernel]
-/// The warp-tiled backward kernel: one block per (key block j, batch, head), j fastest, as the
-/// first kernel; the same Args, preprocessing, postprocessing and deterministic turns.
+/// The work of one block of the warp-tiled backward kernel (flash_backward_tiled_kernel below),
+/// with the arguments `a` the block sees.
 template <class T, int D, class F, bool kDeterministic>
-__global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPerSm)
-    flash_backward_tiled_kernel(const Args<T> a) {
+__device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
     using S = TiledShape<T, D, F>;
     using L = cuda::TileLayout<D, true>;  // K_j, V_j, Q_i, dO_i (and dK_j, dV_j on their way out): rows of d features
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -496,7 +501,7 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
 
     // Stage 10's switches (ModelFeatures): a block per key block of a K/V head, which visits the
     // query heads of its group in turn (`w` moves from one to the next, model_query_block_pipeline).
-    constexpr bool kModel = kGroupedHeads<F> || kWindow<F>;
+    constexpr bool kModel = kGroupedHeads<F> || kWindow<F> || kPacked<F>;
     detail::BlockView<T> w;
     if constexpr (kModel) {
         w = detail::model_block_view<T, D, F, kDeterministic>(a);
@@ -545,13 +550,13 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
         }
         // dQ_i's products, then the additions; the deterministic mode waits for its turn between
         // the two, holding its products in registers.
-        detail::tiled_dq<T, D, F>(dst_tile, k_tile, w.dq + int64_t(q0) * D, dq_row0, dq_col0, lane, [&] {
+        detail::tiled_dq<T, D, F, kPacked<F>>(dst_tile, k_tile, w.dq + int64_t(q0) * D, dq_row0, dq_col0, lane, [&] {
             if constexpr (kDeterministic) {
-                detail::wait_for_turn<T, F::kBr, F::kBc, kWindow<F>>(a, w.bh, i, w.j);
+                detail::wait_for_turn<T, F::kBr, F::kBc, kWindow<F>, kPacked<F>>(a, w.bh, i, w.j);
                 __syncthreads();  // the turn thread 0 acquired, before every thread's dQ_i additions
             }
-        });
-        if constexpr (kDeterministic) detail::pass_turn(a, w.bh, i);
+        }, a.seq_q - q0);
+        if constexpr (kDeterministic) detail::pass_turn<kPacked<F>, F::kBr>(a, w.bh, i);
     };
     if constexpr (kModel) {
         detail::model_query_block_pipeline<F, L, S::kThreads, S::kQElems, D>(a, w, k_tile, v_tile, q_ring, do_ring,
@@ -624,5 +629,18 @@ __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPe
     detail::store_dkdv_rows<T, D, L>(a, w, k_tile, v_tile, 0, F::kBc, int(threadIdx.x), S::kThreads);
 }
 //! [tiled_kernel]
+
+/// The warp-tiled backward kernel: one block per (key block j, batch, head), j fastest, as the
+/// first kernel; the same Args, preprocessing, postprocessing and deterministic turns. A packed
+/// batch's block (kPacked) sees its sequence alone, as a dense batch of one (sequence_args()).
+template <class T, int D, class F, bool kDeterministic>
+__global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPerSm)
+    flash_backward_tiled_kernel(const Args<T> a) {
+    if constexpr (kPacked<F>) {
+        tiled_backward_block<T, D, F, kDeterministic>(detail::sequence_args<F, D>(a));
+    } else {
+        tiled_backward_block<T, D, F, kDeterministic>(a);
+    }
+}
 
 }  // namespace fa::stage09
