@@ -25,7 +25,8 @@
 #              SANITIZE11_STEPS="1 3" picks steps, SANITIZE09_STEPS="0 2" stage 09's main kernels
 #              (default: all six), SANITIZE_TOOLS="memcheck racecheck" tools; 07m adds stage 07's
 #              kernels with stage 10's switches, through test_stage07's cases of them: packed
-#              batches, grouped heads, windows, the soft cap, dropout)
+#              batches, grouped heads, windows, the soft cap, dropout; 09m stage 09's through
+#              test_stage09's: grouped heads, windows, the soft cap, packed batches)
 #   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates; wgmma_ceiling:
 #              dense wgmma bf16/fp16 (on a Hopper GPU)
 #   road05     stage 05, every step of its road (float32), d 64/128, N 1024/4096, non-causal, each
@@ -260,6 +261,13 @@ sanitize_cases07m=(
     "-tc=*grouped-query*"
     "-tc=*dropout*dense*packed*"
 )
+# Stage 09's default main kernel with stage 10's switches, through test_stage09's cases of them:
+# grouped heads (dK, dV summed over the group), windows, the soft cap, and packed batches with
+# sequences of length 0, 1 and primes, in both dQ modes.
+sanitize_cases09m=(
+    "-tc=*stage?10?s?switches?matches*"
+    "-tc=*packed?batches?of*"
+)
 # Stage 09 (the backward, after stage 07's forward): tails (200 and 333 are not multiples of the
 # 64-row blocks), Nq < Nk and Nq > Nk, both layouts, d 64 and 128, causal with Nq > Nk (the first
 # 133 query rows see no key, and the key blocks past the last query see no query), dQ by atomics
@@ -314,6 +322,7 @@ step_sanitize() {
             06) exe=$STAGE06 cases=("${sanitize_cases[@]}") ;;
             07) exe=$STAGE07 cases=("${sanitize_cases07[@]}") ;;
             07m) exe=$BUILD/tests/test_stage07 cases=("${sanitize_cases07m[@]}") ;;
+            09m) exe=$BUILD/tests/test_stage09 cases=("${sanitize_cases09m[@]}") ;;
             09) exe=$STAGE09 cases=()
                 local c
                 local s9
@@ -335,7 +344,7 @@ step_sanitize() {
                 local one="$WORK/sanitize_one.log" rc
                 # shellcheck disable=SC2046,SC2086  # $args is a list of options
                 timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 $( [ "$tool" = memcheck ] && echo --leak-check full ) \
-                    "$exe" $args $( [ "$stage" != 07m ] && echo --reference never ) >"$one" 2>&1
+                    "$exe" $args $( case $stage in 07m|09m) ;; *) echo --reference never ;; esac ) >"$one" 2>&1
                 rc=$?
                 cat "$one" >>"$log"
                 if [ "$rc" -eq 0 ]; then
