@@ -329,46 +329,76 @@ def time_sdpa_passes(args, backend, leaves, attend, make_do, flush, passes=("bac
     tensors `leaves` (which require grad), in each of `passes`: "forward" (under no_grad), "backward"
     (torch.autograd.grad(o, leaves, dO, retain_graph=True) after one forward) and "fwd+bwd" (the two
     as one pair); make_do(o) gives dO. Yields (pass, fields): median_ms, min_ms, max_ms,
-    sm_clock_mhz, or the refusal in the note ("unsupported: " and the first line of the error)."""
+    sm_clock_mhz, or the refusal in the note (refusal_note())."""
     import torch
     from torch.nn.attention import sdpa_kernel
 
-    o = do = None
-    try:
-        with sdpa_kernel(backend):
-            if "forward" in passes:
-                try:
-                    with torch.no_grad():
-                        attend()
-                    ms, lo, hi = time_torch(attend_no_grad(attend), args.warmup, args.repeat, flush)
-                    yield "forward", dict(median_ms=ms, min_ms=lo, max_ms=hi, sm_clock_mhz=sm_clock_mhz())
-                except (RuntimeError, torch.OutOfMemoryError) as e:  # no forward kernel: no backward either
-                    for pass_ in passes:
-                        yield pass_, dict(note="unsupported: " + first_line(e))
-                    return
-            o = attend()
-            do = make_do(o)
+    def timed(fn):
+        note = refusal_note(fn)  # one untimed run, which also says why a backend refuses
+        if note:
+            return dict(note=note)
+        try:
+            ms, lo, hi = time_torch(fn, args.warmup, args.repeat, flush)
+        except REFUSALS + (torch.OutOfMemoryError,) as e:
+            return dict(note="unsupported: " + first_line(e))
+        return dict(median_ms=ms, min_ms=lo, max_ms=hi, sm_clock_mhz=sm_clock_mhz())
 
-            def backward():
-                torch.autograd.grad(o, leaves, do, retain_graph=True)
+    later = [p for p in passes if p != "forward"]
+    with sdpa_kernel(backend):
+        if "forward" in passes:
+            fields = timed(attend_no_grad(attend))
+            yield "forward", fields
+            if "note" in fields:  # no forward kernel: no backward either
+                for pass_ in later:
+                    yield pass_, fields
+                return
+        graph = {}
 
-            def forward_backward():
-                torch.autograd.grad(attend(), leaves, do)
+        def first_forward():
+            graph["o"] = attend()
+            graph["do"] = make_do(graph["o"])
 
-            for pass_, fn in (("backward", backward), ("fwd+bwd", forward_backward)):
-                if pass_ not in passes:
-                    continue
-                try:
-                    ms, lo, hi = time_torch(fn, args.warmup, args.repeat, flush)
-                    yield pass_, dict(median_ms=ms, min_ms=lo, max_ms=hi, sm_clock_mhz=sm_clock_mhz())
-                except (RuntimeError, torch.OutOfMemoryError) as e:  # no backward kernel for this dtype/shape
-                    yield pass_, dict(note="unsupported: " + first_line(e))
-    except (RuntimeError, torch.OutOfMemoryError) as e:  # the forward itself refused
-        for pass_ in passes:
-            if pass_ != "forward":
-                yield pass_, dict(note="unsupported: " + first_line(e))
-    finally:
+        note = refusal_note(first_forward) if later else None
+        if note:
+            for pass_ in later:
+                yield pass_, dict(note=note)
+            return
+        o, do = graph.pop("o", None), graph.pop("do", None)
+
+        def backward():
+            torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+        def forward_backward():
+            torch.autograd.grad(attend(), leaves, do)
+
+        for pass_, fn in (("backward", backward), ("fwd+bwd", forward_backward)):
+            if pass_ in passes:
+                yield pass_, timed(fn)
         del o, do
+
+
+# What SDPA raises when it has no kernel for a call (torch.OutOfMemoryError is added where torch is
+# imported): RuntimeError above all ("No available kernel"); the nested tensors' checks raise the others.
+REFUSALS = (RuntimeError, ValueError, TypeError, AssertionError)
+
+
+def refusal_note(fn):
+    """Runs fn() once: None when it ran; when a backend refused, "unsupported: " and the error's
+    first line, with the reasons SDPA warned of before raising (why each backend was not used)."""
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            fn()
+            return None
+        except REFUSALS + (torch.OutOfMemoryError,) as e:
+            why = []
+            for w in caught:
+                line = first_line(w.message)
+                if line not in why and "not used because" not in line:
+                    why.append(line)
+            return "unsupported: " + first_line(e) + (" (" + "; ".join(why[:3]) + ")" if why else "")
 
 
 def attend_no_grad(attend):
@@ -1013,7 +1043,8 @@ def sdpa_packed_batch(args, backends, dtype, dtype_name, d, flush, gpu_name, dat
             try:
                 if layout == "varlen":
                     q, k, v = (jagged(x, True) for x in (q32, k32, v32))
-                    do = jagged(do32, False).transpose(1, 2)
+                    # dO on q's offsets: its ragged dimension is then o's (a nested tensor of its own would not match).
+                    do = torch.nested.nested_tensor_from_jagged(do32.to(dtype), offsets=q.offsets()).transpose(1, 2)
 
                     def attend(q=q, k=k, v=v):
                         return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
@@ -1034,7 +1065,7 @@ def sdpa_packed_batch(args, backends, dtype, dtype_name, d, flush, gpu_name, dat
                         return torch.empty_like(o).copy_(do)
                 results = list(time_sdpa_passes(args, backends[name], (q, k, v), attend, make_do, flush, STAGE10_PASSES))
                 del q, k, v, do
-            except (RuntimeError, TypeError, ValueError, torch.OutOfMemoryError) as e:  # the inputs themselves
+            except REFUSALS + (torch.OutOfMemoryError,) as e:  # the nested or padded inputs themselves
                 results = [(pass_, dict(note="unsupported: " + first_line(e))) for pass_ in STAGE10_PASSES]
             for pass_, fields in results:
                 if note and "note" not in fields:
