@@ -1009,7 +1009,7 @@ def run_sdpa_stage10(args, ours_rows, gpu_name, date):
 
 def sdpa_packed_batch(args, backends, dtype, dtype_name, d, flush, gpu_name, date):
     """SDPA on the packed batch of --varlen07 (causal in each sequence), rows sdpa_<backend>_varlen
-    (nested jagged tensors) and sdpa_<backend>_padded (padded to the longest, with a mask; the
+    (nested tensors of the jagged layout, torch.nested.nested_tensor_from_jagged) and sdpa_<backend>_padded (padded to the longest, with a mask; the
     bytes of its q, k, v, o and mask beside those of the packed q, k, v, o in padded_bytes and
     packed_bytes)."""
     import torch
@@ -1024,8 +1024,12 @@ def sdpa_packed_batch(args, backends, dtype, dtype_name, d, flush, gpu_name, dat
     packed_bytes = 4 * total * h * d * element
     rows, point = [], []
 
-    def jagged(x, grad):  # (B, j, H, d), one component per sequence
-        return torch.nested.nested_tensor(list(x.to(dtype).split(lengths)), layout=torch.jagged, requires_grad=grad)
+    # The nested tensors share one offsets tensor (cu_seqlens), so that q, k, v, o and dO have the
+    # same ragged dimension j; the gradients are taken of their packed values (total, H, d).
+    offsets = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(batch)], dtype=torch.int64, device="cuda")
+
+    def jagged(values):  # (B, H, j, d), a view of the packed values (total, H, d)
+        return torch.nested.nested_tensor_from_jagged(values, offsets).transpose(1, 2)
 
     def padded(x):  # (B, H, longest, d), zeros past each sequence's end
         return torch.nn.utils.rnn.pad_sequence(list(x.to(dtype).split(lengths)), batch_first=True).transpose(1, 2).contiguous()
@@ -1042,13 +1046,11 @@ def sdpa_packed_batch(args, backends, dtype, dtype_name, d, flush, gpu_name, dat
             note = ""
             try:
                 if layout == "varlen":
-                    q, k, v = (jagged(x, True) for x in (q32, k32, v32))
-                    # dO on q's offsets: its ragged dimension is then o's (a nested tensor of its own would not match).
-                    do = torch.nested.nested_tensor_from_jagged(do32.to(dtype), offsets=q.offsets()).transpose(1, 2)
+                    q, k, v = (x.to(dtype).requires_grad_() for x in (q32, k32, v32))
+                    do = jagged(do32.to(dtype))
 
-                    def attend(q=q, k=k, v=v):
-                        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                              is_causal=True)
+                    def attend(q=q, k=k, v=v):  # the views are taken in each call, inside the graph of that call
+                        return F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), is_causal=True)
 
                     def make_do(o, do=do):
                         return do
@@ -1074,7 +1076,7 @@ def sdpa_packed_batch(args, backends, dtype, dtype_name, d, flush, gpu_name, dat
                                         date, **(memory if layout == "padded" else {})))
                 point.append(f"{name}/{layout}/{pass_}=" + (f"{rows[-1]['tflops']:.1f}" if "tflops" in rows[-1] else "unsupported"))
     print(f"sdpa stage 10 packed batch {dtype_name} d={d} H={h} B={batch} tokens={total}: {' '.join(point)} TFLOP/s", flush=True)
-    del q32, k32, v32, do32, mask
+    del q32, k32, v32, do32, mask, offsets
     torch.cuda.empty_cache()
     return rows
 
