@@ -73,6 +73,7 @@
 #include "../stages/11_hopper_kernel/attention.cuh"
 #include "fa/cuda/hopper.hpp"
 #endif
+#include "fa/cli.hpp"
 #include "fa/counts.hpp"
 #include "fa/cuda/check.hpp"
 #include "fa/cuda/device.hpp"
@@ -779,12 +780,14 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
     app.add_option("--json", json_path, "where to write the results as JSON")->capture_default_str();
     app.add_option("--csv", csv_path, "where to write the results as CSV")->capture_default_str();
-    CLI11_PARSE(app, argc, argv);
+    // Every argument error exits with kExitBadInput (2) and a message naming the option.
+    if (const int rc = fa::parse_command_line(app, argc, argv); rc >= 0) return rc;
 
     std::vector<int> steps07, steps11;
     try {
         steps07 = resolve_steps(step_args, fa::stage07::road(), fa::stage07::final_step(), "--steps", "07");
         for (const std::string& spec : model07_args) model07.push_back(parse_model07(spec));
+        if (!varlen07.empty()) fa::cu_seqlens_from_lengths(varlen07);  // lengths >= 0, totals that fit: checked before any GPU work
 #ifdef FA_HAVE_STAGE11
         steps11 = resolve_steps(step11_args, fa::stage11::road(), fa::stage11::final_step(), "--steps11", "11");
 #endif
