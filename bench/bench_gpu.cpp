@@ -609,21 +609,19 @@ void stage10_varlen(const std::vector<int64_t>& lengths, int64_t heads, int64_t 
     const int64_t total = mixed.total_q, batch = mixed.batch(), n = std::max<int64_t>(1, total / batch);
     const fa::VarlenProblem uniform = packed_problem(std::vector<int64_t>(size_t(batch), n));
     const int64_t rows = std::max(total, uniform.total_q);
-    const fa::VarlenProblem all_rows = packed_problem({rows});
-    const fa::Inputs in = fa::make_varlen_inputs(all_rows, fa::InputKind::Normal, 1);
-    const auto upload = [&](const fa::HostTensor& t) {
-        fa::cuda::DeviceBuffer<float> f(t.storage.size());
-        f.copy_from_host(t.storage.data(), t.storage.size());
-        fa::cuda::DeviceBuffer<T> h(t.storage.size());
+    // q, k, v and dO: normal, standard deviation 1, drawn on the device (seeds 1, 2, 3 and dO's),
+    // packed (rows, H, d) in T. The gradients and the workspace only with a backward.
+    const auto draw = [&](uint64_t seed) {
+        fa::cuda::DeviceBuffer<float> f(size_t(rows * heads * d));
+        fa::cuda::fill_normal(f.data(), rows * heads * d, seed, 1.0f);
+        fa::cuda::DeviceBuffer<T> h(size_t(rows * heads * d));
         fa::cuda::convert(fa::make_packed_view(static_cast<const float*>(f.data()), rows, heads, d),
                           fa::make_packed_view(h.data(), rows, heads, d));
-        FA_CUDA_CHECK(cudaDeviceSynchronize());
+        FA_CUDA_CHECK(cudaDeviceSynchronize());  // the rounding has read f before it is freed
         return h;
     };
-    const fa::cuda::DeviceBuffer<T> q = upload(in.q), k = upload(in.k), v = upload(in.v);
-    // dO: the q of inputs drawn from another seed. Gradients and the workspace only with a backward.
-    const fa::cuda::DeviceBuffer<T> dout =
-        backward ? upload(fa::make_varlen_inputs(all_rows, fa::InputKind::Normal, kDoutSeed).q) : fa::cuda::DeviceBuffer<T>(0);
+    const fa::cuda::DeviceBuffer<T> q = draw(1), k = draw(2), v = draw(3);
+    const fa::cuda::DeviceBuffer<T> dout = backward ? draw(kDoutSeed) : fa::cuda::DeviceBuffer<T>(0);
     const size_t grad_elems = backward ? size_t(rows * heads * d) : 0;
     fa::cuda::DeviceBuffer<T> o(size_t(rows * heads * d)), dq(grad_elems), dk(grad_elems), dv(grad_elems);
     fa::cuda::DeviceBuffer<float> lse(size_t(rows * heads));
