@@ -15,6 +15,12 @@ a time with torch.nn.attention.sdpa_kernel, on the same shapes:
                               the backward alone (torch.autograd.grad(o, (q, k, v), do,
                               retain_graph=True) after one forward) and forward + backward timed
                               as one pair, as bench_gpu times stage 07 + stage 09
+  for stage 10 (--stages 10)  stage 10's points as bench_gpu timed them (--model07, --varlen07;
+                              bench_gpu runs with stage 09), forward, backward and the pair:
+                              grouped heads through enable_gqa=True pinned to flash, cudnn and
+                              efficient, dropout through flash's dropout_p, the packed batch as
+                              nested jagged tensors and padded to its longest sequence with a mask;
+                              windows have no SDPA counterpart (ours against our causal time)
 
 Every point is timed with CUDA events after warm-up runs, with the L2 flushed (a buffer four
 times the L2 overwritten) before each timed run, and the median of the runs is kept: the method
@@ -36,6 +42,10 @@ Writes to OUT_DIR:
   stage09_sweep_table.txt
   stage11_sweep_table.txt        stage 11 against SDPA cuDNN and flash and stage 07, per dtype
   ratios_over_rounds.txt         with several rounds: each ratio's median over rounds, min and max
+  stage10.txt, stage10.csv       with stage 10: its tables, and each of its ratios (ours / SDPA,
+                                 a window over the causal time, the packed batch over the uniform
+                                 one, the padded batch's bytes) with its median, min and max over
+                                 the rounds; its rows count the FLOPs of the visible pairs only
   road11.csv, road11.json,       when several stage 11 steps were timed (--steps11): each step's
   stage11_road_table.txt         TFLOP/s, its gain over the step before and its ratio to cuDNN
   mma_ceiling.jsonl              what mma_ceiling measured
