@@ -407,7 +407,9 @@ struct Model07 {
         std::string out;
         const auto add = [&](const std::string& part) { out += (out.empty() ? "" : "_") + part; };
         if (group > 1) add("gqa" + std::to_string(group));
-        if (window.left >= 0 || window.right != 0) add("window" + bound(window.left) + (window.right != 0 ? "r" + bound(window.right) : ""));
+        if (window.left >= 0 || window.right != 0) {
+            add("window" + bound(window.left) + (window.right != 0 ? "r" + bound(window.right) : ""));
+        }
         if (softcap > 0) add("softcap" + number(softcap));
         if (dropout > 0) add("dropout" + number(dropout));
         return out.empty() ? "causal" : out;
@@ -477,7 +479,9 @@ std::vector<Record> time_stage10(const std::string& impl, const std::string& dty
                                  const std::function<void(cudaStream_t)>& backward, int warmup, int repeat) {
     std::vector<Record> rows;
     const auto refused = [&](std::initializer_list<const char*> passes, const fa::InputError& e) {
-        for (const char* pass : passes) rows.push_back(stage10_record(impl, dtype, p, pass, pairs, nullptr, spec, std::string("refused: ") + e.what()));
+        for (const char* pass : passes) {
+            rows.push_back(stage10_record(impl, dtype, p, pass, pairs, nullptr, spec, std::string("refused: ") + e.what()));
+        }
     };
     try {
         forward(nullptr);
@@ -543,8 +547,8 @@ void stage10_points(const fa::Problem& dense, const std::string& dtype, fa::cuda
     std::function<void(cudaStream_t)> plain_backward;
     if (g != nullptr) {
         plain_backward = [&](cudaStream_t s) {
-            fa::stage09::attention_backward_device(causal, half.q, half.k, half.v, fa::View4<const T>(half.o), fa::View3<const float>(g->lse),
-                                                   g->dout, g->dq, g->dk, g->dv, false, s, workspace);
+            fa::stage09::attention_backward_device(causal, half.q, half.k, half.v, fa::View4<const T>(half.o),
+                                                   fa::View3<const float>(g->lse), g->dout, g->dq, g->dk, g->dv, false, s, workspace);
         };
     }
     const std::vector<Record> base = time_stage10(
@@ -1379,10 +1383,11 @@ int main(int argc, char** argv) {
         if (!r.note.empty()) json << ", \"note\": " << json_string(r.note);
         json << "}" << (i + 1 < records.size() ? ",\n" : "\n");
         csv << r.impl << "," << r.dtype << "," << p.batch << "," << p.heads << "," << p.seq_q << "," << p.head_dim << ","
-            << (p.causal ? 1 : 0) << "," << optional_number(r.median_ms) << "," << optional_number(r.tflops) << "," << csv_field(gpu.name) << "," << r.sm_clock_mhz
+            << (p.causal ? 1 : 0) << "," << optional_number(r.median_ms) << "," << optional_number(r.tflops) << ","
+            << csv_field(gpu.name) << "," << r.sm_clock_mhz
             << "," << date << "," << (r.step >= 0 ? std::to_string(r.step) : "") << "," << csv_field(r.step_name) << ","
-            << optional_number(r.min_ms) << "," << optional_number(r.max_ms) << "," << r.check << "," << optional_number(r.check_max_abs) << ","
-            << optional_number(r.check_rel_l2) << "," << r.pass << "," << csv_field(r.spec) << "," << csv_field(r.note) << "\n";
+            << optional_number(r.min_ms) << "," << optional_number(r.max_ms) << "," << r.check << ","
+            << optional_number(r.check_max_abs) << "," << optional_number(r.check_rel_l2) << "," << r.pass << "," << csv_field(r.spec) << "," << csv_field(r.note) << "\n";
     }
     json << "  ]\n}\n";
     std::printf("wrote      %s and %s (%zu points)\n", json_path.c_str(), csv_path.c_str(), records.size());
