@@ -1173,7 +1173,8 @@ def print_stage10_tables(comparisons, rows, gpu_name, date):
     by = {(c["kind"], c["variant"], c["other"], c["pass"], c["dtype"], c["d"], c["N"]): c for c in comparisons}
     print()
     print(f"{gpu_name}, {date}: stage 10, ours / SDPA by rate (TFLOP/s of the visible pairs), median [min-max] over rounds; "
-          "fwd: the forward, f+b: forward + backward as one pair (the backward alone: stage10.csv)")
+          "fwd: the forward, f+b: forward + backward as one pair (the backward alone: stage10.csv); gqa<g>: Hq / Hk = g "
+          "(SDPA with enable_gqa=True), causal: the plain causal kernels (Hq = Hk; SDPA with enable_gqa=True too)")
     head = f"{'variant':>14} {'dtype':>5} {'d':>4} {'N':>6} {'ours fwd':>9} {'ours f+b':>9}"
     print(head + "".join(f" {name + ' fwd':>17} {name + ' f+b':>17}" for name in STAGE10_BACKENDS))
     model = sorted({(c["variant"], c["dtype"], c["d"], c["N"]) for c in comparisons
