@@ -21,6 +21,21 @@
 // road: rows "stage09_step<i>" (backward with atomic dQ, and fwd+bwd) and
 // "stage09_step<i>_deterministic" (backward with deterministic dQ), each step with its own guard.
 //
+// Stage 10's switches (--model07 GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]], repeatable; --varlen07
+// lengths) run once per shape in the same types: stage 07's final kernel with each point's
+// ModelOptions (rows "stage10_<variant>": stage10_gqa8, stage10_window4095, stage10_dropout0.1, ...)
+// and the plain causal kernel beside it (rows "stage10_causal"); with stage 09 among --stages also
+// stage 09's backward with the same options, alone and as a pair with the forward (passes
+// backward and fwd+bwd, as above). --varlen07 times one packed batch of sequences of mixed lengths
+// ("stage10_varlen"), a packed batch of equal lengths with the same tokens
+// ("stage10_varlen_uniform") and that batch dense ("stage10_dense_uniform"), forward and, with stage
+// 09, backward (attention_varlen_device, attention_backward_varlen_device). These rows count the
+// FLOPs of the visible (query, key) pairs only (a window's, each sequence's causal triangle), 4 d
+// per pair forward and 2.5 and 3.5 times that for the backward and the pair; each prints its time
+// over the plain causal kernel's at the same N (packed rows: their rate over the dense kernel's).
+// A pass an entry point refuses (fa::InputError, e.g. dropout where stage 09 does not apply it)
+// becomes a row without times whose note is "refused: " and the message, and the run goes on.
+//
 // After timing, every point is checked: stage 05 against stage 06 (both float32: they must agree
 // to 1e-4), stage 07 against stage 06's float32 output (BAD above a relative L2 error of 2e-2 or
 // on any NaN), stage 09's gradients by the guard of check_stage09 (both dQ modes against each
@@ -58,6 +73,7 @@
 #include "../stages/11_hopper_kernel/attention.cuh"
 #include "fa/cuda/hopper.hpp"
 #endif
+#include "fa/cli.hpp"
 #include "fa/counts.hpp"
 #include "fa/cuda/check.hpp"
 #include "fa/cuda/device.hpp"
@@ -104,7 +120,7 @@ constexpr double kStage11LseMaxAbs = 1e-2;
 struct Record {
     std::string impl;       // "stage05", "stage06", "stage07" (the final kernel), "stage07_step<i>",
                             // "stage09", "stage09_deterministic", "stage09_step<i>", "stage11" (the
-                            // final kernel), "stage11_step<i>"
+                            // final kernel), "stage11_step<i>", "stage10_<variant>" (stage 10's switches)
     std::string pass = "forward";  // "forward"; stage 09 also "backward" and "fwd+bwd"
     std::string label;      // how the progress line names it; the impl when empty
     std::string dtype;      // "fp32", "bf16", "fp16"
@@ -120,6 +136,8 @@ struct Record {
     // rows: deterministic against atomic, the worst of dq, dk, dv.
     double check_max_abs = -1, check_rel_l2 = -1;
     double dv_sum_rel = -1, dk_sum_ratio = -1;  // stage 09's backward rows: the two sums of the guard
+    std::string spec;  // stage 10's --model07 rows: the point as given (GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]])
+    std::string note;  // stage 10's rows: what the row measured beyond its columns, or "refused: " and why
 };
 
 std::string today() {
@@ -154,6 +172,9 @@ std::string optional_number(double x) {
     std::snprintf(buf, sizeof buf, "%.6g", x);
     return buf;
 }
+
+// A time or rate as a JSON value: null for the -1 of a refused row.
+std::string json_time(double x) { return x < 0 ? "null" : optional_number(x); }
 
 // A device array of floats, copied to the host.
 std::vector<float> to_host(const float* device, int64_t n) {
@@ -367,10 +388,32 @@ Stage09Check check_stage09(const fa::Problem& p, const HalfBackward<T>& g, float
 
 // One --model07 point: query heads per key/value head, the window, the soft cap, the dropout p.
 struct Model07 {
+    std::string spec;  // as given: GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]]
     int64_t group = 1;
-    fa::Window window;
+    fa::Window window = fa::Window::causal();
     double softcap = 0.0;
     double dropout = 0.0;
+
+    // What its rows are called after "stage10_": the switches it turns on, joined by "_": "gqa8"
+    // (Hq / Hk), "window4095" (LEFT; a right bound other than 0 adds "r" and it, "all" for -1),
+    // "softcap50", "dropout0.1"; "causal" when none is on (the plain causal call).
+    std::string variant() const {
+        const auto bound = [](int64_t b) { return b < 0 ? std::string("all") : std::to_string(b); };
+        const auto number = [](double x) {
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "%g", x);
+            return std::string(buf);
+        };
+        std::string out;
+        const auto add = [&](const std::string& part) { out += (out.empty() ? "" : "_") + part; };
+        if (group > 1) add("gqa" + std::to_string(group));
+        if (window.left >= 0 || window.right != 0) {
+            add("window" + bound(window.left) + (window.right != 0 ? "r" + bound(window.right) : ""));
+        }
+        if (softcap > 0) add("softcap" + number(softcap));
+        if (dropout > 0) add("dropout" + number(dropout));
+        return out.empty() ? "causal" : out;
+    }
 };
 
 Model07 parse_model07(const std::string& spec) {
@@ -392,57 +435,173 @@ Model07 parse_model07(const std::string& spec) {
     if (x.size() < 3 || x.size() > 5 || x[0] < 1) {
         throw fa::InputError("--model07 " + spec + ": expected GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]] with GROUP >= 1");
     }
-    return {int64_t(x[0]), fa::Window{int64_t(x[1]), int64_t(x[2])}, x.size() >= 4 ? x[3] : 0.0, x.size() == 5 ? x[4] : 0.0};
+    return {spec, int64_t(x[0]), fa::Window{int64_t(x[1]), int64_t(x[2])}, x.size() >= 4 ? x[3] : 0.0, x.size() == 5 ? x[4] : 0.0};
 }
 
-// Stage 07's final kernel with stage 10's switches at one point, beside the plain causal kernel on
-// the same q (B, H, N, d): k and v are read as their first H / group heads, in place. TFLOP/s of
-// the visible (query, key) pairs only (4 d FLOPs each).
+// FLOPs of `pairs` visible (query, key) pairs, summed over heads and batch entries, at head
+// dimension d in one pass: 4 d per pair forward (two products of 2 d), times the ratio of
+// fa::attention_flops_backward (fa::attention_flops_fwd_bwd) to fa::attention_flops for the
+// backward (the pair). Masked pairs, windows' and padding's, are not counted.
+double visible_flops(double pairs, int64_t d, const std::string& pass) {
+    const fa::Problem any;  // the ratios do not depend on the shape
+    const double per_forward = pass == "backward"  ? fa::attention_flops_backward(any) / fa::attention_flops(any)
+                               : pass == "fwd+bwd" ? fa::attention_flops_fwd_bwd(any) / fa::attention_flops(any)
+                                                   : 1.0;
+    return 4.0 * double(d) * pairs * per_forward;
+}
+
+// A stage 10 row: `impl` on problem `p` (its causal flag: the window's right bound is 0) in one
+// pass, in TFLOP/s of `pairs` visible pairs (visible_flops); `t` null: the entry point refused the
+// point, and `note` says why (the times are then -1, written as empty fields and null).
+Record stage10_record(const std::string& impl, const std::string& dtype, const fa::Problem& p, const std::string& pass,
+                      double pairs, const fa::TimingStats* t, const std::string& spec, const std::string& note) {
+    Record r;
+    r.impl = impl, r.dtype = dtype, r.problem = p, r.pass = pass, r.spec = spec, r.note = note;
+    if (t == nullptr) {
+        r.median_ms = r.min_ms = r.max_ms = r.tflops = -1;
+        return r;
+    }
+    r.median_ms = t->median_ms, r.min_ms = t->min_ms, r.max_ms = t->max_ms;
+    r.tflops = visible_flops(pairs, p.head_dim, pass) / (t->median_ms * 1e-3) * 1e-12;
+    r.sm_clock_mhz = fa::cuda::current_sm_clock_mhz();
+    return r;
+}
+
+// One stage 10 point in every pass it has: the forward alone and, with a `backward` (not empty),
+// the backward alone after one forward and the two timed as one pair (the L2 flushed before the
+// pair, not between its halves). Each runs once untimed first (a stage 09 workspace grows there).
+// An entry point that refuses the point (fa::InputError: dropout in a backward that does not
+// apply it yet, a head dimension without a kernel) gives rows without times whose note is
+// "refused: " and its message; the other passes go on. The forward's row comes first.
+std::vector<Record> time_stage10(const std::string& impl, const std::string& dtype, const fa::Problem& p, double pairs,
+                                 const std::string& spec, const std::string& note,
+                                 const std::function<void(cudaStream_t)>& forward,
+                                 const std::function<void(cudaStream_t)>& backward, int warmup, int repeat) {
+    std::vector<Record> rows;
+    const auto refused = [&](std::initializer_list<const char*> passes, const fa::InputError& e) {
+        for (const char* pass : passes) {
+            rows.push_back(stage10_record(impl, dtype, p, pass, pairs, nullptr, spec, std::string("refused: ") + e.what()));
+        }
+    };
+    try {
+        forward(nullptr);
+    } catch (const fa::InputError& e) {
+        backward ? refused({"forward", "backward", "fwd+bwd"}, e) : refused({"forward"}, e);
+        return rows;
+    }
+    const fa::TimingStats f = fa::cuda::time_on_gpu(forward, warmup, repeat);
+    rows.push_back(stage10_record(impl, dtype, p, "forward", pairs, &f, spec, note));
+    if (!backward) return rows;
+    try {
+        backward(nullptr);
+    } catch (const fa::InputError& e) {
+        refused({"backward", "fwd+bwd"}, e);
+        return rows;
+    }
+    const fa::TimingStats b = fa::cuda::time_on_gpu(backward, warmup, repeat);
+    const fa::TimingStats fb = fa::cuda::time_on_gpu(
+        [&](cudaStream_t s) {
+            forward(s);
+            backward(s);
+        },
+        warmup, repeat);
+    rows.push_back(stage10_record(impl, dtype, p, "backward", pairs, &b, spec, note));
+    rows.push_back(stage10_record(impl, dtype, p, "fwd+bwd", pairs, &fb, spec, note));
+    return rows;
+}
+
+// One line per stage 10 row; `base` (may be null): the row of the same pass its time is held against.
+void print_stage10(const Record& r, const Record* base, const char* base_name) {
+    const fa::Problem& p = r.problem;
+    std::printf("stage10 %-20s %s %-7s d=%-3lld N=%-5lld B=%-2lld Hq=%-2lld ", r.impl.substr(8).c_str(), r.dtype.c_str(),
+                r.pass.c_str(), (long long)p.head_dim, (long long)p.seq_q, (long long)p.batch, (long long)p.heads);
+    if (r.median_ms < 0) {
+        std::printf("%s\n", r.note.c_str());
+    } else {
+        std::printf("%9.3f ms %6.1f TFLOP/s (visible pairs)", r.median_ms, r.tflops);
+        if (base != nullptr && base->median_ms > 0) std::printf("; %.3f times the %s", r.median_ms / base->median_ms, base_name);
+        std::printf("%s%s\n", r.note.empty() ? "" : "; ", r.note.c_str());
+    }
+    std::fflush(stdout);
+}
+
+// Stage 10's switches at one dense point (--model07), rows "stage10_<variant>" (Model07::variant()):
+// stage 07's final kernel with each point's ModelOptions, and with `g` (stage 09 among --stages)
+// stage 09's backward with the same options, beside the plain causal kernels of both on the same q
+// (B, H, N, d) (rows "stage10_causal"). k and v (and dk, dv) are read as their first H / group
+// heads, in place. TFLOP/s of the visible (query, key) pairs only; `lse`: the forward's when there
+// is no backward (with one, g->lse).
 template <class T>
-void model07_points(const fa::Problem& dense, const std::string& dtype, fa::cuda::HalfTensors<T>& half, fa::View3<float> lse,
-                    const std::vector<Model07>& points, int warmup, int repeat) {
+void stage10_points(const fa::Problem& dense, const std::string& dtype, fa::cuda::HalfTensors<T>& half, fa::View3<float> lse,
+                    HalfBackward<T>* g, fa::stage09::Workspace* workspace, const std::vector<Model07>& points, int warmup,
+                    int repeat, std::vector<Record>& records) {
     fa::Problem causal = dense, windowed = dense;
     causal.causal = true;
     windowed.causal = false;  // the window says which keys each query sees
-    const double causal_ms = fa::cuda::time_on_gpu(
-        [&](cudaStream_t s) { fa::stage07::attention_device(causal, half.q, half.k, half.v, half.o, lse, s); }, warmup, repeat)
-                                 .median_ms;
+    const fa::View3<float> out_lse = g != nullptr ? g->lse : lse;
+    const auto pairs_of = [&](fa::Window w) {
+        int64_t pairs = 0;
+        for (int64_t i = 0; i < dense.seq_q; ++i) pairs += fa::visible_key_range(i, dense.seq_q, dense.seq_k, w).size();
+        return double(pairs) * double(dense.batch * dense.heads);
+    };
+    std::function<void(cudaStream_t)> plain_backward;
+    if (g != nullptr) {
+        plain_backward = [&](cudaStream_t s) {
+            fa::stage09::attention_backward_device(causal, half.q, half.k, half.v, fa::View4<const T>(half.o),
+                                                   fa::View3<const float>(g->lse), g->dout, g->dq, g->dk, g->dv, false, s, workspace);
+        };
+    }
+    const std::vector<Record> base = time_stage10(
+        "stage10_causal", dtype, causal, pairs_of(fa::Window::causal()), "", "",
+        [&](cudaStream_t s) { fa::stage07::attention_device(causal, half.q, half.k, half.v, half.o, out_lse, s); }, plain_backward,
+        warmup, repeat);
+    const auto base_of = [&](const std::string& pass) -> const Record* {
+        for (const Record& r : base) {
+            if (r.pass == pass) return &r;
+        }
+        return nullptr;
+    };
+    for (const Record& r : base) print_stage10(r, nullptr, "");
+    records.insert(records.end(), base.begin(), base.end());
     for (const Model07& m : points) {
+        if (m.variant() == "causal") continue;  // the plain causal kernels, timed above
         fa::stage07::ModelOptions options;
-        options.kv_heads = dense.heads / m.group, options.window = m.window, options.softcap = m.softcap;
+        options.kv_heads = std::max<int64_t>(1, dense.heads / m.group), options.window = m.window, options.softcap = m.softcap;
         options.dropout = fa::Dropout{m.dropout, 2024, 0};  // p = 0: no dropout (the seed is then unused)
         fa::View4<const T> k = half.k, v = half.v;
-        k.shape[1] = v.shape[1] = std::max<int64_t>(1, options.kv_heads);
-        const char* what = "stage07 model";
-        try {
-            const double ms = fa::cuda::time_on_gpu(
-                [&](cudaStream_t s) { fa::stage07::attention_device(windowed, options, half.q, k, v, half.o, lse, s); }, warmup, repeat)
-                                  .median_ms;
-            int64_t pairs = 0;
-            for (int64_t i = 0; i < dense.seq_q; ++i) {
-                pairs += fa::visible_key_range(i, dense.seq_q, dense.seq_k, m.window).size();
-            }
-            const double flops = 4.0 * double(dense.head_dim) * double(pairs) * double(dense.batch * dense.heads);
-            std::printf("%s %s d=%lld N=%lld B=%lld Hq=%lld Hk=%lld window=(%lld,%lld) softcap=%g dropout=%g: %.3f ms, %.1f "
-                        "TFLOP/s (visible pairs); plain causal kernel %.3f ms, ratio %.3f\n",
-                        what, dtype.c_str(), (long long)dense.head_dim, (long long)dense.seq_q, (long long)dense.batch,
-                        (long long)dense.heads, (long long)options.kv_heads, (long long)m.window.left, (long long)m.window.right,
-                        m.softcap, m.dropout, ms, flops / (ms * 1e-3) * 1e-12, causal_ms, ms / causal_ms);
-        } catch (const fa::InputError& e) {
-            std::printf("%s %s: skipped: %s\n", what, dtype.c_str(), e.what());
+        k.shape[1] = v.shape[1] = options.kv_heads;
+        std::function<void(cudaStream_t)> backward;
+        if (g != nullptr) {
+            backward = [&, k, v](cudaStream_t s) {
+                fa::View4<T> dk = g->dk, dv = g->dv;
+                dk.shape[1] = dv.shape[1] = options.kv_heads;
+                fa::stage09::attention_backward_device(windowed, options, half.q, k, v, fa::View4<const T>(half.o),
+                                                       fa::View3<const float>(g->lse), g->dout, g->dq, dk, dv, false, s, workspace);
+            };
         }
-        std::fflush(stdout);
+        fa::Problem shown = dense;  // the rows' problem: causal when no key after the diagonal is seen
+        shown.causal = m.window.right == 0;
+        const std::vector<Record> rows = time_stage10(
+            "stage10_" + m.variant(), dtype, shown, pairs_of(m.window), m.spec, "Hk " + std::to_string(options.kv_heads),
+            [&](cudaStream_t s) { fa::stage07::attention_device(windowed, options, half.q, k, v, half.o, out_lse, s); }, backward,
+            warmup, repeat);
+        for (const Record& r : rows) print_stage10(r, base_of(r.pass), "plain causal kernel's");
+        records.insert(records.end(), rows.begin(), rows.end());
     }
 }
 
-// --varlen07: stage 07's kernel on a packed batch of sequences of the given lengths (causal, each
-// sequence aligned bottom-right, Hq = Hk = H), beside the same kernel on a packed batch of B equal
-// lengths (the same tokens, up to B - 1 dropped) and the dense causal kernel on that uniform batch.
-// TFLOP/s of the visible (query, key) pairs only. The packed calls' times include what the call
-// does on the host (checking cu_seqlens, building and copying the tile schedule).
+// --varlen07: a packed batch of sequences of the given lengths (causal, each sequence aligned
+// bottom-right, Hq = Hk = H) through stage 07's attention_varlen_device (rows "stage10_varlen"),
+// beside the same kernel on a packed batch of B equal lengths (the same tokens, up to B - 1
+// dropped: "stage10_varlen_uniform") and the dense causal kernel on that uniform batch
+// ("stage10_dense_uniform"); with `backward`, stage 09's attention_backward_varlen_device and its
+// dense call after each. Every row's problem is B sequences of H heads with N the mixed batch's
+// tokens (its note gives the uniform batch's shape); TFLOP/s of the visible (query, key) pairs
+// only. The packed calls' times include what the call does on the host (checking cu_seqlens,
+// building and copying the schedule).
 template <class T>
-void varlen07_point(const std::vector<int64_t>& lengths, int64_t heads, int64_t d, const std::string& dtype, int warmup,
-                    int repeat) {
+void stage10_varlen(const std::vector<int64_t>& lengths, int64_t heads, int64_t d, const std::string& dtype, bool backward,
+                    int warmup, int repeat, std::vector<Record>& records) {
     const auto packed_problem = [&](const std::vector<int64_t>& lens) {
         fa::VarlenProblem vp;
         vp.cu_seqlens_q = vp.cu_seqlens_k = fa::cu_seqlens_from_lengths(lens);
@@ -454,58 +613,92 @@ void varlen07_point(const std::vector<int64_t>& lengths, int64_t heads, int64_t 
     const int64_t total = mixed.total_q, batch = mixed.batch(), n = std::max<int64_t>(1, total / batch);
     const fa::VarlenProblem uniform = packed_problem(std::vector<int64_t>(size_t(batch), n));
     const int64_t rows = std::max(total, uniform.total_q);
-    const fa::Inputs in = fa::make_varlen_inputs(packed_problem({rows}), fa::InputKind::Normal, 1);
-    const auto upload = [&](const fa::HostTensor& t) {
-        fa::cuda::DeviceBuffer<float> f(t.storage.size());
-        f.copy_from_host(t.storage.data(), t.storage.size());
-        fa::cuda::DeviceBuffer<T> h(t.storage.size());
+    // q, k, v and dO: normal, standard deviation 1, drawn on the device (seeds 1, 2, 3 and dO's),
+    // packed (rows, H, d) in T. The gradients and the workspace only with a backward.
+    const auto draw = [&](uint64_t seed) {
+        fa::cuda::DeviceBuffer<float> f(size_t(rows * heads * d));
+        fa::cuda::fill_normal(f.data(), rows * heads * d, seed, 1.0f);
+        fa::cuda::DeviceBuffer<T> h(size_t(rows * heads * d));
         fa::cuda::convert(fa::make_packed_view(static_cast<const float*>(f.data()), rows, heads, d),
                           fa::make_packed_view(h.data(), rows, heads, d));
-        FA_CUDA_CHECK(cudaDeviceSynchronize());
+        FA_CUDA_CHECK(cudaDeviceSynchronize());  // the rounding has read f before it is freed
         return h;
     };
-    const fa::cuda::DeviceBuffer<T> q = upload(in.q), k = upload(in.k), v = upload(in.v);
-    fa::cuda::DeviceBuffer<T> o(size_t(rows * heads * d));
+    const fa::cuda::DeviceBuffer<T> q = draw(1), k = draw(2), v = draw(3);
+    const fa::cuda::DeviceBuffer<T> dout = backward ? draw(kDoutSeed) : fa::cuda::DeviceBuffer<T>(0);
+    const size_t grad_elems = backward ? size_t(rows * heads * d) : 0;
+    fa::cuda::DeviceBuffer<T> o(size_t(rows * heads * d)), dq(grad_elems), dk(grad_elems), dv(grad_elems);
     fa::cuda::DeviceBuffer<float> lse(size_t(rows * heads));
-    const auto time_packed = [&](const fa::VarlenProblem& vp) {
+    fa::stage09::Workspace workspace;
+    fa::Problem shown;  // what the rows say: B sequences, H heads, N tokens in all
+    shown.batch = batch, shown.heads = heads, shown.seq_q = shown.seq_k = total, shown.head_dim = d, shown.causal = true;
+    const auto time_packed = [&](const fa::VarlenProblem& vp, const std::string& impl, const std::string& note) {
         fa::cuda::DeviceBuffer<int32_t> cu(vp.cu_seqlens_q.size());
         cu.copy_from_host(vp.cu_seqlens_q.data(), vp.cu_seqlens_q.size());
         fa::cuda::DeviceBuffer<int32_t> schedule(size_t(fa::stage07::varlen_schedule_ints(vp)));
-        const auto packed = [&](const fa::cuda::DeviceBuffer<T>& x) {
+        fa::cuda::DeviceBuffer<int32_t> schedule09(backward ? size_t(fa::stage09::varlen_backward_schedule_ints(vp)) : 0);
+        const auto in_view = [&](const fa::cuda::DeviceBuffer<T>& x) {
             return fa::make_packed_view(static_cast<const T*>(x.data()), vp.total_q, heads, d);
         };
+        const auto out_view = [&](fa::cuda::DeviceBuffer<T>& x) { return fa::make_packed_view(x.data(), vp.total_q, heads, d); };
         const fa::View3<float> lv{lse.data(), {1, heads, vp.total_q}, {heads * vp.total_q, vp.total_q, 1}};
-        const fa::stage07::VarlenDeviceArrays arrays{cu.data(), cu.data(), schedule.data()};
-        return fa::cuda::time_on_gpu(
-                   [&](cudaStream_t s) {
-                       fa::stage07::attention_varlen_device(vp, fa::stage07::MaxSeqlens{vp.max_seq_q(), vp.max_seq_k()},
-                                                            packed(q), packed(k), packed(v),
-                                                            fa::make_packed_view(o.data(), vp.total_q, heads, d), lv, arrays, s);
-                   },
-                   warmup, repeat)
-            .median_ms;
+        const fa::stage07::MaxSeqlens max{vp.max_seq_q(), vp.max_seq_k()};
+        std::function<void(cudaStream_t)> bwd;
+        if (backward) {
+            bwd = [&](cudaStream_t s) {
+                fa::stage09::attention_backward_varlen_device(vp, max, in_view(q), in_view(k), in_view(v), in_view(o),
+                                                              fa::View3<const float>(lv), in_view(dout), out_view(dq),
+                                                              out_view(dk), out_view(dv),
+                                                              fa::stage09::VarlenBackwardArrays{cu.data(), cu.data(), schedule09.data()},
+                                                              false, s, &workspace);
+            };
+        }
+        return time_stage10(
+            impl, dtype, shown, double(vp.visible_pairs_per_head()) * double(heads), "", note,
+            [&](cudaStream_t s) {
+                fa::stage07::attention_varlen_device(vp, max, in_view(q), in_view(k), in_view(v), out_view(o), lv,
+                                                     fa::stage07::VarlenDeviceArrays{cu.data(), cu.data(), schedule.data()}, s);
+            },
+            bwd, warmup, repeat);
     };
-    const double mixed_ms = time_packed(mixed), uniform_ms = time_packed(uniform);
+    const std::string uniform_note = std::to_string(batch) + " x " + std::to_string(n) + " tokens";
+    std::vector<std::vector<Record>> all;
+    all.push_back(time_packed(mixed, "stage10_varlen", "longest " + std::to_string(mixed.max_seq_q())));
+    all.push_back(time_packed(uniform, "stage10_varlen_uniform", uniform_note + ", packed"));
+    // The uniform packed rows read as (B, H, N, d) by the dense kernels.
     fa::Problem p;
     p.batch = batch, p.heads = heads, p.seq_q = p.seq_k = n, p.head_dim = d, p.causal = true;
-    const auto dense = [&](const fa::cuda::DeviceBuffer<T>& x) {  // the uniform packed rows as (B, H, N, d)
+    const auto dense = [&](const fa::cuda::DeviceBuffer<T>& x) {
         return fa::View4<const T>{x.data(), {batch, heads, n, d}, {n * heads * d, d, heads * d, 1}};
     };
-    const fa::View4<T> od{o.data(), {batch, heads, n, d}, {n * heads * d, d, heads * d, 1}};
-    const fa::View3<float> ld{lse.data(), {batch, heads, n}, {heads * n, n, 1}};
-    const double dense_ms = fa::cuda::time_on_gpu(
-                                [&](cudaStream_t s) { fa::stage07::attention_device(p, dense(q), dense(k), dense(v), od, ld, s); },
-                                warmup, repeat)
-                                .median_ms;
-    const auto tflops = [&](const fa::VarlenProblem& vp, double ms) {
-        return 4.0 * double(d) * double(vp.visible_pairs_per_head()) * double(heads) / (ms * 1e-3) * 1e-12;
+    const auto dense_out = [&](fa::cuda::DeviceBuffer<T>& x) {
+        return fa::View4<T>{x.data(), {batch, heads, n, d}, {n * heads * d, d, heads * d, 1}};
     };
-    std::printf("stage07 varlen %s d=%lld H=%lld B=%lld tokens=%lld (longest %lld): mixed lengths %.3f ms %.1f TFLOP/s; "
-                "uniform N=%lld packed %.3f ms %.1f TFLOP/s, dense %.3f ms %.1f TFLOP/s; mixed / dense rate %.3f\n",
-                dtype.c_str(), (long long)d, (long long)heads, (long long)batch, (long long)total, (long long)mixed.max_seq_q(),
-                mixed_ms, tflops(mixed, mixed_ms), (long long)n, uniform_ms, tflops(uniform, uniform_ms), dense_ms,
-                tflops(uniform, dense_ms), tflops(mixed, mixed_ms) / tflops(uniform, dense_ms));
-    std::fflush(stdout);
+    const fa::View3<float> ld{lse.data(), {batch, heads, n}, {heads * n, n, 1}};
+    std::function<void(cudaStream_t)> dense_bwd;
+    if (backward) {
+        dense_bwd = [&](cudaStream_t s) {
+            fa::stage09::attention_backward_device(p, dense(q), dense(k), dense(v), dense(o), fa::View3<const float>(ld), dense(dout),
+                                                   dense_out(dq), dense_out(dk), dense_out(dv), false, s, &workspace);
+        };
+    }
+    all.push_back(time_stage10(
+        "stage10_dense_uniform", dtype, shown, double(uniform.visible_pairs_per_head()) * double(heads), "", uniform_note + ", dense",
+        [&](cudaStream_t s) { fa::stage07::attention_device(p, dense(q), dense(k), dense(v), dense_out(o), ld, s); }, dense_bwd,
+        warmup, repeat));
+    // Each row against the dense kernel's on the uniform batch in the same pass, by rate (the
+    // batches' visible pairs differ).
+    for (const std::vector<Record>& rows_of : all) {
+        for (const Record& r : rows_of) {
+            const Record* base = nullptr;
+            for (const Record& b : all.back()) base = b.pass == r.pass && b.median_ms > 0 ? &b : base;
+            print_stage10(r, nullptr, "");
+            if (base != nullptr && r.median_ms > 0 && &rows_of != &all.back()) {
+                std::printf("          rate over the dense kernel's on the uniform batch: %.3f\n", r.tflops / base->tflops);
+            }
+            records.push_back(r);
+        }
+    }
 }
 
 int main(int argc, char** argv) {
@@ -556,13 +749,18 @@ int main(int argc, char** argv) {
                    "deterministic dQ), each checked by the guard")
         ->check(CLI::Range(0, int(fa::stage09::road().size()) - 1));
     app.add_option("--model07", model07_args,
-                   "stage 07's final kernel with stage 10's switches, beside the plain causal kernel at each point: "
-                   "GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]] (Hk = H / GROUP; window (LEFT, RIGHT), -1 unbounded; soft cap c, "
-                   "0 off; dropout p, 0 off), e.g. 8/-1/0 (GQA 8:1, causal), 1/4095/0 (a 4096-key causal window) or "
-                   "1/-1/0/0/0.1 (causal with dropout 0.1); repeatable");
+                   "stage 10's switches: stage 07's final kernel with them and, with stage 09 among --stages, stage 09's "
+                   "backward with them (backward alone and fwd+bwd), beside the plain causal kernels at each point "
+                   "(rows stage10_causal): GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]] (Hk = H / GROUP; window (LEFT, RIGHT), "
+                   "-1 unbounded; soft cap c, 0 off; dropout p, 0 off), e.g. 8/-1/0 (GQA 8:1, causal: rows stage10_gqa8), "
+                   "1/4095/0 (a 4096-key causal window: stage10_window4095) or 1/-1/0/0/0.1 (causal with dropout 0.1: "
+                   "stage10_dropout0.1); TFLOP/s of the visible pairs; a pass an entry point refuses is a row without "
+                   "times whose note says why; repeatable");
     app.add_option("--varlen07", varlen07,
-                   "stage 07 on one packed batch of sequences of these lengths (comma-separated; causal, H = width / d), "
-                   "beside a uniform batch of the same tokens packed and dense, for each d and dtype, before the sweep")
+                   "stage 10's packed batch: stage 07 (and, with stage 09 among --stages, stage 09's backward) on one "
+                   "packed batch of sequences of these lengths (comma-separated; causal, H = width / d; rows "
+                   "stage10_varlen), beside a uniform batch of the same tokens packed (stage10_varlen_uniform) and dense "
+                   "(stage10_dense_uniform), for each d and dtype, before the sweep; N of these rows is the tokens in all")
         ->delimiter(',');
     app.add_option("--causal", causal_mode, "no, yes or both")->check(CLI::IsMember({"no", "yes", "both"}))->capture_default_str();
     app.add_option("--tokens", tokens, "B * N: batch = tokens / N")->check(CLI::PositiveNumber)->capture_default_str();
@@ -584,12 +782,14 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
     app.add_option("--json", json_path, "where to write the results as JSON")->capture_default_str();
     app.add_option("--csv", csv_path, "where to write the results as CSV")->capture_default_str();
-    CLI11_PARSE(app, argc, argv);
+    // Every argument error exits with kExitBadInput (2) and a message naming the option.
+    if (const int rc = fa::parse_command_line(app, argc, argv); rc >= 0) return rc;
 
     std::vector<int> steps07, steps11;
     try {
         steps07 = resolve_steps(step_args, fa::stage07::road(), fa::stage07::final_step(), "--steps", "07");
         for (const std::string& spec : model07_args) model07.push_back(parse_model07(spec));
+        if (!varlen07.empty()) fa::cu_seqlens_from_lengths(varlen07);  // lengths >= 0, totals that fit: checked before any GPU work
 #ifdef FA_HAVE_STAGE11
         steps11 = resolve_steps(step11_args, fa::stage11::road(), fa::stage11::final_step(), "--steps11", "11");
 #endif
@@ -891,13 +1091,13 @@ int main(int argc, char** argv) {
 #endif
 
     try {
-        for (int64_t d : has07 && !varlen07.empty() ? head_dims : std::vector<int64_t>{}) {
+        for (int64_t d : (has07 || has09) && !varlen07.empty() ? head_dims : std::vector<int64_t>{}) {
             for (const std::string& t : dtypes) {
                 const int64_t heads = std::max<int64_t>(1, width / d);
                 if (t == "bf16") {
-                    varlen07_point<__nv_bfloat16>(varlen07, heads, d, t, warmup, repeat);
+                    stage10_varlen<__nv_bfloat16>(varlen07, heads, d, t, has09, warmup, repeat, records);
                 } else {
-                    varlen07_point<__half>(varlen07, heads, d, t, warmup, repeat);
+                    stage10_varlen<__half>(varlen07, heads, d, t, has09, warmup, repeat, records);
                 }
             }
         }
@@ -1087,14 +1287,17 @@ int main(int argc, char** argv) {
                         }
                     }
 
-                    // ---- stage 07 with stage 10's switches (--model07), beside its plain causal kernel.
-                    // Once per shape (the window carries the causal mask: (-1, 0) is causal), at the last causal value.
+                    // ---- stage 10's switches (--model07): stage 07's forward, with stage 09 its backward,
+                    // beside their plain causal kernels. Once per shape (the window carries the causal
+                    // mask: (-1, 0) is causal), at the last causal value.
                     const bool last_causal_value = causal == causal_values.back();
-                    for (const std::string& t : has07 && !model07.empty() && last_causal_value ? dtypes : std::vector<std::string>{}) {
+                    for (const std::string& t : (has07 || has09) && !model07.empty() && last_causal_value ? dtypes : std::vector<std::string>{}) {
                         if (t == "bf16") {
-                            model07_points(p, t, *half.bf16, dev.lse, model07, warmup, repeat);
+                            stage10_points(p, t, *half.bf16, dev.lse, has09 ? &*grads.bf16 : nullptr, &workspace09, model07, warmup,
+                                           repeat, records);
                         } else {
-                            model07_points(p, t, *half.fp16, dev.lse, model07, warmup, repeat);
+                            stage10_points(p, t, *half.fp16, dev.lse, has09 ? &*grads.fp16 : nullptr, &workspace09, model07, warmup,
+                                           repeat, records);
                         }
                     }
 
@@ -1160,27 +1363,31 @@ int main(int argc, char** argv) {
     if (wgmma_ceiling_tflops > 0) json << "  \"wgmma_ceiling_tflops\": " << wgmma_ceiling_tflops << ",\n";
     json << "  \"results\": [\n";
     // The first twelve columns are those of the first sweeps; the page generator reads them by name.
-    // Later columns are added at the end: `pass` (forward, backward, fwd+bwd) came with stage 09.
+    // Later columns are added at the end: `pass` (forward, backward, fwd+bwd) came with stage 09,
+    // `spec` and `note` with stage 10 (a refused row has empty times and its reason in the note).
     csv << "impl,dtype,B,H,N,d,causal,median_ms,tflops,gpu,sm_clock_mhz,date,step,step_name,min_ms,max_ms,check,check_max_abs,"
-           "check_rel_l2,pass\n";
+           "check_rel_l2,pass,spec,note\n";
     for (size_t i = 0; i < records.size(); ++i) {
         const Record& r = records[i];
         const fa::Problem& p = r.problem;
         json << "    {\"impl\": \"" << r.impl << "\", \"dtype\": \"" << r.dtype << "\", \"B\": " << p.batch << ", \"H\": " << p.heads
              << ", \"N\": " << p.seq_q << ", \"d\": " << p.head_dim << ", \"causal\": " << (p.causal ? "true" : "false")
-             << ", \"pass\": \"" << r.pass << "\", \"median_ms\": " << r.median_ms << ", \"min_ms\": " << r.min_ms << ", \"max_ms\": " << r.max_ms
-             << ", \"tflops\": " << r.tflops << ", \"sm_clock_mhz\": " << r.sm_clock_mhz;
+             << ", \"pass\": \"" << r.pass << "\", \"median_ms\": " << json_time(r.median_ms) << ", \"min_ms\": " << json_time(r.min_ms)
+             << ", \"max_ms\": " << json_time(r.max_ms) << ", \"tflops\": " << json_time(r.tflops) << ", \"sm_clock_mhz\": " << r.sm_clock_mhz;
         if (r.step >= 0) json << ", \"step\": " << r.step << ", \"step_name\": " << json_string(r.step_name);
         if (r.heavy_first_ms > 0) json << ", \"heavy_first_ms\": " << r.heavy_first_ms << ", \"in_order_ms\": " << r.in_order_ms;
         if (!r.check.empty()) json << ", \"check\": \"" << r.check << "\", \"check_max_abs\": " << r.check_max_abs;
         if (r.check_rel_l2 >= 0) json << ", \"check_rel_l2\": " << r.check_rel_l2;
         if (r.dv_sum_rel >= 0) json << ", \"check_dv_sum_rel\": " << r.dv_sum_rel << ", \"check_dk_sum_ratio\": " << r.dk_sum_ratio;
+        if (!r.spec.empty()) json << ", \"spec\": " << json_string(r.spec);
+        if (!r.note.empty()) json << ", \"note\": " << json_string(r.note);
         json << "}" << (i + 1 < records.size() ? ",\n" : "\n");
         csv << r.impl << "," << r.dtype << "," << p.batch << "," << p.heads << "," << p.seq_q << "," << p.head_dim << ","
-            << (p.causal ? 1 : 0) << "," << r.median_ms << "," << r.tflops << "," << csv_field(gpu.name) << "," << r.sm_clock_mhz
+            << (p.causal ? 1 : 0) << "," << optional_number(r.median_ms) << "," << optional_number(r.tflops) << ","
+            << csv_field(gpu.name) << "," << r.sm_clock_mhz
             << "," << date << "," << (r.step >= 0 ? std::to_string(r.step) : "") << "," << csv_field(r.step_name) << ","
-            << r.min_ms << "," << r.max_ms << "," << r.check << "," << optional_number(r.check_max_abs) << ","
-            << optional_number(r.check_rel_l2) << "," << r.pass << "\n";
+            << optional_number(r.min_ms) << "," << optional_number(r.max_ms) << "," << r.check << ","
+            << optional_number(r.check_max_abs) << "," << optional_number(r.check_rel_l2) << "," << r.pass << "," << csv_field(r.spec) << "," << csv_field(r.note) << "\n";
     }
     json << "  ]\n}\n";
     std::printf("wrote      %s and %s (%zu points)\n", json_path.c_str(), csv_path.c_str(), records.size());

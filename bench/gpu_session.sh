@@ -48,6 +48,16 @@
 #              dropout 0.1 (causal); and one packed batch of mixed lengths (drawn from 128 to 8192,
 #              16384 tokens, seed 7) beside a uniform batch of the same tokens, packed and dense:
 #              switches07.txt
+#   stage10    stage 10's switches forward and backward beside PyTorch SDPA, in one call (about 3 to 4
+#              minutes on an H100): stage 07's forward and stage 09's backward (alone and as a pair)
+#              with grouped heads 8:1 and 4:1 (and the plain causal kernels, 1:1), a 4096-key causal
+#              window, dropout 0.1 (a backward that refuses it is recorded with its reason), bf16 and
+#              fp16, d 64/128, N 4096/16384, beside SDPA with enable_gqa pinned to flash, cuDNN and
+#              efficient and with flash's dropout; the windows' time over the plain causal kernels'
+#              (ours alone: SDPA's flash has no window); switches07's packed batch of mixed lengths
+#              beside a uniform batch of the same tokens and SDPA's nested jagged and padded (masked)
+#              batches; ROUNDS rounds, STAGE10_REPEAT timed runs (default 10):
+#              stage10/stage10.txt (the tables) and stage10/stage10.csv (each ratio, median over rounds)
 #   sweep      every stage beside every SDPA backend, the full grid (as the committed data)
 #   quick      the same at two sizes (QUICK_SIZES), 10 runs each; QUICK_STAGES="05 06 07 09" adds
 #              stage 09 beside SDPA's backward, 11 stage 11 beside SDPA cuDNN and flash
@@ -121,7 +131,7 @@ build_targets() {
                     test_stage07) ;;
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts make_npy_inputs) ;;
-            road | road05 | road11 | groups11 | switches07 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncu11)
+            road | road05 | road11 | groups11 | switches07 | stage10 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncu11)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -481,19 +491,35 @@ PY
     tee -a "$LOGS/summary.txt" <"$RESULTS/road05/road05_table.txt"
 }
 
-step_switches07() {
-    note "switches07: stage 07 with stage 10's switches beside its plain causal kernel; a packed batch of mixed lengths"
-    local lengths
-    lengths=$(python3 -c 'import random
+# The packed batch of stage 10's benchmarks: lengths drawn from 128 to 8192 (seed 7) until 16384
+# tokens, the last one cut to fit; comma-separated.
+packed_lengths() {
+    python3 -c 'import random
 r = random.Random(7); out = []; left = 16384
 while left > 0:
     n = min(left, r.randint(128, 8192)); out.append(n); left -= n
-print(",".join(map(str, out)))')
+print(",".join(map(str, out)))'
+}
+
+step_switches07() {
+    note "switches07: stage 07 with stage 10's switches beside its plain causal kernel; a packed batch of mixed lengths"
+    local lengths
+    lengths=$(packed_lengths)
     record "packed lengths: $lengths"
     "$BUILD/bench/bench_gpu" --stages 07 --dtypes bf16 fp16 --sizes 4096 16384 --head-dims 64 128 --causal yes \
         --model07 8/-1/0 4/-1/0 1/4095/0 1/-1/0/50 1/-1/0/0/0.1 --varlen07 "$lengths" --repeat 20 --warmup 3 --check false --json "$RESULTS/switches07.json" --csv "$RESULTS/switches07.csv" \
         >"$RESULTS/switches07.txt" 2>&1 || { record "FAIL  switches07 (see switches07.txt)"; status=1; }
-    grep -E "^stage07 (model|varlen)" "$RESULTS/switches07.txt" | tee -a "$LOGS/summary.txt"
+    grep -E "^stage10 " "$RESULTS/switches07.txt" | tee -a "$LOGS/summary.txt"
+}
+
+step_stage10() {
+    note "stage10: stage 10's switches, forward and backward, beside PyTorch SDPA; a packed batch of mixed lengths"
+    local lengths
+    lengths=$(packed_lengths)
+    record "packed lengths: $lengths"
+    compare stage10 "$RESULTS/stage10" --stages 10 --dtypes bf16 fp16 --sizes 4096 16384 --head-dims 64 128 --causal yes \
+        --model07 8/-1/0 4/-1/0 1/4095/0 1/-1/0/0/0.1 --varlen07 "$lengths" --repeat "${STAGE10_REPEAT:-10}" --warmup 3 \
+        --check false
 }
 step_sweep07() {
     note "sweep07: stage 07 (bf16, fp16) beside SDPA flash and cuDNN, the full grid"
@@ -898,7 +924,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu11 lessons"
         status=2
         continue
     fi

@@ -15,6 +15,12 @@ a time with torch.nn.attention.sdpa_kernel, on the same shapes:
                               the backward alone (torch.autograd.grad(o, (q, k, v), do,
                               retain_graph=True) after one forward) and forward + backward timed
                               as one pair, as bench_gpu times stage 07 + stage 09
+  for stage 10 (--stages 10)  stage 10's points as bench_gpu timed them (--model07, --varlen07;
+                              bench_gpu runs with stage 09), forward, backward and the pair:
+                              grouped heads through enable_gqa=True pinned to flash, cudnn and
+                              efficient, dropout through flash's dropout_p, the packed batch as
+                              nested jagged tensors and padded to its longest sequence with a mask;
+                              windows have no SDPA counterpart (ours against our causal time)
 
 Every point is timed with CUDA events after warm-up runs, with the L2 flushed (a buffer four
 times the L2 overwritten) before each timed run, and the median of the runs is kept: the method
@@ -36,6 +42,10 @@ Writes to OUT_DIR:
   stage09_sweep_table.txt
   stage11_sweep_table.txt        stage 11 against SDPA cuDNN and flash and stage 07, per dtype
   ratios_over_rounds.txt         with several rounds: each ratio's median over rounds, min and max
+  stage10.txt, stage10.csv       with stage 10: its tables, and each of its ratios (ours / SDPA,
+                                 a window over the causal time, the packed batch over the uniform
+                                 one, the padded batch's bytes) with its median, min and max over
+                                 the rounds; its rows count the FLOPs of the visible pairs only
   road11.csv, road11.json,       when several stage 11 steps were timed (--steps11): each step's
   stage11_road_table.txt         TFLOP/s, its gain over the step before and its ratio to cuDNN
   mma_ceiling.jsonl              what mma_ceiling measured
@@ -63,7 +73,7 @@ import sys
 import warnings
 
 CSV_COLUMNS = ["impl", "dtype", "B", "H", "N", "d", "causal", "median_ms", "tflops", "gpu", "sm_clock_mhz", "date",
-               "step", "step_name", "min_ms", "max_ms", "check", "check_max_abs", "check_rel_l2", "note", "pass"]
+               "step", "step_name", "min_ms", "max_ms", "check", "check_max_abs", "check_rel_l2", "note", "pass", "spec"]
 ROAD_COLUMNS = ["kind", "impl", "step", "step_name", "idea", "dtype", "d", "N", "causal", "tflops", "median_ms", "gain", "gain_over",
                 "vs_flash", "pct_of_mma", "gpu", "sm_clock_mhz", "date"]
 # Stage 11's road: the same columns, with the ratio to cuDNN (its target) and the fraction of the
@@ -153,13 +163,26 @@ def run_wgmma_ceiling(args):
     return read_ceiling(path).get("wgmma_ss_bf16", {}).get("value")
 
 
+def bench_stages(stages):
+    """bench_gpu's --stages for ours: stage 10's points run with stage 09 (its backward after stage 07's forward).
+
+    >>> bench_stages(["10"]), bench_stages(["07", "10"])
+    (['09'], ['07', '09'])
+    """
+    return sorted({s for s in stages if s != "10"} | ({"09"} if "10" in stages else set()))
+
+
 def run_bench_gpu(args, ceiling, out_json, out_csv, wgmma=None):
     """Runs bench_gpu; returns its JSON and whether every point passed its check."""
-    cmd = [args.bench_exe, "--stages", *args.stages, "--sizes", *map(str, args.sizes), "--head-dims",
+    cmd = [args.bench_exe, "--stages", *bench_stages(args.stages), "--sizes", *map(str, args.sizes), "--head-dims",
            *map(str, args.head_dims), "--causal", args.causal, "--tokens", str(args.tokens), "--width", str(args.width),
            "--repeat", str(args.repeat), "--warmup", str(args.warmup), "--json", out_json, "--csv", out_csv]
-    if any(s in HALF_STAGES for s in args.stages):
+    if any(s in HALF_STAGES + ("10",) for s in args.stages):
         cmd += ["--dtypes", *args.dtypes]
+    if "10" in args.stages:
+        cmd += [x for spec in args.model07 for x in ("--model07", spec)]
+        if args.varlen07:
+            cmd += ["--varlen07", ",".join(map(str, args.varlen07))]
     if "07" in args.stages:
         if args.steps:
             cmd += ["--steps", *args.steps]
@@ -205,6 +228,8 @@ def time_torch(fn, warmup, repeat, flush):
 def sdpa_plan(args):
     """(backend, dtype) pairs to time forward: what the stages in this run are compared with."""
     plan = []
+    if not any(s in FP32_STAGES + HALF_STAGES for s in args.stages):
+        return plan  # stage 10 alone: its own points (run_sdpa_stage10)
     if any(s in FP32_STAGES for s in args.stages):
         plan += [("flash", "fp32"), ("cudnn", "fp32"), ("efficient", "fp32"), ("math", "fp32")]
     half = args.dtypes if any(s in HALF_STAGES for s in args.stages) else ["bf16"]
@@ -217,23 +242,30 @@ def sdpa_backward_plan(args):
     return [(name, t) for t in args.dtypes for name in ("flash", "cudnn")] if "09" in args.stages else []
 
 
-def run_sdpa(args, gpu_name, date):
+def sdpa_setup():
+    """What every SDPA run needs: the backends and dtypes by name, and the buffer whose overwrite
+    flushes the L2 (four times its size) before each timed run."""
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import SDPBackend
 
-    # A backend pinned to a dtype it lacks warns before it raises; the raise is recorded below.
+    # A backend pinned to a dtype it lacks warns before it raises; the raise is recorded.
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|Expected query, key).*")
     torch.manual_seed(1234)
-
     backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                 "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     torch.backends.cuda.matmul.allow_tf32 = False  # the math backend in true float32
     torch.backends.cudnn.allow_tf32 = False
-    props = torch.cuda.get_device_properties(0)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
-    flush = torch.empty(max(4 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
+    return backends, dtypes, torch.empty(max(4 * l2, 64 << 20), dtype=torch.uint8, device="cuda")
+
+
+def run_sdpa(args, gpu_name, date):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    backends, dtypes, flush = sdpa_setup()
     plan, backward_plan = sdpa_plan(args), sdpa_backward_plan(args)
     print("SDPA backends: " + ", ".join(f"{b} {t}" for b, t in plan)
           + ("; backward: " + ", ".join(f"{b} {t}" for b, t in backward_plan) if backward_plan else ""), flush=True)
@@ -295,33 +327,98 @@ def time_sdpa_backward(args, backend, dtype, q32, k32, v32, do32, causal, flush)
     Yields (pass, fields): median_ms, min_ms, max_ms, sm_clock_mhz, or the refusal in the note."""
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention import sdpa_kernel
 
     q, k, v = (t.to(dtype).requires_grad_() for t in (q32, k32, v32))
-    o = do = None
-    try:
-        with sdpa_kernel(backend):
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            # dO with o's own strides: a backend may copy a dO laid out otherwise before its kernel.
-            do = torch.empty_like(o).copy_(do32)
+    # dO with o's own strides: a backend may copy a dO laid out otherwise before its kernel.
+    yield from time_sdpa_passes(args, backend, (q, k, v), lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                                lambda o: torch.empty_like(o).copy_(do32), flush)
 
-            def backward():
-                torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
-            def forward_backward():
-                torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=causal), (q, k, v), do)
+def time_sdpa_passes(args, backend, leaves, attend, make_do, flush, passes=("backward", "fwd+bwd")):
+    """SDPA pinned to `backend`: attend() -> o, a call of scaled_dot_product_attention on the
+    tensors `leaves` (which require grad), in each of `passes`: "forward" (under no_grad), "backward"
+    (torch.autograd.grad(o, leaves, dO, retain_graph=True) after one forward) and "fwd+bwd" (the two
+    as one pair); make_do(o) gives dO. Yields (pass, fields): median_ms, min_ms, max_ms,
+    sm_clock_mhz, or the refusal in the note (refusal_note())."""
+    import torch
+    from torch.nn.attention import sdpa_kernel
 
-            for pass_, fn in (("backward", backward), ("fwd+bwd", forward_backward)):
-                try:
-                    ms, lo, hi = time_torch(fn, args.warmup, args.repeat, flush)
-                    yield pass_, dict(median_ms=ms, min_ms=lo, max_ms=hi, sm_clock_mhz=sm_clock_mhz())
-                except (RuntimeError, torch.OutOfMemoryError) as e:  # no backward kernel for this dtype/shape
-                    yield pass_, dict(note="unsupported: " + first_line(e))
-    except (RuntimeError, torch.OutOfMemoryError) as e:  # the forward itself refused
-        for pass_ in ("backward", "fwd+bwd"):
-            yield pass_, dict(note="unsupported: " + first_line(e))
-    finally:
-        del q, k, v, o, do
+    def timed(fn):
+        note = refusal_note(fn)  # one untimed run, which also says why a backend refuses
+        if note:
+            return dict(note=note)
+        try:
+            ms, lo, hi = time_torch(fn, args.warmup, args.repeat, flush)
+        except REFUSALS + (torch.OutOfMemoryError,) as e:
+            return dict(note="unsupported: " + first_line(e))
+        return dict(median_ms=ms, min_ms=lo, max_ms=hi, sm_clock_mhz=sm_clock_mhz())
+
+    later = [p for p in passes if p != "forward"]
+    with sdpa_kernel(backend):
+        if "forward" in passes:
+            fields = timed(attend_no_grad(attend))
+            yield "forward", fields
+            if "note" in fields:  # no forward kernel: no backward either
+                for pass_ in later:
+                    yield pass_, fields
+                return
+        graph = {}
+
+        def first_forward():
+            graph["o"] = attend()
+            graph["do"] = make_do(graph["o"])
+
+        note = refusal_note(first_forward) if later else None
+        if note:
+            for pass_ in later:
+                yield pass_, dict(note=note)
+            return
+        o, do = graph.pop("o", None), graph.pop("do", None)
+
+        def backward():
+            torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+        def forward_backward():
+            torch.autograd.grad(attend(), leaves, do)
+
+        for pass_, fn in (("backward", backward), ("fwd+bwd", forward_backward)):
+            if pass_ in passes:
+                yield pass_, timed(fn)
+        del o, do
+
+
+# What SDPA raises when it has no kernel for a call (torch.OutOfMemoryError is added where torch is
+# imported): RuntimeError above all ("No available kernel"); the nested tensors' checks raise the others.
+REFUSALS = (RuntimeError, ValueError, TypeError, AssertionError)
+
+
+def refusal_note(fn):
+    """Runs fn() once: None when it ran; when a backend refused, "unsupported: " and the error's
+    first line, with the reasons SDPA warned of before raising (why each backend was not used)."""
+    import torch
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            fn()
+            return None
+        except REFUSALS + (torch.OutOfMemoryError,) as e:
+            why = []
+            for w in caught:
+                line = first_line(w.message)
+                if line not in why and "not used because" not in line:
+                    why.append(line)
+            return "unsupported: " + first_line(e) + (" (" + "; ".join(why[:3]) + ")" if why else "")
+
+
+def attend_no_grad(attend):
+    """attend() run without recording the graph: a forward as inference runs it."""
+    import torch
+
+    def run():
+        with torch.no_grad():
+            return attend()
+    return run
 
 
 def first_line(e):
@@ -402,9 +499,11 @@ def median_rows(rounds):
     return out
 
 
-def round_ratio(round_idx, a, b, key):
-    """(median, min, max, rounds) of a / b (TFLOP/s) over the rounds in which both were timed, or None."""
-    xs = sorted(x for x in (ratio(i.get((a, *key)), i.get((b, *key))) for i in round_idx) if x is not None)
+def round_ratio(round_idx, a, b, key, of=None):
+    """(median, min, max, rounds) of a / b over the rounds in which both were timed, or None: by
+    TFLOP/s (ratio()), or by `of` (row a, row b) -> number or None."""
+    of = of or ratio
+    xs = sorted(x for x in (of(i.get((a, *key)), i.get((b, *key))) for i in round_idx) if x is not None)
     if not xs:
         return None
     n = len(xs)
@@ -800,15 +899,356 @@ def print_road11(args, rows):
                   f"{'causal' if r['causal'] else 'non-causal'}")
 
 
+# ----------------------------------------------------------------------------- stage 10
+# Stage 10's rows (bench_gpu --model07 and --varlen07 with stage 09) are named after their
+# switches: ours "stage10_<variant>" (stage10_gqa8, stage10_window4095, stage10_dropout0.1, the
+# plain causal kernels stage10_causal, the packed batch stage10_varlen), SDPA's
+# "sdpa_<backend>_<variant>" on the same point, so that index(), median_rows() and round_ratio()
+# take them as they take every other row. SDPA's padded batch is "sdpa_<backend>_padded", beside
+# stage10_varlen. All of them count the FLOPs of the visible (query, key) pairs only.
+STAGE10_BACKENDS = ("flash", "cudnn", "efficient")
+STAGE10_PASSES = ("forward", "backward", "fwd+bwd")
+STAGE10_COLUMNS = ["kind", "variant", "ours", "other", "pass", "dtype", "d", "N", "B", "H", "value", "lo", "hi", "rounds",
+                   "ours_ms", "other_ms", "ours_tflops", "other_tflops", "note", "gpu", "date"]
+# What the window's time over the plain causal kernel's should stay under at N = 16384 with a
+# 4096-key window: a quarter of the pairs (7/32 of the causal triangle's), plus the diagonal blocks.
+STAGE10_WINDOW_TARGET = 0.35
+
+
+def parse_model_spec(spec):
+    """A --model07 point GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]] as a dict (ValueError when malformed).
+
+    >>> parse_model_spec("8/-1/0")["group"], parse_model_spec("1/-1/0/0/0.1")["dropout"]
+    (8, 0.1)
+    """
+    x = [float(p) for p in spec.split("/")]
+    if not 3 <= len(x) <= 5 or x[0] < 1:
+        raise ValueError(f"--model07 {spec}: expected GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]] with GROUP >= 1")
+    x += [0.0] * (5 - len(x))
+    return dict(group=int(x[0]), left=int(x[1]), right=int(x[2]), softcap=x[3], dropout=x[4])
+
+
+def sdpa_backends_for(spec):
+    """The SDPA backends that are timed beside a --model07 point: flash, cuDNN and efficient for
+    grouped heads (enable_gqa), flash alone with dropout; none with a window or a soft cap (SDPA's
+    fused kernels have neither).
+
+    >>> sdpa_backends_for(parse_model_spec("4/-1/0")), sdpa_backends_for(parse_model_spec("1/4095/0"))
+    (('flash', 'cudnn', 'efficient'), ())
+    >>> sdpa_backends_for(parse_model_spec("1/-1/0/0/0.1"))
+    ('flash',)
+    """
+    if spec["softcap"] > 0 or spec["left"] >= 0 or spec["right"] != 0:
+        return ()
+    return ("flash",) if spec["dropout"] > 0 else STAGE10_BACKENDS
+
+
+def causal_pairs(n):
+    """Visible (query, key) pairs of one causal head of n queries and n keys.
+
+    >>> causal_pairs(4)
+    10
+    """
+    return n * (n + 1) // 2
+
+
+def visible_flops(pairs, d, pass_):
+    """FLOPs of `pairs` visible pairs (all heads and batch entries) in one pass, as bench_gpu counts them."""
+    return 4.0 * d * pairs * PASS_FLOPS[pass_]
+
+
+def stage10_row(impl, dtype, b, h, n, d, pairs, pass_, fields, gpu_name, date, **extra):
+    """One SDPA row of stage 10 from what time_sdpa_passes() yielded."""
+    row = dict(impl=impl, dtype=dtype, B=b, H=h, N=n, d=d, causal=1, gpu=gpu_name, date=date, **extra, **fields,
+               **{"pass": pass_})
+    if row.get("median_ms") is not None:
+        row["tflops"] = visible_flops(pairs, d, pass_) / (row["median_ms"] * 1e-3) * 1e-12
+    return row
+
+
+def stage10_points(ours_rows):
+    """The dense points of stage 10 in bench_gpu's rows: (variant, spec, dtype, B, H, N, d), one per
+    forward row of a --model07 point or of the plain causal kernels (spec 1/-1/0)."""
+    points = set()
+    for r in ours_rows:
+        variant = r["impl"][len("stage10_"):]
+        if r["impl"].startswith("stage10_") and pass_of(r) == "forward" and (r.get("spec") or variant == "causal"):
+            points.add((variant, r.get("spec") or "1/-1/0", r["dtype"], int(r["B"]), int(r["H"]), int(r["N"]), int(r["d"])))
+    return sorted(points, key=lambda p: (p[2], p[6], p[5], p[0]))
+
+
+def run_sdpa_stage10(args, ours_rows, gpu_name, date):
+    """SDPA beside stage 10's points (those bench_gpu timed in `ours_rows`), forward, backward and
+    the pair: grouped heads through enable_gqa=True (k and v of H / GROUP heads) pinned to flash,
+    cuDNN and efficient in turn, dropout through flash's dropout_p, causal; and the packed batch of
+    --varlen07 as nested jagged tensors (B, H, j, d) and as a dense batch padded to the longest
+    sequence with a mask of each sequence's causal triangle (keys past its end masked), with each
+    backend. A backend that refuses gives a row whose note says why."""
+    import torch
+    import torch.nn.functional as F
+
+    backends, dtypes, flush = sdpa_setup()
+    rows = []
+    for variant, spec, t, b, h, n, d in stage10_points(ours_rows):
+        m = parse_model_spec(spec)
+        names = sdpa_backends_for(m)
+        if not names:
+            continue
+        gen = torch.Generator(device="cuda").manual_seed(1234)
+        q32, k32, v32, do32 = (torch.randn(b, hh, n, d, device="cuda", generator=gen) for hh in (h, h // m["group"], h // m["group"], h))
+        point = []
+        for name in names:
+            q, k, v = (x.to(dtypes[t]).requires_grad_() for x in (q32, k32, v32))
+            attend = (lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=m["dropout"],
+                                                                          enable_gqa=True))
+            for pass_, fields in time_sdpa_passes(args, backends[name], (q, k, v), attend, lambda o: torch.empty_like(o).copy_(do32),
+                                                  flush, STAGE10_PASSES):
+                rows.append(stage10_row(f"sdpa_{name}_{variant}", t, b, h, n, d, b * h * causal_pairs(n), pass_, fields,
+                                        gpu_name, date, spec=spec))
+                point.append(f"{name}/{pass_}=" + (f"{rows[-1]['tflops']:.1f}" if "tflops" in rows[-1] else "unsupported"))
+            del q, k, v
+        print(f"sdpa stage 10 {variant} {t} d={d} N={n} B={b} H={h}: {' '.join(point)} TFLOP/s", flush=True)
+        del q32, k32, v32, do32
+        torch.cuda.empty_cache()
+    if args.varlen07:
+        for d in args.head_dims:
+            for t in args.dtypes:
+                rows += sdpa_packed_batch(args, backends, dtypes[t], t, d, flush, gpu_name, date)
+    return rows
+
+
+def sdpa_packed_batch(args, backends, dtype, dtype_name, d, flush, gpu_name, date):
+    """SDPA on the packed batch of --varlen07 (causal in each sequence), rows sdpa_<backend>_varlen
+    (nested tensors of the jagged layout, torch.nested.nested_tensor_from_jagged) and sdpa_<backend>_padded (padded to the longest, with a mask; the
+    bytes of its q, k, v, o and mask beside those of the packed q, k, v, o in padded_bytes and
+    packed_bytes)."""
+    import torch
+    import torch.nn.functional as F
+
+    lengths = args.varlen07
+    h, total, batch, longest = max(1, args.width // d), sum(lengths), len(lengths), max(lengths)
+    pairs = h * sum(causal_pairs(x) for x in lengths)
+    gen = torch.Generator(device="cuda").manual_seed(1234)
+    q32, k32, v32, do32 = (torch.randn(total, h, d, device="cuda", generator=gen) for _ in range(4))  # packed (total, H, d)
+    element = torch.tensor([], dtype=dtype).element_size()
+    packed_bytes = 4 * total * h * d * element
+    rows, point = [], []
+
+    # The nested tensors share one offsets tensor (cu_seqlens), so that q, k, v, o and dO have the
+    # same ragged dimension j; the gradients are taken of their packed values (total, H, d).
+    offsets = torch.tensor([0] + [sum(lengths[:i + 1]) for i in range(batch)], dtype=torch.int64, device="cuda")
+
+    def jagged(values):  # (B, H, j, d), a view of the packed values (total, H, d)
+        return torch.nested.nested_tensor_from_jagged(values, offsets).transpose(1, 2)
+
+    def padded(x):  # (B, H, longest, d), zeros past each sequence's end
+        return torch.nn.utils.rnn.pad_sequence(list(x.to(dtype).split(lengths)), batch_first=True).transpose(1, 2).contiguous()
+
+    # Query i of sequence b sees key j when j <= i (causal) and j < its length (keys past the end
+    # are padding); padded query rows see key 0 at least, so no row is empty.
+    i = torch.arange(longest, device="cuda")
+    ends = torch.tensor(lengths, device="cuda").view(batch, 1, 1, 1)
+    mask = (i.view(1, 1, 1, -1) <= i.view(1, 1, -1, 1)) & (i.view(1, 1, 1, -1) < ends)  # (B, 1, longest, longest)
+    padded_bytes = 4 * batch * h * longest * d * element + mask.numel() * mask.element_size()
+    memory = dict(padded_bytes=padded_bytes, packed_bytes=packed_bytes)
+    for layout in ("varlen", "padded"):
+        for name in STAGE10_BACKENDS:
+            note = ""
+            try:
+                if layout == "varlen":
+                    q, k, v = (x.to(dtype).requires_grad_() for x in (q32, k32, v32))
+                    do = jagged(do32.to(dtype))
+
+                    def attend(q=q, k=k, v=v):  # the views are taken in each call, inside the graph of that call
+                        return F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), is_causal=True)
+
+                    def make_do(o, do=do):
+                        return do
+                else:
+                    q, k, v = (padded(x).requires_grad_() for x in (q32, k32, v32))
+                    do = padded(do32)
+                    note = (f"padded to {longest}: q, k, v, o and the mask {padded_bytes / 2**20:.0f} MiB; packed q, k, v, o "
+                            f"{packed_bytes / 2**20:.0f} MiB")
+
+                    def attend(q=q, k=k, v=v):
+                        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+                    def make_do(o, do=do):
+                        return torch.empty_like(o).copy_(do)
+                results = list(time_sdpa_passes(args, backends[name], (q, k, v), attend, make_do, flush, STAGE10_PASSES))
+                del q, k, v, do
+            except REFUSALS + (torch.OutOfMemoryError,) as e:  # the nested or padded inputs themselves
+                results = [(pass_, dict(note="unsupported: " + first_line(e))) for pass_ in STAGE10_PASSES]
+            for pass_, fields in results:
+                if note and "note" not in fields:
+                    fields = dict(fields, note=note)
+                rows.append(stage10_row(f"sdpa_{name}_{layout}", dtype_name, batch, h, total, d, pairs, pass_, fields, gpu_name,
+                                        date, **(memory if layout == "padded" else {})))
+                point.append(f"{name}/{layout}/{pass_}=" + (f"{rows[-1]['tflops']:.1f}" if "tflops" in rows[-1] else "unsupported"))
+    print(f"sdpa stage 10 packed batch {dtype_name} d={d} H={h} B={batch} tokens={total}: {' '.join(point)} TFLOP/s", flush=True)
+    del q32, k32, v32, do32, mask, offsets
+    torch.cuda.empty_cache()
+    return rows
+
+
+def time_ratio(a, b):
+    """a's time over b's, or None when either has none."""
+    return float(a["median_ms"]) / float(b["median_ms"]) if a and b and float(b["median_ms"]) > 0 else None
+
+
+def stage10_comparisons(rows, round_rows):
+    """Stage 10's ratios, one dict per comparison (STAGE10_COLUMNS), from the median rows `rows` and
+    each round's rows `round_rows`: value, lo and hi are the median, min and max over the rounds,
+    each taken within one round. Kinds:
+      vs_sdpa    ours / SDPA by rate (above 1: ours faster), each variant beside each backend that
+                 ran it, and the packed batch beside SDPA's nested and padded batches
+      vs_causal  a window's time over the plain causal kernels' at the same N (below 1: faster)
+      vs_dense   a packed batch's rate over the dense kernel's on the uniform batch of the same tokens
+      memory     SDPA's padded batch: the bytes of its tensors and mask over the packed tensors' (no rounds)
+    A side without a time (a refused pass) leaves value empty and gives its note.
+
+    >>> mk = lambda impl, ms, p="forward", **x: dict(impl=impl, dtype="bf16", B=1, H=2, N=8, d=64, causal=1, median_ms=ms,
+    ...                                               tflops=1.0 / ms, **{"pass": p}, **x)
+    >>> r1 = [mk("stage10_gqa8", 1.0), mk("sdpa_flash_gqa8", 1.2), mk("stage10_causal", 2.0), mk("stage10_window4", 0.5)]
+    >>> r2 = [mk("stage10_gqa8", 1.0), mk("sdpa_flash_gqa8", 1.4), mk("stage10_causal", 2.0), mk("stage10_window4", 0.7)]
+    >>> c = stage10_comparisons(r1, [r1, r2])
+    >>> [(x["kind"], x["variant"], x["other"], round(x["value"], 2), x["rounds"]) for x in c]
+    [('vs_sdpa', 'gqa8', 'sdpa_flash_gqa8', 1.3, 2), ('vs_causal', 'window4', 'stage10_causal', 0.3, 2)]
+    """
+    by_pass = {p: [index(r, p) for r in round_rows] for p in STAGE10_PASSES}
+    timed = {p: index(rows, p) for p in STAGE10_PASSES}
+    every = {(r["impl"], r["dtype"], int(r["N"]), int(r["d"]), pass_of(r)): r for r in rows}
+    out = []
+
+    def add(kind, a, b, pass_, key, of=ratio):
+        ra, rb = every.get((a, *key[:3], pass_)), every.get((b, *key[:3], pass_))
+        if ra is None or rb is None:
+            return
+        st = round_ratio(by_pass[pass_], a, b, key, of)
+        ta, tb = timed[pass_].get((a, *key)), timed[pass_].get((b, *key))
+        note = "; ".join(x for x in ((ra.get("note") or "") if ta is None else "", (rb.get("note") or "") if tb is None else "") if x)
+        out.append(dict(kind=kind, variant=a[len("stage10_"):], ours=a, other=b, dtype=key[0], d=key[2], N=key[1],
+                        B=ra["B"], H=ra["H"], value=st[0] if st else "", lo=st[1] if st else "", hi=st[2] if st else "",
+                        rounds=st[3] if st else 0, ours_ms=ta["median_ms"] if ta else "", other_ms=tb["median_ms"] if tb else "",
+                        ours_tflops=ta["tflops"] if ta else "", other_tflops=tb["tflops"] if tb else "", note=note,
+                        gpu=ra.get("gpu", ""), date=ra.get("date", ""), **{"pass": pass_}))
+
+    ours = sorted({(r["impl"], r["dtype"], int(r["N"]), int(r["d"]), int(r["causal"])) for r in rows
+                   if r["impl"].startswith("stage10_")}, key=lambda k: (k[1], k[3], k[2], k[0]))
+    for impl, t, n, d, c in ours:
+        key, variant = (t, n, d, c), impl[len("stage10_"):]
+        for pass_ in STAGE10_PASSES:
+            for name in STAGE10_BACKENDS:
+                add("vs_sdpa", impl, f"sdpa_{name}_{variant}", pass_, key)
+                if variant == "varlen":
+                    add("vs_sdpa", impl, f"sdpa_{name}_padded", pass_, key)
+            if variant.startswith("window") or "_window" in variant:
+                add("vs_causal", impl, "stage10_causal", pass_, key, time_ratio)
+            if variant in ("varlen", "varlen_uniform"):
+                add("vs_dense", impl, "stage10_dense_uniform", pass_, key)
+    for r in rows:
+        if r.get("padded_bytes") and pass_of(r) == "forward":
+            out.append(dict(kind="memory", variant="varlen", ours="stage10_varlen", other=r["impl"], dtype=r["dtype"], d=int(r["d"]),
+                            N=int(r["N"]), B=r["B"], H=r["H"], value=float(r["padded_bytes"]) / float(r["packed_bytes"]),
+                            lo="", hi="", rounds=0, ours_ms="", other_ms="", ours_tflops="", other_tflops="",
+                            note=f"{r['padded_bytes']} bytes padded, {r['packed_bytes']} packed", gpu=r.get("gpu", ""),
+                            date=r.get("date", ""), **{"pass": "forward"}))
+    return out
+
+
+def spread(c):
+    """A comparison's median over rounds with its min and max, '1.02 [0.99-1.05]'; its note's start when it has no value."""
+    if c is None:
+        return "-"
+    if c["value"] == "":
+        return "refused" if "refused" in c["note"] else "unsupported" if "unsupported" in c["note"] else "-"
+    return f"{c['value']:.2f} [{c['lo']:.2f}-{c['hi']:.2f}]"
+
+
+def print_stage10_tables(comparisons, rows, gpu_name, date):
+    """Stage 10's tables: grouped heads and dropout beside SDPA's backends (forward and the
+    forward + backward pair; the backward alone is in stage10.csv), the windows' time over the
+    plain causal kernels', the packed batch beside the uniform one and SDPA's nested and padded
+    batches, then what was refused and why."""
+    by = {(c["kind"], c["variant"], c["other"], c["pass"], c["dtype"], c["d"], c["N"]): c for c in comparisons}
+    print()
+    print(f"{gpu_name}, {date}: stage 10, ours / SDPA by rate (TFLOP/s of the visible pairs), median [min-max] over rounds; "
+          "fwd: the forward, f+b: forward + backward as one pair (the backward alone: stage10.csv); gqa<g>: Hq / Hk = g "
+          "(SDPA with enable_gqa=True), causal: the plain causal kernels (Hq = Hk; SDPA with enable_gqa=True too)")
+    head = f"{'variant':>14} {'dtype':>5} {'d':>4} {'N':>6} {'ours fwd':>9} {'ours f+b':>9}"
+    print(head + "".join(f" {name + ' fwd':>17} {name + ' f+b':>17}" for name in STAGE10_BACKENDS))
+    model = sorted({(c["variant"], c["dtype"], c["d"], c["N"]) for c in comparisons
+                    if c["kind"] == "vs_sdpa" and c["variant"] not in ("varlen",)}, key=lambda k: (k[1], k[2], k[3], k[0]))
+    for v, t, d, n in model:
+        cells = []
+        for name in STAGE10_BACKENDS:
+            for pass_ in ("forward", "fwd+bwd"):
+                cells.append(spread(by.get(("vs_sdpa", v, f"sdpa_{name}_{v}", pass_, t, d, n))))
+        tf = [next((c["ours_tflops"] for c in comparisons if (c["variant"], c["pass"], c["dtype"], c["d"], c["N"]) == (v, p, t, d, n)
+                    and c["ours_tflops"] != ""), None) for p in ("forward", "fwd+bwd")]
+        print(f"{v:>14} {t:>5} {d:>4} {n:>6} {rfmt(tf[0], 1):>9} {rfmt(tf[1], 1):>9}" + "".join(f" {x:>17}" for x in cells))
+
+    windows = sorted({(c["variant"], c["dtype"], c["d"], c["N"]) for c in comparisons if c["kind"] == "vs_causal"},
+                     key=lambda k: (k[1], k[2], k[3], k[0]))
+    if windows:
+        print()
+        print(f"windows: time over the plain causal kernels' at the same N, median [min-max] over rounds (SDPA's flash has no "
+              f"window: ours alone); target <= {STAGE10_WINDOW_TARGET} at N = 16384 with a 4096-key window")
+        print(f"{'variant':>14} {'dtype':>5} {'d':>4} {'N':>6} {'fwd ms':>8} {'/causal':>17} {'f+b ms':>8} {'/causal':>17} "
+              f"{'bwd ms':>8} {'/causal':>17}")
+        for v, t, d, n in windows:
+            cs = [by.get(("vs_causal", v, "stage10_causal", p, t, d, n)) for p in ("forward", "fwd+bwd", "backward")]
+            verdict = ""
+            if v == "window4095" and n == 16384 and cs[0] and cs[0]["value"] != "":
+                verdict = "  met" if cs[0]["value"] <= STAGE10_WINDOW_TARGET else "  not met"
+            print(f"{v:>14} {t:>5} {d:>4} {n:>6} " + " ".join(f"{rfmt(c['ours_ms'] if c and c['ours_ms'] != '' else None, 3):>8} "
+                                                              f"{spread(c):>17}" for c in cs) + verdict)
+
+    packed = sorted({(c["dtype"], c["d"], c["N"]) for c in comparisons if c["variant"] == "varlen"})
+    if packed:
+        print()
+        print("the packed batch of mixed lengths: its rate over the dense kernel's on a uniform batch of the same tokens (ours), "
+              "and ours / SDPA's nested (jagged) and padded (with a mask) batches by rate; memory: SDPA's padded q, k, v, o and "
+              "mask over the packed q, k, v, o")
+        print(f"{'dtype':>5} {'d':>4} {'tokens':>6} {'pass':>8} {'ours':>7} {'/dense':>17} {'uniform/dense':>17}"
+              + "".join(f" {name + ' nested':>17} {name + ' padded':>17}" for name in STAGE10_BACKENDS) + f" {'memory':>7}")
+        for t, d, n in packed:
+            for pass_ in STAGE10_PASSES:
+                ours = by.get(("vs_dense", "varlen", "stage10_dense_uniform", pass_, t, d, n))
+                cells = [spread(ours), spread(by.get(("vs_dense", "varlen_uniform", "stage10_dense_uniform", pass_, t, d, n)))]
+                for name in STAGE10_BACKENDS:
+                    cells += [spread(by.get(("vs_sdpa", "varlen", f"sdpa_{name}_{layout}", pass_, t, d, n))) for layout in ("varlen", "padded")]
+                mem = [c["value"] for c in comparisons if c["kind"] == "memory" and (c["dtype"], c["d"], c["N"]) == (t, d, n)]
+                tf = ours["ours_tflops"] if ours and ours["ours_tflops"] != "" else None
+                print(f"{t:>5} {d:>4} {n:>6} {pass_:>8} {rfmt(tf, 1):>7}" + "".join(f" {x:>17}" for x in cells)
+                      + f" {rfmt(mem[0], 2, 'x') if mem and pass_ == 'forward' else '':>7}")
+
+    notes = {}
+    for r in rows:
+        if (r["impl"].startswith("stage10_") or r["impl"].startswith("sdpa_") and r["impl"].count("_") >= 2) and r.get("note") \
+                and r.get("median_ms") in (None, ""):
+            passes, where = notes.setdefault((r["impl"], r["note"]), ([], []))
+            passes += [pass_of(r)] if pass_of(r) not in passes else []
+            where += [f"{r['dtype']} d={r['d']} N={r['N']}"] if f"{r['dtype']} d={r['d']} N={r['N']}" not in where else []
+    if notes:
+        print()
+        print("refused (no time):")
+        for (impl, note), (passes, where) in sorted(notes.items()):
+            print(f"  {impl} {', '.join(passes)}: {note} ({', '.join(where[:4])}{', ...' if len(where) > 4 else ''})")
+
+
 # ----------------------------------------------------------------------------- main
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--bench-exe", required=True, help="path to the bench_gpu executable")
     parser.add_argument("--out-dir", default=os.path.join(here, "..", "docs", "results"))
-    parser.add_argument("--stages", nargs="+", default=["05", "06", "07"], choices=["05", "06", "07", "09", "11"],
+    parser.add_argument("--stages", nargs="+", default=["05", "06", "07"], choices=["05", "06", "07", "09", "10", "11"],
                         help="09: stage 07's forward and stage 09's backward, beside SDPA's backward; 11: the Hopper "
-                        "kernel (sm_90 only), beside SDPA cuDNN and flash and stage 07")
+                        "kernel (sm_90 only), beside SDPA cuDNN and flash and stage 07; 10: stage 10's switches "
+                        "(--model07 points and the --varlen07 batch, forward and backward: bench_gpu runs with stage 09) "
+                        "beside SDPA with grouped heads (enable_gqa; flash, cuDNN, efficient), dropout (flash), nested "
+                        "jagged and padded batches; writes stage10.txt and stage10.csv")
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"],
                         help="16-bit types of stages 07, 09 and 11 and of the SDPA flash/cudnn rows beside them")
     parser.add_argument("--steps", nargs="+", default=[], help="stage 07 steps (bench_gpu --steps): numbers, all or road")
@@ -816,6 +1256,11 @@ def main():
                         help="stage 11 steps (bench_gpu --steps11): numbers, all or road; several give road11.csv")
     parser.add_argument("--steps09", type=int, nargs="+", default=[],
                         help="stage 09 main kernels timed beside the default one (bench_gpu --steps09)")
+    parser.add_argument("--model07", nargs="+", default=[], metavar="SPEC",
+                        help="with stage 10: bench_gpu's --model07 points, GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]] (e.g. 8/-1/0 "
+                        "4/-1/0 1/4095/0 1/-1/0/0/0.1); SDPA runs those it has (grouped heads, dropout, causal)")
+    parser.add_argument("--varlen07", type=lambda s: [int(x) for x in s.split(",")], default=[], metavar="LENGTHS",
+                        help="with stage 10: the packed batch, comma-separated sequence lengths (bench_gpu --varlen07)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384])
     parser.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--causal", choices=["no", "yes", "both"], default="both")
@@ -842,6 +1287,13 @@ def main():
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    for spec in args.model07:
+        try:
+            parse_model_spec(spec)
+        except ValueError as e:
+            parser.error(str(e))
+    if any(x < 0 for x in args.varlen07):
+        parser.error("--varlen07: lengths are 0 or more")
     os.makedirs(args.out_dir, exist_ok=True)
 
     ceiling, ceilings = run_mma_ceiling(args) if "07" in args.stages else (None, {})
@@ -868,13 +1320,15 @@ def main():
         if have_torch:
             if rnd == 0:
                 print(f"torch {torch.__version__}, timing SDPA backends on {torch.cuda.get_device_name(0)}", flush=True)
-            sdpa_rounds.append(run_sdpa(args, gpu_name, date))
+            sdpa_rounds.append(run_sdpa(args, gpu_name, date) if sdpa_plan(args) or sdpa_backward_plan(args) else [])
+            if "10" in args.stages:
+                sdpa_rounds[-1] += run_sdpa_stage10(args, ours["results"], gpu_name, date)
         elif args.sdpa and rnd == 0:
             print("torch with CUDA is not importable here: only our stages are in the results", flush=True)
     # Each point's row from the round whose time is the median of the rounds' (the lower middle
     # one for an even count): one row per point in the files, as with a single round.
     ours = dict(ours_rounds[-1], results=median_rows([o["results"] for o in ours_rounds]))
-    rows = [dict(r, gpu=gpu_name, date=date, causal=int(r["causal"]), note="") for r in ours["results"]]
+    rows = [dict(r, gpu=gpu_name, date=date, causal=int(r["causal"]), note=r.get("note") or "") for r in ours["results"]]
     if sdpa_rounds:
         rows += median_rows(sdpa_rounds)
     round_rows = [[dict(r, causal=int(r["causal"])) for r in o["results"]] + (sdpa_rounds[i] if sdpa_rounds else [])
@@ -923,6 +1377,10 @@ def main():
                        "stage11_road_table.txt", print_road11)
     elif "11" in args.stages:
         print("\nstage 11: no rows (bench_gpu skipped it: see its 'skipped' line)")
+    if "10" in args.stages:
+        comparisons = stage10_comparisons(measured, round_rows)
+        write_csv(os.path.join(args.out_dir, "stage10.csv"), comparisons, STAGE10_COLUMNS)
+        tee_to_file(os.path.join(args.out_dir, "stage10.txt"), print_stage10_tables, comparisons, measured, gpu_name, date)
     if args.rounds > 1 and any(s in ("07", "09", "11") for s in args.stages):
         tee_to_file(os.path.join(args.out_dir, "ratios_over_rounds.txt"), print_round_ratios, args, round_rows, gpu_name, date)
     print(f"wrote {csv_path}")

@@ -13,7 +13,9 @@ Inputs (any may be missing; the page then says what is not there yet):
                    record: the first timings of stage 11, shown until the sweep has stage 11);
                    stage09_steps_quick.txt (stage 09's road: bench/sdpa_compare.py's tables of the
                    default main kernel and of each other step, bench/gpu_session.sh quick with STEPS09);
-                   mma_ceiling.jsonl and wgmma_ceiling.jsonl (the ceilings the lessons quote).
+                   mma_ceiling.jsonl and wgmma_ceiling.jsonl (the ceilings the lessons quote);
+                   stage10.csv (bench/sdpa_compare.py --stages 10: stage 10's ratios, each a median
+                   over rounds, which stage 10's lesson quotes as \\s10_* aliases).
   cpu_sweep.jsonl  one JSON object per line, as the stage executables print with --json
                    (stage,title,B,H,Nq,Nk,d,causal,layout,first_ms,median_ms,gflops,
                     peak_rss_bytes,rss_before_bytes,intermediate_bytes,pass,machine,date)
@@ -1602,6 +1604,53 @@ def stage09_later_numbers(road09_later, results_dir):
     return aliases
 
 
+def stage10_numbers(results_dir):
+    """The numbers stage 10's lesson quotes, from stage10.csv (bench/sdpa_compare.py --stages 10, run
+    by bench/gpu_session.sh stage10: each ratio's median over rounds): each a span over both dtypes,
+    d 64 and 128 and the sizes timed ("–" without data). Ours / SDPA by rate, \\s10_<variant>_<pass>_<backend>
+    (variant gqa8, gqa4, causal, dropout0_1; pass fwd, bwd, fb); a window's time over the plain
+    causal kernels' at N = 16384, \\s10_window4095_<pass>_causal; the packed batch's rate over the
+    dense kernel's on the uniform batch, \\s10_varlen_<pass>_dense, beside SDPA's nested and padded
+    batches, \\s10_varlen_<pass>_<backend>_nested (_padded), and the padded batch's bytes over the
+    packed one's, \\s10_varlen_padded_memory; \\s10_gpu and \\s10_date say where and when."""
+    rows = []
+    try:
+        with open(os.path.join(results_dir, "stage10.csv"), newline="", encoding="utf-8") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("value") not in (None, "")]
+    except OSError:
+        pass
+    short = {"forward": "fwd", "backward": "bwd", "fwd+bwd": "fb"}
+
+    def span(pred):
+        values = []
+        for r in rows:
+            try:
+                if pred(r):
+                    values.append(float(r["value"]))
+            except (KeyError, ValueError):
+                continue
+        return span_ratios(values)
+
+    aliases = OrderedDict()
+    for variant in ("gqa8", "gqa4", "causal", "dropout0.1"):
+        for pass_, tag in short.items():
+            for backend in ("flash", "cudnn", "efficient"):
+                aliases[f"s10_{variant.replace('.', '_')}_{tag}_{backend}"] = span(
+                    lambda r, v=variant, p=pass_, b=backend: (r["kind"], r["variant"], r["pass"], r["other"]) == ("vs_sdpa", v, p, f"sdpa_{b}_{v}"))
+    for pass_, tag in short.items():
+        aliases[f"s10_window4095_{tag}_causal"] = span(
+            lambda r, p=pass_: (r["kind"], r["variant"], r["pass"], r["N"]) == ("vs_causal", "window4095", p, "16384"))
+        aliases[f"s10_varlen_{tag}_dense"] = span(lambda r, p=pass_: (r["kind"], r["variant"], r["pass"]) == ("vs_dense", "varlen", p))
+        for backend in ("flash", "cudnn", "efficient"):
+            for layout, name in (("varlen", "nested"), ("padded", "padded")):
+                aliases[f"s10_varlen_{tag}_{backend}_{name}"] = span(
+                    lambda r, p=pass_, o=f"sdpa_{backend}_{layout}": (r["kind"], r["variant"], r["pass"], r["other"]) == ("vs_sdpa", "varlen", p, o))
+    aliases["s10_varlen_padded_memory"] = span(lambda r: r["kind"] == "memory")
+    aliases["s10_gpu"] = next((r["gpu"] for r in rows if r.get("gpu")), "–")
+    aliases["s10_date"] = next((r["date"] for r in rows if r.get("date")), "–")
+    return aliases
+
+
 def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None):
     """The numbers the lessons quote in their prose, as Doxygen aliases (\\s07_gain_swizzle,
     \\ceiling_mma_bf16 and the like) computed from docs/results/: the ceilings of mma_ceiling.jsonl
@@ -1751,6 +1800,7 @@ def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None)
         aliases[f"s07_ncu_d{d}_warps"] = f"{warps[0]:.0f} ({occupancy[0]:.1f}%)" if warps and occupancy else "–"
     aliases.update(stage09_numbers(ceilings, road09, results_dir))
     aliases.update(stage09_later_numbers(road09_later, results_dir))
+    aliases.update(stage10_numbers(results_dir))
     with open(path, "w", encoding="utf-8") as f:
         f.write("# Written by docs/make_results.py from docs/results/: the numbers the lessons quote.\n")
         for k, v in aliases.items():
