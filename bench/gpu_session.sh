@@ -58,6 +58,9 @@
 #              beside a uniform batch of the same tokens and SDPA's nested jagged and padded (masked)
 #              batches; ROUNDS rounds, STAGE10_REPEAT timed runs (default 10):
 #              stage10/stage10.txt (the tables) and stage10/stage10.csv (each ratio, median over rounds)
+#   timing     SDPA flash's bf16 forward timed four ways in one process (bench/timing_check.py: the
+#              course's events, Triton's do_bench, each run on an idle GPU, a CUDA graph), d 64/128,
+#              N 1024/4096/16384, causal and not, ROUNDS rounds: timing_check.txt
 #   sweep      every stage beside every SDPA backend, the full grid (as the committed data)
 #   quick      the same at two sizes (QUICK_SIZES), 10 runs each; QUICK_STAGES="05 06 07 09" adds
 #              stage 09 beside SDPA's backward, 11 stage 11 beside SDPA cuDNN and flash
@@ -521,6 +524,13 @@ step_stage10() {
         --model07 8/-1/0 4/-1/0 1/4095/0 1/-1/0/0/0.1 --varlen07 "$lengths" --repeat "${STAGE10_REPEAT:-10}" --warmup 3 \
         --check false
 }
+step_timing() {
+    note "timing: SDPA flash's forward timed four ways (the course's events, do_bench, an idle GPU, a CUDA graph)"
+    python3 bench/timing_check.py --rounds "${ROUNDS:-3}" --out "$RESULTS/timing_check.txt" >"$LOGS/timing_check.log" 2>&1 \
+        || { record "FAIL  timing (see timing_check.log)"; status=1; }
+    tail -n +1 "$RESULTS/timing_check.txt" 2>/dev/null | tee -a "$LOGS/summary.txt"
+}
+
 step_sweep07() {
     note "sweep07: stage 07 (bf16, fp16) beside SDPA flash and cuDNN, the full grid"
     local merge=()
@@ -924,7 +934,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncu11 lessons"
         status=2
         continue
     fi
