@@ -56,8 +56,12 @@
 #              efficient and with flash's dropout; the windows' time over the plain causal kernels'
 #              (ours alone: SDPA's flash has no window); switches07's packed batch of mixed lengths
 #              beside a uniform batch of the same tokens and SDPA's nested jagged and padded (masked)
-#              batches; ROUNDS rounds, STAGE10_REPEAT timed runs (default 10):
+#              batches; ROUNDS rounds, STAGE10_REPEAT timed runs (default 10); STAGE10_MODELS
+#              (--model07 points), STAGE10_DTYPES and STAGE10_VARLEN=0 (no packed batch) run a part:
 #              stage10/stage10.txt (the tables) and stage10/stage10.csv (each ratio, median over rounds)
+#   order09    stage 09's backward with grouped heads (8:1, 4:1) under a causal mask, bf16, d 64/128,
+#              N 4096/16384, its blocks longest loops first (the default) and head by head
+#              (FA_STAGE09_BLOCK_ORDER=heads), ROUNDS rounds interleaved: order09.txt
 #   timing     SDPA flash's bf16 forward timed four ways in one process (bench/timing_check.py: the
 #              course's events, Triton's do_bench, each run on an idle GPU, a CUDA graph), d 64/128,
 #              N 1024/4096/16384, causal and not, ROUNDS rounds: timing_check.txt
@@ -134,7 +138,7 @@ build_targets() {
                     test_stage07) ;;
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts make_npy_inputs) ;;
-            road | road05 | road11 | groups11 | switches07 | stage10 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncu11)
+            road | road05 | road11 | groups11 | switches07 | stage10 | order09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncu11)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -520,9 +524,30 @@ step_stage10() {
     local lengths
     lengths=$(packed_lengths)
     record "packed lengths: $lengths"
-    compare stage10 "$RESULTS/stage10" --stages 10 --dtypes bf16 fp16 --sizes 4096 16384 --head-dims 64 128 --causal yes \
-        --model07 8/-1/0 4/-1/0 1/4095/0 1/-1/0/0/0.1 --varlen07 "$lengths" --repeat "${STAGE10_REPEAT:-10}" --warmup 3 \
-        --check false
+    local varlen=(--varlen07 "$lengths")
+    [ "${STAGE10_VARLEN:-1}" = 0 ] && varlen=()
+    # shellcheck disable=SC2086  # STAGE10_MODELS and STAGE10_DTYPES are lists
+    compare stage10 "$RESULTS/stage10" --stages 10 --dtypes ${STAGE10_DTYPES:-bf16 fp16} --sizes 4096 16384 --head-dims 64 128 \
+        --causal yes --model07 ${STAGE10_MODELS:-8/-1/0 4/-1/0 1/4095/0 1/-1/0/0/0.1} "${varlen[@]}" \
+        --repeat "${STAGE10_REPEAT:-10}" --warmup 3 --check false
+}
+
+# Stage 09's backward with grouped heads under a causal mask, its blocks in two orders: key block
+# by key block across the heads (the default: the longest loops first) and head by head
+# (FA_STAGE09_BLOCK_ORDER=heads), ROUNDS rounds of both, interleaved: order09.txt.
+step_order09() {
+    note "order09: stage 09's grouped-head blocks, longest loops first against head by head"
+    local r order out="$RESULTS/order09.txt"
+    : >"$out"
+    for r in $(seq 1 "${ROUNDS:-3}"); do
+        for order in key-blocks heads; do
+            echo "== round $r, block order $order" >>"$out"
+            FA_STAGE09_BLOCK_ORDER=$order "$BUILD/bench/bench_gpu" --stages 07 09 --dtypes bf16 --sizes 4096 16384 \
+                --head-dims 64 128 --causal yes --model07 8/-1/0 4/-1/0 --repeat 10 --warmup 3 --check false \
+                >>"$out" 2>&1 || { record "FAIL  order09 (see order09.txt)"; status=1; }
+        done
+    done
+    grep -E "^== |^stage10 " "$out" | tee -a "$LOGS/summary.txt"
 }
 step_timing() {
     note "timing: SDPA flash's forward timed four ways (the course's events, do_bench, an idle GPU, a CUDA graph)"
@@ -934,7 +959,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 order09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncu11 lessons"
         status=2
         continue
     fi
