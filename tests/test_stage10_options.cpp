@@ -23,22 +23,14 @@
 #include "fa/tolerance.hpp"
 #include "fa/varlen.hpp"
 #include "options.hpp"
+#include "support.hpp"
 
 using namespace fa;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory for the .npy files of one test, removed at its end.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() / ("fa_stage10_" + std::to_string(std::random_device{}()));
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using test::TempDir;
 
 // The message of the InputError `f` throws ("" if it throws none).
 template <class F>

@@ -12,19 +12,7 @@ failures=0
 "$exe" --seqlens 1 --heads 1 --kv-heads 1 >/dev/null 2>&1
 [[ $? -eq 77 ]] && { echo "skipped: $(basename "$exe") needs a GPU"; exit 77; }
 
-# expect CODE PATTERN ARGS...: the run exits with CODE and its output matches PATTERN.
-expect() {
-    local code=$1 pattern=$2
-    shift 2
-    local out
-    out=$("$exe" "$@" 2>&1)
-    local got=$?
-    if [[ $got -ne $code ]] || ! grep -qE -- "$pattern" <<<"$out"; then
-        echo "FAIL: $exe $* -> exit $got (want $code), output should match '$pattern':"
-        echo "$out" | tail -25
-        failures=$((failures + 1))
-    fi
-}
+source "$(dirname "$0")/expect.sh"
 
 expect 0 "verdict +PASS" # the default: a mixed batch, Hq/Hk = 4
 expect 0 "verdict +PASS" --seqlens 0,1,7,131,1,37,2 --seqlens-k 5,1,13,131,2,29,0 --heads 4 --kv-heads 2 --causal --dtype fp16
