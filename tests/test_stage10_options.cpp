@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -53,6 +54,19 @@ struct Parsed {
         app.parse(args);
     }
 };
+
+// An int64 .npy file (numpy's default integer), written byte by byte: version 1, header padded to 64.
+void write_int64_npy(const std::string& path, const std::vector<int64_t>& x) {
+    std::string dict = "{'descr': '<i8', 'fortran_order': False, 'shape': (" + std::to_string(x.size()) + ",), }";
+    dict.append((64 - (10 + dict.size() + 1) % 64) % 64, ' ');
+    dict.push_back('\n');
+    std::string bytes = "\x93NUMPY";
+    bytes.push_back(1), bytes.push_back(0);
+    bytes.push_back(char(dict.size() & 0xff)), bytes.push_back(char(dict.size() >> 8));
+    bytes += dict;
+    bytes.append(reinterpret_cast<const char*>(x.data()), x.size() * sizeof(int64_t));
+    std::ofstream(path, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+}
 
 std::vector<float> seeded(size_t n, uint64_t seed) {
     std::mt19937_64 gen(seed);
@@ -156,6 +170,13 @@ TEST_CASE("--load reads packed q, k, v, dO and cu_seqlens, and refuses files of 
     in = load({});
     CHECK(in.problem.cu_seqlens_k == std::vector<int32_t>{0, 5, 8, 28});
     CHECK(refused({"--seqlens", "22"}).find("leave --seqlens out") != std::string::npos);
+    write_int64_npy(dir.file("cu_seqlens_q.npy"), {0, 5, 5, 22});
+    CHECK(load({}).problem.cu_seqlens_q == std::vector<int32_t>{0, 5, 5, 22});
+    write_int64_npy(dir.file("cu_seqlens_q.npy"), {0, 5, int64_t(1) << 40, 22});
+    CHECK(refused({}).find("does not fit in int32") != std::string::npos);
+    write_npy(dir.file("cu_seqlens_q.npy"), {2, 2}, std::vector<int32_t>{0, 5, 5, 22});
+    CHECK(refused({}).find("expected 1 dimension of B+1 >= 2 entries") != std::string::npos);
+    write_npy(dir.file("cu_seqlens_q.npy"), {4}, std::vector<int32_t>{0, 5, 5, 22});
     write_npy(dir.file("cu_seqlens_k.npy"), {3}, std::vector<int32_t>{0, 8, 28});
     CHECK(refused({}).find("cu_seqlens_q.npy has 4 entries but cu_seqlens_k.npy has 3") != std::string::npos);
     write_npy(dir.file("cu_seqlens_k.npy"), {4}, std::vector<float>{0, 5, 8, 28});
