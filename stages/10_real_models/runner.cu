@@ -110,6 +110,11 @@ struct PackedCall {
 template <class T>
 RunResult run_packed_as(const VarlenProblem& vp, const Inputs& in, const HostTensor& dout, const RunSettings& s) {
     PackedCall<T> call(vp, in, dout);
+    // Outputs filled with NaN (all bits set, in the 16-bit types and in float32), so that an
+    // element the kernels forget to write cannot pass.
+    for (DevicePacked<T>* t : {&call.o, &call.dq, &call.dk, &call.dv})
+        FA_CUDA_CHECK(cudaMemset(t->data.data(), 0xff, t->data.bytes()));
+    FA_CUDA_CHECK(cudaMemset(call.lse.data(), 0xff, call.lse.bytes()));
     call.forward(nullptr);
     if (s.backward) call.backward(s.deterministic, nullptr);
     FA_CUDA_CHECK(cudaDeviceSynchronize());
