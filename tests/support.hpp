@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +17,20 @@
 #include "fa/tolerance.hpp"
 
 namespace fa::test {
+
+/// A fresh directory for the files of one test (.npy inputs), removed at its end.
+struct TempDir {
+    std::filesystem::path path;  ///< the directory
+    TempDir() {
+        path = std::filesystem::temp_directory_path() / ("fa_test_" + std::to_string(std::random_device{}()));
+        std::filesystem::create_directories(path);
+    }
+    ~TempDir() { std::filesystem::remove_all(path); }
+    TempDir(const TempDir&) = delete;             ///< one owner of the directory
+    TempDir& operator=(const TempDir&) = delete;  ///< one owner of the directory
+    /// The path of `name` inside the directory.
+    std::string file(const std::string& name) const { return (path / name).string(); }
+};
 
 /// One problem to check: shape, options and how the inputs are drawn.
 struct Case {

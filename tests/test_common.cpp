@@ -34,16 +34,7 @@ namespace {
 // Shapes as (B, H, Nq, Nk, d, causal), the same helper the stage tests use.
 using test::make_problem;
 
-// A fresh directory for file tests, removed at the end of the test.
-struct TempDir {
-    fs::path path;
-    TempDir() {
-        path = fs::temp_directory_path() / ("fa_test_" + std::to_string(std::random_device{}()));
-        fs::create_directories(path);
-    }
-    ~TempDir() { fs::remove_all(path); }
-    std::string file(const std::string& name) const { return (path / name).string(); }
-};
+using test::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
     std::ofstream out(path, std::ios::binary);

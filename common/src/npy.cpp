@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <iomanip>
 #include <sstream>
 
@@ -114,7 +115,7 @@ struct NpyHeader {
 
 // Parses the header text; `data_bytes` is how many bytes of the file follow it. A shape whose
 // data would not fit in them is refused here, before anything is allocated for it.
-NpyHeader parse_header(const std::string& name, std::string_view header, int64_t data_bytes) {
+NpyHeader parse_header(const std::string& name, std::string_view header, int64_t data_bytes, bool integers = false) {
     NpyHeader h;
     const std::string_view descr_text = header_value(name, header, "descr");
     if (descr_text.size() < 2 || (descr_text[0] != '\'' && descr_text[0] != '"'))
@@ -122,7 +123,11 @@ NpyHeader parse_header(const std::string& name, std::string_view header, int64_t
     const size_t descr_end = descr_text.find(descr_text[0], 1);
     if (descr_end == std::string_view::npos) fail(name, "malformed .npy header: descr string is not closed");
     h.dtype = std::string(descr_text.substr(1, descr_end - 1));
-    if (h.dtype == "<f4" || h.dtype == "=f4") h.element_size = 4;
+    if (integers) {
+        if (h.dtype == "<i4" || h.dtype == "=i4") h.element_size = 4;
+        else if (h.dtype == "<i8" || h.dtype == "=i8") h.element_size = 8;
+        else fail(name, "dtype '" + printable(h.dtype) + "' is not supported here: save int32 ('<i4') or int64 ('<i8')");
+    } else if (h.dtype == "<f4" || h.dtype == "=f4") h.element_size = 4;
     else if (h.dtype == "<f2" || h.dtype == "=f2") h.element_size = 2;
     else fail(name, "dtype '" + printable(h.dtype) + "' is not supported: save float32 ('<f4') or float16 ('<f2')");
     if (header_value(name, header, "fortran_order").substr(0, 5) != "False")
@@ -208,6 +213,30 @@ NpyArray read_npy(const std::string& path) {
         for (size_t i = 0; i < half.size(); ++i) array.data[i] = half_to_float(half[i]);
     }
     if (!in) fail(path, "read error in the data section");
+    return array;
+}
+
+NpyIntArray read_npy_ints(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail(path, "cannot open file");
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) fail(path, "cannot read file");
+    const int64_t size = static_cast<int64_t>(bytes.size());
+    const std::string_view view(bytes);
+    const Preamble pre = parse_preamble(view.substr(0, 12), size, path);
+    const int64_t data_offset = pre.size + pre.header_len;
+    const NpyHeader h = parse_header(path, view.substr(size_t(pre.size), size_t(pre.header_len)), size - data_offset, true);
+    NpyIntArray array{h.shape, h.dtype, std::vector<int64_t>(static_cast<size_t>(h.count))};
+    for (size_t i = 0; i < array.data.size(); ++i) {
+        const char* at = bytes.data() + data_offset + int64_t(i) * h.element_size;
+        if (h.element_size == 4) {
+            int32_t x;
+            std::memcpy(&x, at, 4);
+            array.data[i] = x;
+        } else {
+            std::memcpy(&array.data[i], at, 8);
+        }
+    }
     return array;
 }
 

@@ -14,6 +14,7 @@ namespace {
 using detail::load_rows;
 using detail::MatrixXdR;
 using detail::MatrixXfR;
+using detail::round_all;
 
 // Copies all N rows of head (b, h), each value rounded to `precision`: the operand a stage
 // computing in that precision actually multiplies.
@@ -30,22 +31,6 @@ void store_rows(std::vector<T>& out, const Matrix& m, int64_t heads, int64_t seq
         T* row = &out[static_cast<size_t>(((b * heads + h) * seq + row0 + r) * d)];
         for (int64_t x = 0; x < d; ++x) row[x] = static_cast<T>(m(r, x));
     }
-}
-
-// `m` with every element rounded to `precision` (in place), except a finite value beyond the
-// precision's range: it stays in float32 (where a kernel's float32 accumulator holds it) and is
-// counted in `overflowed`, so one overflow does not turn the whole baseline into inf and NaN.
-void round_all(Precision precision, MatrixXfR& m, int64_t& overflowed) {
-    if (precision == Precision::Float32) return;  // round_to is the identity: skip the pass
-    for (int64_t r = 0; r < m.rows(); ++r)
-        for (int64_t c = 0; c < m.cols(); ++c) {
-            const float rounded = round_to(precision, m(r, c));
-            if (std::isfinite(rounded) || !std::isfinite(m(r, c))) {
-                m(r, c) = rounded;
-            } else {
-                ++overflowed;
-            }
-        }
 }
 
 }  // namespace

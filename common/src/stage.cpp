@@ -152,26 +152,6 @@ int64_t count_overflow(const std::vector<float>& out, const std::vector<Ref>& re
     return n;
 }
 
-struct Check {
-    std::string what;  // "O   vs float64 reference"
-    Metrics metrics;
-    Tolerance tol;
-    bool ok;
-    const char* tensor;  // "O" or "LSE"
-};
-
-// The header and one row per check, the labels padded to the longest so the columns line up.
-void print_checks(const std::vector<Check>& checks) {
-    int width = 38;
-    for (const Check& c : checks) width = std::max(width, static_cast<int>(c.what.size()) - 2);
-    std::printf("check      %-*s %9s %9s %9s %10s %9s %6s\n", width - 9, "", "max_abs", "mean_abs", "max_rel", "cosine",
-                "rel_l2", "nonfin");
-    for (const Check& c : checks)
-        std::printf("  %-*s %9.2e %9.2e %9.2e %10.7f %9.2e %6lld  %s\n", width, c.what.c_str(), c.metrics.max_abs,
-                    c.metrics.mean_abs, c.metrics.max_rel, c.metrics.cosine, c.metrics.rel_l2,
-                    static_cast<long long>(c.metrics.nonfinite), c.ok ? "ok" : "FAIL");
-}
-
 // Says where the worst element of a failed check sits.
 void print_worst(const Check& c, const Problem& p, const std::vector<float>& out) {
     if (c.metrics.worst_index < 0) return;
@@ -406,6 +386,18 @@ int run_backward_stage(const StageSpec& spec, const CommonOptions& opt, const Pr
 }
 
 }  // namespace
+
+// The header and one row per check, the labels padded to the longest so the columns line up.
+void print_checks(const std::vector<Check>& checks) {
+    int width = 38;
+    for (const Check& c : checks) width = std::max(width, static_cast<int>(c.what.size()) - 2);
+    std::printf("check      %-*s %9s %9s %9s %10s %9s %6s\n", width - 9, "", "max_abs", "mean_abs", "max_rel", "cosine",
+                "rel_l2", "nonfin");
+    for (const Check& c : checks)
+        std::printf("  %-*s %9.2e %9.2e %9.2e %10.7f %9.2e %6lld  %s\n", width, c.what.c_str(), c.metrics.max_abs,
+                    c.metrics.mean_abs, c.metrics.max_rel, c.metrics.cosine, c.metrics.rel_l2,
+                    static_cast<long long>(c.metrics.nonfinite), c.ok ? "ok" : "FAIL");
+}
 
 int run_stage(int argc, char** argv, const StageSpec& spec) {
     CommonOptions opt;

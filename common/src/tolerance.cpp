@@ -45,6 +45,21 @@ InputStats input_stats(const Problem& p, View4<const float> q, View4<const float
     return s;
 }
 
+InputStats input_stats_varlen(const VarlenProblem& p, View4<const float> q, View4<const float> k, View4<const float> v) {
+    InputStats s;
+    s.head_dim = p.head_dim;
+    s.seq_k = p.max_seq_k();
+    const double scale = std::abs(p.softmax_scale());
+    // Per query head and the key/value head it reads; the bound over all sequences at once
+    // (a row norm of any sequence bounds the scores of its own).
+    for (int64_t h = 0; h < p.heads_q; ++h)
+        s.score_bound = std::max(s.score_bound, scale * max_row_norm(q, 0, h) * max_row_norm(k, 0, p.kv_head(h)));
+    for (int64_t h = 0; h < p.heads_k; ++h)
+        for (int64_t n = 0; n < p.total_k; ++n)
+            for (int64_t x = 0; x < p.head_dim; ++x) s.max_abs_v = std::max(s.max_abs_v, double(std::abs(v(0, h, n, x))));
+    return s;
+}
+
 Tolerances rounding_tolerance(const InputStats& s, Precision precision) {
     const double u = unit_roundoff(Precision::Float32), u_p = unit_roundoff(precision);
     const double delta_s = (2.0 * u_p + std::sqrt(double(s.head_dim)) * u) * s.score_bound;

@@ -16,19 +16,7 @@ hd=${FA_CLI_HEAD_DIM:-32}
 "$exe" --seq-q 1 --seq-k 1 --heads 1 --head-dim "$hd" >/dev/null 2>&1
 [[ $? -eq 77 ]] && { echo "skipped: $(basename "$exe") needs a GPU"; exit 77; }
 
-# expect CODE PATTERN ARGS...: the run exits with CODE and its output matches PATTERN.
-expect() {
-    local code=$1 pattern=$2
-    shift 2
-    local out
-    out=$("$exe" "$@" 2>&1)
-    local got=$?
-    if [[ $got -ne $code ]] || ! grep -qE -- "$pattern" <<<"$out"; then
-        echo "FAIL: $exe $* -> exit $got (want $code), output should match '$pattern':"
-        echo "$out" | tail -5
-        failures=$((failures + 1))
-    fi
-}
+source "$(dirname "$0")/expect.sh"
 
 expect 2 "--batch" --batch 0
 expect 2 "--head-dim" --head-dim 0

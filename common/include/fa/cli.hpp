@@ -50,8 +50,19 @@ struct CommonOptions {
     std::string json_path;                    ///< --json: append one result record (JSON Lines)
 };
 
-/// Registers the shared options on `app` with their ranges, writing into `options`.
+/// Registers the shared options on `app` with their ranges, writing into `options`: the problem's
+/// (--batch --heads --seq-q --seq-k --head-dim --scale --causal --layout --load --save) and
+/// add_run_options()'s.
 void add_common_options(CLI::App& app, CommonOptions& options);
+
+/// Registers the options of how a stage runs, whatever its problem: --seed --inputs --bench
+/// --repeat --warmup --reference --json. A stage whose problem is not one dense (B, H, N, d) block
+/// (stage 10's packed batches) takes these and describes its problem with options of its own.
+void add_run_options(CLI::App& app, CommonOptions& options);
+
+/// A CLI11 check that the text is a finite number (--scale, --softcap): "must be a finite number,
+/// got 'nan'".
+CLI::Validator finite_number();
 
 /// Parses `argv` with `app`. Returns -1 when the program should continue; otherwise the exit
 /// code to return: 0 after --help, kExitBadInput after an error, with the message printed

@@ -23,6 +23,18 @@ struct NpyArray {
     std::vector<float> data;     ///< C-order elements, converted to float32
 };
 
+/// An integer array read from a .npy file (cu_seqlens).
+struct NpyIntArray {
+    std::vector<int64_t> shape;  ///< as stored in the header
+    std::string dtype;           ///< "<i4" or "<i8"
+    std::vector<int64_t> data;   ///< C-order elements
+};
+
+/// Reads an int32 (`<i4`) or int64 (`<i8`) C-order array, with read_npy()'s checks and messages
+/// (a float file is refused naming the dtypes allowed). For small index arrays: the whole file
+/// is read at once.
+NpyIntArray read_npy_ints(const std::string& path);
+
 /// Reads `path`. Accepts float32 (`<f4`) and float16 (`<f2`) arrays in C order. Throws
 /// InputError naming the file and the problem for a missing file, a bad magic string, an
 /// unsupported version, dtype or Fortran order, a malformed or truncated header, or a shape that

@@ -32,6 +32,9 @@
 #include <string>
 #include <vector>
 
+#include "fa/precision.hpp"
+#include "fa/reference.hpp"
+#include "fa/reference_backward.hpp"
 #include "fa/tensor.hpp"
 #include "fa/varlen.hpp"
 
@@ -77,6 +80,26 @@ std::vector<uint8_t> dropout_keep_mask(const VarlenProblem& problem, int64_t max
 /// when the file cannot be written.
 void write_dropout_mask_npy(const std::string& path, const VarlenProblem& problem,
                             int64_t max_elements = int64_t(1) << 28);
+
+/// reference_attention_varlen() as a straightforward implementation in `precision` computes it:
+/// what naive_attention_emulated() is to the dense reference, with the grouped heads, the window,
+/// the soft cap and dropout. q, k, v rounded to the precision; S summed in float32, scaled, then
+/// capped; the softmax in float32 over the visible keys; P (dropped entries 0, kept ones times
+/// \f$1/(1-p')\f$) rounded; O summed in float32 and rounded. o in the packed order (total_q, Hq,
+/// d), lse (Hq, total_q), as VarlenReference. Its error against the float64 reference is what a
+/// 16-bit stage may err twice of (low_precision_tolerance()).
+EmulatedAttention naive_attention_varlen_emulated(Precision precision, const VarlenProblem& problem, View4<const float> q,
+                                                  View4<const float> k, View4<const float> v);
+
+/// reference_backward_varlen() as a straightforward implementation in `precision` computes it:
+/// what naive_backward_emulated() is to the dense backward (P and dS stored per sequence and
+/// head, rounded before they enter a product; D and dS in float32; the same
+/// EmulatedGradients::terms_max_abs and d_terms_max_abs), with the window, the soft cap (dS times
+/// \f$1 - \tanh^2\f$), dropout (\f$\tilde P\f$ into O and dV, \f$dP\f$ times the mask) and dK, dV of
+/// each key/value head summed in float32 over its group before they are rounded. Gradients in the
+/// packed orders of VarlenGradients; the input to gradient_tolerance().
+EmulatedGradients naive_backward_varlen_emulated(Precision precision, const VarlenProblem& problem, View4<const float> q,
+                                                 View4<const float> k, View4<const float> v, View4<const float> dout);
 
 /// Floating-point operations reference_attention_varlen() is charged for: \f$4 d\f$ per (query,
 /// key) pair of every sequence and query head, every pair counted (the reference computes every

@@ -16,6 +16,7 @@
 
 #include "fa/cli.hpp"
 #include "fa/inputs.hpp"
+#include "fa/metrics.hpp"
 #include "fa/precision.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
@@ -103,6 +104,19 @@ struct StageSpec {
     /// Extra lines printed after the benchmark (e.g. a GEMM ceiling to compare with).
     std::function<void(const Problem&, const TimingStats&)> after_bench;
 };
+
+/// One row of a stage's report: what was compared, how far apart, the limits, the verdict.
+struct Check {
+    std::string what;    ///< e.g. "O   vs float64 reference"
+    Metrics metrics;     ///< the errors
+    Tolerance tol;       ///< the limits
+    bool ok;             ///< within them
+    const char* tensor;  ///< "O", "LSE", "dQ", "dK" or "dV"
+};
+
+/// Prints the table of checks: a header, then one row per check with its metrics and "ok" or
+/// "FAIL", the labels padded so the columns line up.
+void print_checks(const std::vector<Check>& checks);
 
 /// Runs the stage described by `spec` with the command line `argv`; returns the exit code.
 int run_stage(int argc, char** argv, const StageSpec& spec);

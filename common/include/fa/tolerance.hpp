@@ -20,6 +20,7 @@
 #include "fa/problem.hpp"
 #include "fa/reference_backward.hpp"
 #include "fa/tensor.hpp"
+#include "fa/varlen.hpp"
 
 namespace fa {
 
@@ -41,6 +42,12 @@ struct InputStats {
 
 /// Measures InputStats on q, k, v (any layout) for `problem`.
 InputStats input_stats(const Problem& problem, View4<const float> q, View4<const float> k, View4<const float> v);
+
+/// InputStats of a packed call (fa/varlen.hpp): the score bound over every query head and the
+/// key/value head it reads (each query and key row's norm: a bound for any pair), the largest
+/// \f$|v|\f$, d, and the longest key sequence. q is \f$(1, H_q, \text{total}_q, d)\f$, k and v
+/// \f$(1, H_k, \text{total}_k, d)\f$ (make_packed_view()).
+InputStats input_stats_varlen(const VarlenProblem& problem, View4<const float> q, View4<const float> k, View4<const float> v);
 
 /// The limits O and the LSE are judged by, and how they were derived.
 struct Tolerances {
