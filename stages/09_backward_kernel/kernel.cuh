@@ -177,6 +177,10 @@ struct Args {
     const int* cu_seqlens_k;  ///< kPacked: (B+1) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1])
     const int* kv_schedule;   ///< kPacked: (entries, 2) block e of a K/V head works on key block [2e+1] of sequence [2e]
     int schedule_entries;     ///< kPacked: blocks per K/V head
+    /// Dense grids with stage 10's switches, atomic dQ: 1 when the blocks go key block by key
+    /// block across the heads (block e works on key block e / (B Hk) of K/V head e % (B Hk)), so
+    /// that under a causal mask or a window the longest loops start first; 0 head by head.
+    int key_blocks_outer;
 };
 
 /// What the preprocessing kernel reads and writes.
@@ -904,6 +908,11 @@ __device__ __forceinline__ BlockView<T> for_query_head(const Args<T>& a, BlockVi
 /// flat grid works on key block j of K/V head h_kv, which query heads h_kv G .. h_kv G + G - 1
 /// read (G = Hq / Hk, kGroupedHeads; G = 1 otherwise); it starts at the group's first query head.
 /// Packed (kPacked, `a` the block's sequence_args()): block h_kv E + e, entry e of the schedule.
+/// With a.key_blocks_outer (atomic dQ) the grid goes key block by key block instead: block
+/// j (B Hk) + b Hk + h_kv, so that the first wave holds the key blocks with the most query blocks
+/// to visit of every head (grouped heads make a block's loop G times longer and the blocks G
+/// times fewer: head by head, the long loops of the last heads would start when the first wave
+/// is half done and run alone at the end).
 template <class T, int D, class F, bool kDeterministic>
 __device__ __forceinline__ BlockView<T> model_block_view(const Args<T>& a) {
     const int group = kGroupedHeads<F> ? a.kv_group : 1;
@@ -913,6 +922,10 @@ __device__ __forceinline__ BlockView<T> model_block_view(const Args<T>& a) {
     if constexpr (kPacked<F>) {  // entry e of the schedule, for K/V head blockIdx / entries
         bh_kv = int(blockIdx.x / unsigned(a.schedule_entries));
         w.j = a.kv_schedule[2 * int(blockIdx.x % unsigned(a.schedule_entries)) + 1];
+    } else if (!kDeterministic && a.key_blocks_outer) {  // the longest loops first, across all heads
+        const unsigned heads_of_grid = gridDim.x / unsigned(a.k_blocks);  // B Hk
+        bh_kv = int(blockIdx.x % heads_of_grid);
+        w.j = int(blockIdx.x / heads_of_grid);
     } else {
         bh_kv = int(blockIdx.x / unsigned(a.k_blocks));
         w.j = key_block_of_this_block<kDeterministic>(a);

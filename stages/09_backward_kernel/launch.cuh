@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <type_traits>
@@ -360,6 +361,12 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
         a.scale_log2 = 1.4426950408889634f;
     }
     l.main_blocks = c.batch_heads / m.kv_group * c.k_blocks;
+    // Grouped heads under a causal mask or a window: the longest loops first (the deterministic
+    // mode keeps its order, which its turns need). FA_STAGE09_BLOCK_ORDER=heads keeps the blocks
+    // head by head, to measure the difference (bench/gpu_session.sh stage10).
+    const char* order = std::getenv("FA_STAGE09_BLOCK_ORDER");
+    a.key_blocks_outer = m.kv_group > 1 && (a.causal || m.left >= 0 || m.right >= 0) &&
+                         !(order != nullptr && std::string(order) == "heads");
 
     PostprocessArgs<T>& post = l.post;
     post.dq_accum = dq_accum, post.dq = dq.data;
