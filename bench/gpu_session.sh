@@ -89,7 +89,7 @@
 #              (NCU09_STEPS): ncu_stage09_step2_d128, ncu_stage09_step3_d128
 #   ncu09at    Nsight Compute on stage 09's warp-tiled kernel at each step:d of NCU09_AT (default
 #              "2:64 4:64 5:64"), bf16, N 4096, non-causal: ncu_stage09_step<s>_d<d>
-#   lessons    the runs the lessons of stages 05, 06, 07 and 09 show
+#   lessons    the runs the lessons of stages 05, 06, 07, 09 and 10 show
 #
 # Run from the repository root. Logs and results are written under /tmp/fa-session, then packed
 # into $OUT/session.tgz (default OUT=/tmp/fa-out) beside a copy of the summary, after every step
@@ -114,6 +114,7 @@ STAGE05=$BUILD/stages/05_shared_memory_kernel/stage05_shared_memory_kernel
 STAGE06=$BUILD/stages/06_causal_masking/stage06_causal_masking
 STAGE07=$BUILD/stages/07_pipelined_fused_kernel/stage07_pipelined_fused_kernel
 STAGE09=$BUILD/stages/09_backward_kernel/stage09_backward_kernel
+STAGE10=$BUILD/stages/10_real_models/stage10_real_models
 STAGE11=$BUILD/stages/11_hopper_kernel/stage11_hopper_kernel
 rm -rf "$WORK" && mkdir -p "$LOGS" "$RESULTS" "$OUT"
 STEPS=("$@")
@@ -135,7 +136,7 @@ build_targets() {
             test) return 0 ;;  # no list: build all
             sanitize | lessons)
                 targets+=(stage05_shared_memory_kernel stage06_causal_masking stage07_pipelined_fused_kernel stage09_backward_kernel
-                    test_stage07) ;;
+                    test_stage07 stage10_real_models) ;;
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts make_npy_inputs) ;;
             road | road05 | road11 | groups11 | switches07 | stage10 | order09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncu11)
@@ -946,8 +947,10 @@ step_lessons() {
     "$STAGE09" --heads 4 --seq-q 1000 --seq-k 1000 --head-dim 64 --causal --bench >"$RESULTS/stage09_run.txt" 2>&1 || status=1
     "$STAGE09" --bench --batch 4 --heads 32 --seq-q 4096 --seq-k 4096 --reference never >"$RESULTS/stage09_bench_run.txt" 2>&1 \
         || status=1
+    "$STAGE10" --seqlens 700,37,1200,1,300 --heads 8 --kv-heads 2 --head-dim 64 --causal --bench >"$RESULTS/stage10_run.txt" 2>&1 \
+        || status=1
     tail -n 4 "$RESULTS/stage05_run.txt" "$RESULTS/stage06_run.txt" "$RESULTS/stage07_run.txt" "$RESULTS/stage09_run.txt" \
-        "$RESULTS/stage09_bench_run.txt" | tee -a "$LOGS/summary.txt"
+        "$RESULTS/stage09_bench_run.txt" "$RESULTS/stage10_run.txt" | tee -a "$LOGS/summary.txt"
 }
 
 # Packs what is there so far: after every step, so a call cut short by its time limit still

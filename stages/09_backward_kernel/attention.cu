@@ -165,8 +165,10 @@ void run_model_device(const Problem& p, const ModelOptions& options, View4<const
     p.validate();
     check_supported(p, step);
     const ResolvedOptions m = resolve_backward_options(p, options, resolve_step(step));
-    if (m.plain()) {  // exactly the call without options
-        run_device<T>(p, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace, step);
+    if (m.plain()) {  // exactly the call without options, the window (-1, 0) being the causal mask
+        Problem plain = p;
+        plain.causal = p.causal || m.right == 0;
+        run_device<T>(plain, q, k, v, o, lse, dout, dq, dk, dv, deterministic, stream, workspace, step);
         return;
     }
     const int64_t hq = p.heads, hk = p.heads / m.kv_group;
