@@ -285,6 +285,7 @@ sanitize_cases07m=(
 sanitize_cases09m=(
     "-tc=*stage?10?s?switches?matches*"
     "-tc=*packed?batches?of*"
+    "-tc=*stage?09?with?dropout*,*regenerates?stage?07?s?dropout?mask*"
 )
 # Stage 09 (the backward, after stage 07's forward): tails (200 and 333 are not multiples of the
 # 64-row blocks), Nq < Nk and Nq > Nk, both layouts, d 64 and 128, causal with Nq > Nk (the first

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fa/inputs.hpp"
+#include "fa/philox.hpp"
 #include "fa/precision.hpp"
 #include "fa/reference_ext.hpp"
 #include "fa/varlen.hpp"
@@ -137,14 +138,19 @@ inline void check_backward_gradients(Precision precision, const BackwardModelDat
             ++empty_rows;
             for (int64_t x = 0; x < d; ++x) nonzero += got.dq[size_t((t * hq + h) * d + x)] != 0.0f;
         }
+    // With dropout, a key whose every visible score is dropped has dV = 0 exactly, but not dK (dS
+    // takes the undropped P): dK is checked where both are 0.
     int64_t unseen = 0;
     for (size_t row = 0; row * size_t(d) < data.ref.dk.size(); ++row) {
-        bool zero = true;
-        for (int64_t x = 0; x < d; ++x) zero = zero && data.ref.dv[row * size_t(d) + size_t(x)] == 0.0;
-        if (!zero) continue;
-        ++unseen;
+        bool dv_zero = true, dk_zero = true;
         for (int64_t x = 0; x < d; ++x) {
-            nonzero += got.dk[row * size_t(d) + size_t(x)] != 0.0f;
+            dv_zero = dv_zero && data.ref.dv[row * size_t(d) + size_t(x)] == 0.0;
+            dk_zero = dk_zero && data.ref.dk[row * size_t(d) + size_t(x)] == 0.0;
+        }
+        if (!dv_zero) continue;
+        unseen += dk_zero;
+        for (int64_t x = 0; x < d; ++x) {
+            nonzero += dk_zero && got.dk[row * size_t(d) + size_t(x)] != 0.0f;
             nonzero += got.dv[row * size_t(d) + size_t(x)] != 0.0f;
         }
     }
@@ -173,6 +179,164 @@ inline std::vector<VarlenCase> backward_varlen_cases() {
         // both bounds, the soft cap, a negative scale, longest lengths larger than needed
         {64, fp16, {97, 1, 61, 0, 19}, {53, 64, 61, 3, 23}, 2, 2, Window{20, 7}, 5.0, -0.3, 50},
     };
+}
+
+/// Dropout on the default main kernel, dense: p = 0.1, 0.5 and 0.9 (p' = 26/256, 1/2, 230/256),
+/// with grouped heads, causal rows that see no key, a window and the soft cap on large logits,
+/// d = 32, 64 and 128, bf16 and fp16.
+inline std::vector<ModelCase> backward_dropout_cases() {
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    return {
+        // GQA, Nq < Nk, two batch entries, p = 0.1
+        {64, bf16, 2, 4, 2, 70, 130, false, Window::full(), 0.0, 0.125, true, InputKind::Normal, Dropout{0.1, 0x1234abcdull, 7}},
+        // d = 32, causal with Nq > Nk (rows that see no key), MQA, p = 0.5
+        {32, fp16, 1, 2, 1, 61, 47, true, Window::full(), 0.0, 0.17, true, InputKind::Normal, Dropout{0.5, 99, 0}},
+        // d = 128, both bounds, the cap on large logits, p = 0.9
+        {128, bf16, 1, 2, 1, 37, 97, false, Window{20, 7}, 30.0, 0.088, true, InputKind::Large, Dropout{0.9, 5, 3}},
+    };
+}
+
+/// Dropout on packed batches: lengths 0 and 1, primes, Nq != Nk both ways, grouped heads, causal,
+/// both bounds with the cap, d = 32, 64 and 128, p = 0.1, 0.5 and 0.9.
+inline std::vector<VarlenCase> backward_dropout_varlen_cases() {
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    return {
+        {64, bf16, {0, 1, 7, 37, 2}, {5, 1, 13, 29, 0}, 4, 2, Window::causal(), 0.0, 0.125, 0, Dropout{0.1, 77, 1}},
+        {128, fp16, {1, 67, 0, 3}, {2, 41, 3, 131}, 2, 1, Window{20, 7}, 5.0, -0.3, 0, Dropout{0.5, 0xfeedull << 32, 2}},
+        {32, bf16, {13, 31}, {17, 3}, 2, 2, Window::full(), 0.0, 0.17, 9, Dropout{0.9, 1, 0}},
+    };
+}
+
+/// Dropout's mask read back from a kernel's output, so that a test fails on a single wrong bit.
+/// Q = 0 makes every visible score 0 and P uniform, 1/Nk in each row (no window): every entry of
+/// P~ is then 1/(Nk (1 - p')) where kept and exactly 0 where dropped. dO row i of query head h is
+/// the unit vector of feature (h mod G) rows + i (G = Hq/Hk, rows = d/G query rows per head at
+/// most), so dV = P~^T dO holds, at feature (h mod G) rows + i of key j of K/V head h/G, the single
+/// entry P~_ij of query head h: the backward's mask, one entry per score (mask_from_dv()). V_j the
+/// unit vector of feature j - part d (keys of one part of d at a time; the others 0) makes O_ix =
+/// P~_{i, part d + x}: the forward's mask (mask_from_o()). Comparing those with dropout_keep()
+/// (expected()) entry by entry, every (b, h, i, j) of every sequence, flips of any one bit show.
+struct DropoutProbe {
+    VarlenProblem vp;        ///< the problem (dropout on, no window, no cap)
+    int64_t rows = 0;        ///< dO features per query head of a group: d / G
+    std::vector<float> q;    ///< (total_q, Hq, d) zeros
+    std::vector<float> k;    ///< (total_k, Hk, d) anything finite (Q = 0)
+    std::vector<float> dout; ///< (total_q, Hq, d) unit vectors
+    std::vector<float> o;    ///< (total_q, Hq, d) zeros (D = 0: dV does not depend on it)
+    std::vector<float> lse;  ///< (Hq, total_q) log Nk of the row's sequence
+
+    /// Parts of d keys the forward's probes need.
+    int parts() const { return int((vp.max_seq_k() + vp.head_dim - 1) / vp.head_dim); }
+
+    /// V of part `part`: V_j = unit vector of feature j - part d for keys j in [part d, part d + d).
+    std::vector<float> v(int part) const {
+        const int64_t d = vp.head_dim;
+        std::vector<float> x(size_t(vp.total_k * vp.heads_k * d), 0.0f);
+        for (int64_t b = 0; b < vp.batch(); ++b)
+            for (int64_t j = part * d; j < std::min(vp.seq_k(b), (part + 1) * d); ++j)
+                for (int64_t h = 0; h < vp.heads_k; ++h) x[size_t(((vp.cu_seqlens_k[b] + j) * vp.heads_k + h) * d + j - part * d)] = 1.0f;
+        return x;
+    }
+
+    /// Calls `f(b, h, i, j)` for every score of every sequence, in the order of the masks below.
+    template <class F>
+    void for_each_score(F&& f) const {
+        for (int64_t b = 0; b < vp.batch(); ++b)
+            for (int64_t h = 0; h < vp.heads_q; ++h)
+                for (int64_t i = 0; i < vp.seq_q(b); ++i)
+                    for (int64_t j = 0; j < vp.seq_k(b); ++j) f(b, h, i, j);
+    }
+
+    /// dropout_keep() of every score: the map (fa/philox.hpp).
+    std::vector<uint8_t> expected() const {
+        std::vector<uint8_t> m;
+        for_each_score([&](int64_t b, int64_t h, int64_t i, int64_t j) {
+            m.push_back(dropout_keep(vp.dropout.seed, vp.dropout.offset, uint32_t(b), uint32_t(h), uint32_t(i), uint32_t(j),
+                                     vp.dropout.p));
+        });
+        return m;
+    }
+
+    /// The backward's mask: entry (b, h, i, j) is whether dV of key j holds P~_ij of head h.
+    std::vector<uint8_t> mask_from_dv(const std::vector<float>& dv) const {
+        const int64_t d = vp.head_dim, group = vp.heads_q / vp.heads_k;
+        std::vector<uint8_t> m;
+        for_each_score([&](int64_t b, int64_t h, int64_t i, int64_t j) {
+            const int64_t key = vp.cu_seqlens_k[size_t(b)] + j;
+            m.push_back(dv[size_t((key * vp.heads_k + h / group) * d + (h % group) * rows + i)] != 0.0f);
+        });
+        return m;
+    }
+
+    /// The forward's mask, from O of the run with v(part): the entries of the keys of that part.
+    void mask_from_o(const std::vector<float>& out, int part, std::vector<uint8_t>& m) const {
+        const int64_t d = vp.head_dim;
+        size_t n = 0;
+        for_each_score([&](int64_t b, int64_t h, int64_t i, int64_t j) {
+            const int64_t row = vp.cu_seqlens_q[size_t(b)] + i;
+            if (j / d == part) m[n] = out[size_t((row * vp.heads_q + h) * d + j - part * d)] != 0.0f;
+            ++n;
+        });
+    }
+};
+
+/// The DropoutProbe of `vp` (dropout on; no window, no cap; every sequence's Nq at most d Hk / Hq).
+inline DropoutProbe dropout_probe(const VarlenProblem& vp) {
+    DropoutProbe probe;
+    probe.vp = vp;
+    probe.vp.validate();
+    const int64_t d = vp.head_dim, group = vp.heads_q / vp.heads_k;
+    probe.rows = d / group;
+    REQUIRE(vp.max_seq_q() <= probe.rows);
+    probe.q.assign(size_t(vp.total_q * vp.heads_q * d), 0.0f);
+    probe.o = probe.q;
+    probe.dout = probe.q;
+    probe.k.assign(size_t(vp.total_k * vp.heads_k * d), 0.25f);
+    probe.lse.assign(size_t(vp.heads_q * vp.total_q), 0.0f);
+    for (int64_t b = 0; b < vp.batch(); ++b)
+        for (int64_t h = 0; h < vp.heads_q; ++h)
+            for (int64_t i = 0; i < vp.seq_q(b); ++i) {
+                const int64_t row = vp.cu_seqlens_q[size_t(b)] + i;
+                probe.dout[size_t((row * vp.heads_q + h) * d + (h % group) * probe.rows + i)] = 1.0f;
+                probe.lse[size_t(h * vp.total_q + row)] = float(std::log(double(vp.seq_k(b))));
+            }
+    return probe;
+}
+
+/// The probe's checks: the forward's mask from O of `forward(part)` (O in the packed order of q)
+/// for every part, and the backward's from dV of `backward(data, deterministic)` (the probe's
+/// inputs as BackwardModelData, dV in the packed order of v) in both dQ modes, each equal to the
+/// map entry by entry. `what` names the run.
+template <class Forward, class Backward>
+void check_dropout_probe(const DropoutProbe& probe, const std::string& what, Forward&& forward, Backward&& backward) {
+    const std::vector<uint8_t> want = probe.expected();
+    int64_t kept = 0;
+    for (const uint8_t x : want) kept += x;
+    INFO(probe.vp.describe() << " " << what << ": " << kept << " of " << want.size() << " scores kept");
+    REQUIRE((kept > 0 && kept < int64_t(want.size())));  // both kinds of entries, or the probe proves nothing
+    const auto first_difference = [&](const std::vector<uint8_t>& got) {
+        size_t n = 0;
+        while (n < want.size() && got[n] == want[n]) ++n;
+        return n;
+    };
+    std::vector<uint8_t> fwd(want.size(), 2);
+    for (int part = 0; part < probe.parts(); ++part) probe.mask_from_o(forward(part), part, fwd);
+    INFO("forward: first differing score " << first_difference(fwd));
+    CHECK(fwd == want);
+    BackwardModelData data;
+    data.vp = probe.vp, data.q = probe.q, data.k = probe.k, data.v = probe.v(0), data.o = probe.o, data.lse = probe.lse;
+    data.dout = probe.dout;
+    for (const bool deterministic : {false, true}) {
+        const std::vector<uint8_t> bwd = probe.mask_from_dv(backward(data, deterministic));
+        INFO(std::string(deterministic ? "deterministic" : "atomic") << ": first differing score " << first_difference(bwd));
+        CHECK(bwd == want);
+    }
+}
+
+/// The ModelCase of a dense probe (B equal sequences; bf16, no window, no cap).
+inline ModelCase dense_probe_case(const VarlenProblem& vp) {
+    return {int(vp.head_dim), Precision::BFloat16, int(vp.batch()), int(vp.heads_q), int(vp.heads_k), int(vp.seq_q(0)),
+            int(vp.seq_k(0)), false, Window::full(), 0.0, 0.125, true, InputKind::Normal, vp.dropout};
 }
 
 /// The same case with K and V repeated per query head (Hk = Hq): without a window or a soft cap,

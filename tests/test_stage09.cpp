@@ -491,9 +491,11 @@ TEST_CASE("stage 09 refuses stage 10's options it cannot apply, naming what is a
     CHECK(message(o, 0).find("default main kernel only (--step 4), not on step 0") != std::string::npos);
     // k and v with Hq heads where Hk = 2 is asked for: the shapes are named.
     CHECK(message(o).find("k must be (B, Hk, Nk, d) = (1, 2, 64, 64); got (1, 4, 64, 64)") != std::string::npos);
-    o.dropout.p = 0.1;
-    CHECK(message(o).find("does not apply dropout yet") != std::string::npos);
-    o.dropout.p = 0.0;
+    o.kv_heads = 4, o.dropout.p = 0.1;  // dropout runs on the default main kernel, and on it alone
+    CHECK(message(o, 3).find("dropout run on the default main kernel only (--step 4), not on step 3") != std::string::npos);
+    o.dropout.p = 1.0;
+    CHECK(message(o).find("--dropout 1 is outside [0, 1)") != std::string::npos);
+    o.kv_heads = 2, o.dropout.p = 0.0;
     o.window = Window{-2, 0};
     CHECK(message(o).find("--window -2,0") != std::string::npos);
 }
@@ -549,6 +551,24 @@ test::ModelGradients run_varlen_on_gpu(const test::BackwardModelData& data, cons
     return {back(dqd), back(dkd), back(dvd)};
 }
 
+// Packed case `c` (inputs drawn with `seed`) in both dQ modes against the float64 gradients; the
+// deterministic mode twice, bit for bit; dK, dV the same bits in both modes.
+void check_varlen_case(const test::VarlenCase& c, uint64_t seed) {
+    const test::BackwardModelData data = test::backward_data(c.problem(), c.precision, InputKind::Normal, seed);
+    const stage09::MaxSeqlens max{data.vp.max_seq_q() + c.extra_max, data.vp.max_seq_k() + c.extra_max};
+    const auto run = [&](bool deterministic) {
+        return c.precision == Precision::BFloat16 ? run_varlen_on_gpu<__nv_bfloat16>(data, max, deterministic)
+                                                  : run_varlen_on_gpu<__half>(data, max, deterministic);
+    };
+    const test::ModelGradients atomic = run(false), fixed = run(true), again = run(true);
+    test::check_backward_gradients(c.precision, data, atomic, "packed, atomic (GPU)");
+    test::check_backward_gradients(c.precision, data, fixed, "packed, deterministic (GPU)");
+    INFO(data.vp.describe());
+    CHECK(bit_identical(fixed.dq, again.dq));
+    CHECK(bit_identical(fixed.dk, atomic.dk));
+    CHECK(bit_identical(fixed.dv, atomic.dv));
+}
+
 }  // namespace
 
 TEST_CASE("stage 09 on packed batches of different lengths matches the float64 gradients, deterministic bit for bit") {
@@ -560,19 +580,126 @@ TEST_CASE("stage 09 on packed batches of different lengths matches the float64 g
     cases.push_back({64, fp16, {2048, 1, 300}, {2048, 1, 900}, 4, 1, Window{256, 0}, 30.0, 0.125, 17});
     cases.push_back({32, bf16, {129, 257, 1}, {300, 1, 64}, 2, 2, Window::full(), 0.0, 0.17});
     uint64_t seed = 9700;
-    for (const test::VarlenCase& c : cases) {
-        const test::BackwardModelData data = test::backward_data(c.problem(), c.precision, InputKind::Normal, seed++);
-        const stage09::MaxSeqlens max{data.vp.max_seq_q() + c.extra_max, data.vp.max_seq_k() + c.extra_max};
-        const auto run = [&](bool deterministic) {
-            return c.precision == Precision::BFloat16 ? run_varlen_on_gpu<__nv_bfloat16>(data, max, deterministic)
-                                                      : run_varlen_on_gpu<__half>(data, max, deterministic);
+    for (const test::VarlenCase& c : cases) check_varlen_case(c, seed++);
+}
+
+TEST_CASE("stage 09 with dropout matches the float64 gradients, dense and packed, deterministic bit for bit") {
+    // The cases of tests/backward_model_cases.hpp (also run on the CPU by test_stage09_model_emulated),
+    // and larger ones: many key and query blocks, every switch beside dropout.
+    std::vector<test::ModelCase> cases = test::backward_dropout_cases();
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    const std::vector<test::ModelCase> large = {
+        {128, bf16, 2, 8, 2, 1000, 1000, true, Window::full(), 0.0, 0.088, true, InputKind::Normal, Dropout{0.1, 11, 0}},
+        {64, fp16, 1, 6, 1, 700, 1300, false, Window::full(), 0.0, 0.125, true, InputKind::Normal, Dropout{0.5, 12, 1}},
+        {32, bf16, 2, 4, 2, 517, 389, true, Window::full(), 0.0, 0.17, true, InputKind::Normal, Dropout{0.9, 13, 2}},
+        {64, bf16, 2, 4, 2, 2048, 2048, false, Window{256, 0}, 0.0, 0.125, true, InputKind::Normal, Dropout{0.2, 14, 3}},
+        {128, bf16, 2, 4, 1, 1024, 1024, true, Window::full(), 30.0, 0.088, true, InputKind::Large, Dropout{0.5, 15, 4}},
+        {64, fp16, 1, 4, 2, 600, 800, false, Window{128, 64}, 10.0, -0.5, true, InputKind::Normal, Dropout{0.3, 16, 5}},
+    };
+    cases.insert(cases.end(), large.begin(), large.end());
+    for (const test::ModelCase& c : cases) check_model_case(c);
+    std::vector<test::VarlenCase> packed = test::backward_dropout_varlen_cases();
+    packed.push_back({128, bf16, {1000, 3, 517, 0, 64}, {1000, 700, 517, 5, 129}, 8, 2, Window::causal(), 0.0, 0.088, 0,
+                      Dropout{0.1, 21, 0}});
+    packed.push_back({64, fp16, {2048, 1, 300}, {2048, 1, 900}, 4, 1, Window{256, 0}, 30.0, 0.125, 17, Dropout{0.5, 22, 9}});
+    packed.push_back({32, bf16, {129, 257, 1}, {300, 1, 64}, 2, 2, Window::full(), 0.0, 0.17, 0, Dropout{0.9, 23, 1}});
+    uint64_t seed = 9900;
+    for (const test::VarlenCase& c : packed) check_varlen_case(c, seed++);
+}
+
+namespace {
+
+// Stage 07's forward of the probe with V = probe.v(part), bf16, on the GPU: O in the packed order.
+// `dense`: a dense call of B equal sequences (the map's b the batch entry), else the packed call.
+std::vector<float> probe_forward(const test::DropoutProbe& probe, int part, bool dense) {
+    using T = __nv_bfloat16;
+    const VarlenProblem& vp = probe.vp;
+    const int64_t d = vp.head_dim;
+    const auto to_device = [](const std::vector<float>& x) {
+        std::vector<T> h(x.size());
+        for (size_t i = 0; i < x.size(); ++i) h[i] = from_float<T>(x[i]);
+        cuda::DeviceBuffer<T> buf(x.size());
+        buf.copy_from_host(h.data(), h.size());
+        return buf;
+    };
+    const cuda::DeviceBuffer<T> qd = to_device(probe.q), kd = to_device(probe.k), vd = to_device(probe.v(part));
+    cuda::DeviceBuffer<T> od(probe.q.size());
+    FA_CUDA_CHECK(cudaMemset(od.data(), 0xff, od.bytes()));
+    cuda::DeviceBuffer<float> lsed(size_t(vp.heads_q * vp.total_q));
+    if (dense) {
+        const int64_t batch = vp.batch(), nq = vp.seq_q(0), nk = vp.seq_k(0);
+        const Problem p = test::make_problem(batch, vp.heads_q, nq, nk, d);
+        stage07::ModelOptions options;
+        options.kv_heads = vp.heads_k, options.dropout = vp.dropout;
+        const auto view = [&](const cuda::DeviceBuffer<T>& x, int64_t h, int64_t n) {
+            return View4<const T>{x.data(), {batch, h, n, d}, {n * h * d, d, h * d, 1}};
         };
-        const test::ModelGradients atomic = run(false), fixed = run(true), again = run(true);
-        test::check_backward_gradients(c.precision, data, atomic, "packed, atomic (GPU)");
-        test::check_backward_gradients(c.precision, data, fixed, "packed, deterministic (GPU)");
-        INFO(data.vp.describe());
-        CHECK(bit_identical(fixed.dq, again.dq));
-        CHECK(bit_identical(fixed.dk, atomic.dk));
-        CHECK(bit_identical(fixed.dv, atomic.dv));
+        const View4<T> ov{od.data(), {batch, vp.heads_q, nq, d}, {nq * vp.heads_q * d, d, vp.heads_q * d, 1}};
+        stage07::attention_device(p, options, view(qd, vp.heads_q, nq), view(kd, vp.heads_k, nk), view(vd, vp.heads_k, nk),
+                                  ov, View3<float>{lsed.data(), {batch, vp.heads_q, nq}, {nq, batch * nq, 1}}, nullptr);
+    } else {
+        cuda::DeviceBuffer<int32_t> cu_q(vp.cu_seqlens_q.size()), cu_k(vp.cu_seqlens_k.size());
+        cu_q.copy_from_host(vp.cu_seqlens_q.data(), cu_q.size());
+        cu_k.copy_from_host(vp.cu_seqlens_k.data(), cu_k.size());
+        cuda::DeviceBuffer<int32_t> schedule(size_t(std::max<int64_t>(1, stage07::varlen_schedule_ints(vp))));
+        const auto in = [&](const cuda::DeviceBuffer<T>& x, int64_t total, int64_t heads) {
+            return make_packed_view(static_cast<const T*>(x.data()), total, heads, d);
+        };
+        stage07::attention_varlen_device(
+            vp, stage07::MaxSeqlens{vp.max_seq_q(), vp.max_seq_k()}, in(qd, vp.total_q, vp.heads_q),
+            in(kd, vp.total_k, vp.heads_k), in(vd, vp.total_k, vp.heads_k), make_packed_view(od.data(), vp.total_q, vp.heads_q, d),
+            View3<float>{lsed.data(), {1, vp.heads_q, vp.total_q}, {vp.heads_q * vp.total_q, vp.total_q, 1}},
+            stage07::VarlenDeviceArrays{cu_q.data(), cu_k.data(), schedule.data()}, nullptr);
     }
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<T> h(od.size());
+    od.copy_to_host(h.data(), h.size());
+    std::vector<float> o(h.size());
+    for (size_t i = 0; i < h.size(); ++i) o[i] = to_float(h[i]);
+    return o;
+}
+
+// The probe (tests/backward_model_cases.hpp) through stage 07's forward (every part of the keys)
+// and stage 09's backward (both dQ modes), bf16, dense or packed: both masks must be the map's
+// (fa/philox.hpp), every score of every sequence and query head, bit for bit.
+void check_mask_probe(const VarlenProblem& vp, bool dense) {
+    const test::DropoutProbe probe = test::dropout_probe(vp);
+    test::check_dropout_probe(
+        probe, dense ? "(dense, GPU)" : "(packed, GPU)", [&](int part) { return probe_forward(probe, part, dense); },
+        [&](const test::BackwardModelData& data, bool deterministic) {
+            if (dense) return run_model_case(test::dense_probe_case(vp), data, data.k, data.v, deterministic).dv;
+            return run_varlen_on_gpu<__nv_bfloat16>(data, stage09::MaxSeqlens{vp.max_seq_q(), vp.max_seq_k()}, deterministic).dv;
+        });
+}
+
+// A dense probe of B sequences of Nq queries and Nk keys as a packed problem.
+VarlenProblem dense_probe_problem(int64_t batch, int64_t hq, int64_t hk, int64_t nq, int64_t nk, int64_t d, Dropout dropout) {
+    VarlenProblem vp;
+    vp.cu_seqlens_q = cu_seqlens_from_lengths(std::vector<int64_t>(size_t(batch), nq));
+    vp.cu_seqlens_k = cu_seqlens_from_lengths(std::vector<int64_t>(size_t(batch), nk));
+    vp.total_q = batch * nq, vp.total_k = batch * nk;
+    vp.heads_q = hq, vp.heads_k = hk, vp.head_dim = d, vp.dropout = dropout;
+    return vp;
+}
+
+}  // namespace
+
+TEST_CASE("stage 09 regenerates stage 07's dropout mask bit for bit, dense and packed") {
+    // Every score's keep bit read back from stage 07's O and from stage 09's dV (DropoutProbe): a
+    // single bit that differs fails. d = 128 (P^T through shared memory), 64 and 32 (P^T in
+    // registers); grouped heads (the map's h is the query head); many key blocks.
+    check_mask_probe(dense_probe_problem(3, 4, 2, 64, 700, 128, Dropout{0.5, 0x0123456789abcdefull, 77}), true);
+    check_mask_probe(dense_probe_problem(2, 3, 3, 64, 1000, 64, Dropout{0.1, 31, 0}), true);
+    check_mask_probe(dense_probe_problem(2, 2, 2, 32, 300, 32, Dropout{0.9, 32, 1}), true);
+    VarlenProblem packed;
+    packed.cu_seqlens_q = cu_seqlens_from_lengths({64, 1, 37, 0, 64});
+    packed.cu_seqlens_k = cu_seqlens_from_lengths({700, 5, 129, 3, 1});
+    packed.total_q = packed.cu_seqlens_q.back(), packed.total_k = packed.cu_seqlens_k.back();
+    packed.heads_q = 4, packed.heads_k = 2, packed.head_dim = 128, packed.dropout = Dropout{0.3, 42, 5};
+    check_mask_probe(packed, false);
+    packed.cu_seqlens_q = cu_seqlens_from_lengths({50, 64, 3});
+    packed.cu_seqlens_k = cu_seqlens_from_lengths({1000, 64, 257});
+    packed.total_q = packed.cu_seqlens_q.back(), packed.total_k = packed.cu_seqlens_k.back();
+    packed.heads_q = 2, packed.heads_k = 2, packed.head_dim = 64, packed.dropout = Dropout{0.5, 43, 6};
+    check_mask_probe(packed, false);
 }

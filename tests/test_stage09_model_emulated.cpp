@@ -17,12 +17,17 @@
 #include "fa/error.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
+#include "stages/07_pipelined_fused_kernel/launch.cuh"
 #include "stages/09_backward_kernel/launch.cuh"
 
 namespace fa::stage09 {
 // The dynamic shared memory the kernels declare (`extern __shared__ ... smem_raw[]`).
 alignas(128) unsigned char smem_raw[232448];
 }  // namespace fa::stage09
+namespace fa::stage07 {
+// Stage 07's forward (dropout's mask as the forward draws it), the same way.
+alignas(128) unsigned char smem_raw[232448];
+}  // namespace fa::stage07
 
 namespace {
 
@@ -143,7 +148,7 @@ Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData
         run_varlen_kernels<T, D, false>(launches, m, launch);
     }
     Run r;
-    r.model = with_varlen_features<D>(m, [](auto features) {
+    r.model = stage09::with_varlen_features<D>(m, [](auto features) {
         using F = decltype(features);
         return kPacked<F> && kWindow<F> && kGroupedHeads<F>;
     });
@@ -159,6 +164,8 @@ Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData
 Run run_varlen_case(const test::VarlenCase& c, const test::BackwardModelData& data, bool deterministic) {
     const bool bf16 = c.precision == Precision::BFloat16;
     switch (c.d) {
+        case 32: return bf16 ? run_varlen_emulated<__nv_bfloat16, 32>(c, data, deterministic)
+                             : run_varlen_emulated<__half, 32>(c, data, deterministic);
         case 64: return bf16 ? run_varlen_emulated<__nv_bfloat16, 64>(c, data, deterministic)
                              : run_varlen_emulated<__half, 64>(c, data, deterministic);
         default: return bf16 ? run_varlen_emulated<__nv_bfloat16, 128>(c, data, deterministic)
@@ -239,21 +246,130 @@ TEST_CASE("emulated stage 09: grouped-query heads, windows and the soft cap matc
     for (const test::ModelCase& c : test::backward_model_cases()) check_case(c);
 }
 
+namespace {
+
+// Packed case `c` (inputs drawn with `seed`) in both dQ modes against the float64 gradients; the
+// two modes' dK and dV are the same bits.
+void check_varlen_case(const test::VarlenCase& c, uint64_t seed) {
+    const test::BackwardModelData data = test::backward_data(c.problem(), c.precision, InputKind::Normal, seed);
+    test::ModelGradients by_mode[2];
+    for (const bool deterministic : {false, true}) {
+        const Run r = run_varlen_case(c, data, deterministic);
+        CHECK(r.model);
+        test::check_backward_gradients(c.precision, data, r.grads, deterministic ? "packed, deterministic" : "packed, atomic");
+        by_mode[deterministic] = r.grads;
+    }
+    INFO(data.vp.describe());
+    CHECK(by_mode[0].dk == by_mode[1].dk);
+    CHECK(by_mode[0].dv == by_mode[1].dv);
+}
+
+}  // namespace
+
 TEST_CASE("emulated stage 09: packed batches of different lengths match the float64 gradients") {
     uint64_t seed = 9500;
-    for (const test::VarlenCase& c : test::backward_varlen_cases()) {
-        const test::BackwardModelData data = test::backward_data(c.problem(), c.precision, InputKind::Normal, seed++);
-        test::ModelGradients by_mode[2];
-        for (const bool deterministic : {false, true}) {
-            const Run r = run_varlen_case(c, data, deterministic);
-            CHECK(r.model);
-            test::check_backward_gradients(c.precision, data, r.grads, deterministic ? "packed, deterministic" : "packed, atomic");
-            by_mode[deterministic] = r.grads;
-        }
-        INFO(data.vp.describe());
-        CHECK(by_mode[0].dk == by_mode[1].dk);
-        CHECK(by_mode[0].dv == by_mode[1].dv);
+    for (const test::VarlenCase& c : test::backward_varlen_cases()) check_varlen_case(c, seed++);
+}
+
+namespace {
+
+// Stage 07's forward of the probe's problem with V = probe.v(part), bf16, d = D, on the emulator:
+// O in the packed order. `dense`: a dense call of B equal sequences (the map's b the batch entry),
+// otherwise the packed call (b the sequence).
+template <int D>
+std::vector<float> forward_o(const test::DropoutProbe& probe, int part, bool dense) {
+    using T = __nv_bfloat16;
+    const VarlenProblem& vp = probe.vp;
+    const std::vector<uint16_t> q = emu::to_bits<T>(probe.q), k = emu::to_bits<T>(probe.k), v = emu::to_bits<T>(probe.v(part));
+    std::vector<uint16_t> o16(probe.q.size(), 0xffff);
+    std::vector<float> lse(size_t(vp.heads_q * vp.total_q));
+    const auto packed = [&](const std::vector<uint16_t>& x, int64_t total, int64_t heads) {
+        return make_packed_view(reinterpret_cast<const T*>(x.data()), total, heads, int64_t(D));
+    };
+    const View4<T> op = make_packed_view(reinterpret_cast<T*>(o16.data()), vp.total_q, vp.heads_q, int64_t(D));
+    const auto run = [&](const auto& a, auto features) {
+        using F = decltype(features);
+        using S = stage07::Shape<T, D, F>;
+        REQUIRE(F::kDropout);
+        REQUIRE(S::kSmemBytes <= sizeof stage07::smem_raw);
+        emu::launch(long(stage07::grid_blocks(a)), S::kThreads, stage07::smem_raw, S::kSmemBytes,
+                    [&] { stage07::flash_forward_kernel<T, D, F>(a); });
+    };
+    if (dense) {
+        const int64_t batch = vp.batch(), nq = vp.seq_q(0), nk = vp.seq_k(0);
+        Problem p;
+        p.batch = batch, p.heads = vp.heads_q, p.seq_q = nq, p.seq_k = nk, p.head_dim = D;
+        stage07::ModelOptions options;
+        options.kv_heads = vp.heads_k, options.dropout = vp.dropout;
+        const stage07::ResolvedOptions m = stage07::resolve_options(p, options);
+        const auto view = [&](const std::vector<uint16_t>& x, int64_t h, int64_t n) {
+            return View4<const T>{reinterpret_cast<const T*>(x.data()), {batch, h, n, D}, {n * h * D, D, h * D, 1}};
+        };
+        const View4<T> ov{reinterpret_cast<T*>(o16.data()), {batch, vp.heads_q, nq, D}, {nq * vp.heads_q * D, D, vp.heads_q * D, 1}};
+        const View3<float> lv{lse.data(), {batch, vp.heads_q, nq}, {nq, batch * nq, 1}};
+        stage07::with_final_features<D>(m, [&](auto features) {
+            using F = decltype(features);
+            run(stage07::make_args<T>(p, m, view(q, vp.heads_q, nq), view(k, vp.heads_k, nk), view(v, vp.heads_k, nk), ov,
+                                      lv, stage07::geometry<T, D, F>()),
+                features);
+        });
+    } else {
+        const stage07::MaxSeqlens max{vp.max_seq_q(), vp.max_seq_k()};
+        const stage07::ResolvedOptions m = stage07::resolve_varlen(vp, max);
+        const View3<float> lv{lse.data(), {1, vp.heads_q, vp.total_q}, {vp.heads_q * vp.total_q, vp.total_q, 1}};
+        stage07::with_varlen_features<D>(m, [&](auto features) {
+            using F = decltype(features);
+            const std::vector<int32_t> schedule = stage07::tile_schedule(vp, m, F::kBr, F::kBc);
+            run(stage07::make_varlen_args<T>(vp, max, m, packed(q, vp.total_q, vp.heads_q), packed(k, vp.total_k, vp.heads_k),
+                                             packed(v, vp.total_k, vp.heads_k), op, lv, stage07::geometry<T, D, F>(),
+                                             vp.cu_seqlens_q.data(), vp.cu_seqlens_k.data(), schedule.data(),
+                                             int64_t(schedule.size() / 2)),
+                features);
+        });
     }
+    std::vector<float> o(o16.size());
+    for (size_t i = 0; i < o.size(); ++i) o[i] = emu::to_f<T>(o16[i]);
+    return o;
+}
+
+// The probe through stage 07's forward (every part) and stage 09's backward (both dQ modes), bf16
+// at d = D, dense or packed: both masks must be the map's, bit for bit.
+template <int D>
+void check_mask_probe(const VarlenProblem& vp, bool dense) {
+    const test::DropoutProbe probe = test::dropout_probe(vp);
+    test::check_dropout_probe(
+        probe, dense ? "(dense)" : "(packed)", [&](int part) { return forward_o<D>(probe, part, dense); },
+        [&](const test::BackwardModelData& data, bool deterministic) {
+            if (dense) {
+                return run_emulated<__nv_bfloat16, D>(test::dense_probe_case(vp), data.q, data.k, data.v, data.o, data.lse,
+                                                      data.dout, deterministic).grads.dv;
+            }
+            const test::VarlenCase c{D, Precision::BFloat16, {}, {}, int(vp.heads_q), int(vp.heads_k), Window::full(), 0.0, 0.125};
+            return run_varlen_emulated<__nv_bfloat16, D>(c, data, deterministic).grads.dv;
+        });
+}
+
+}  // namespace
+
+TEST_CASE("emulated stage 09: dropout, dense and packed, matches the float64 gradients in both dQ modes") {
+    for (const test::ModelCase& c : test::backward_dropout_cases()) check_case(c);
+    uint64_t seed = 9800;
+    for (const test::VarlenCase& c : test::backward_dropout_varlen_cases()) check_varlen_case(c, seed++);
+}
+
+TEST_CASE("emulated stage 09: the backward regenerates stage 07's dropout mask bit for bit, dense and packed") {
+    // Dense, d = 64 (P^T in registers), two batch entries, keys in two key blocks.
+    VarlenProblem dense;
+    dense.cu_seqlens_q = {0, 64, 128}, dense.cu_seqlens_k = {0, 150, 300};
+    dense.total_q = 128, dense.total_k = 300, dense.heads_q = 2, dense.heads_k = 2, dense.head_dim = 64;
+    dense.dropout = Dropout{0.5, 0x0123456789abcdefull, 77};
+    check_mask_probe<64>(dense, true);
+    // Packed, d = 128 (P^T through shared memory), Hq/Hk = 2: rows and keys start mid-tile.
+    VarlenProblem packed;
+    packed.cu_seqlens_q = {0, 45, 109, 112}, packed.cu_seqlens_k = {0, 150, 187, 188};
+    packed.total_q = 112, packed.total_k = 188, packed.heads_q = 2, packed.heads_k = 1, packed.head_dim = 128;
+    packed.dropout = Dropout{0.1, 42, 5};
+    check_mask_probe<128>(packed, false);
 }
 
 TEST_CASE("stage 09: stage 10's options it cannot apply are refused with InputError, naming what is allowed") {
@@ -280,13 +396,17 @@ TEST_CASE("stage 09: stage 10's options it cannot apply are refused with InputEr
     CHECK(message(o).find("--window -2,0") != std::string::npos);
     o.window = Window{10, 3}, o.softcap = -1.0;
     CHECK(message(o).find("--softcap") != std::string::npos);
-    o.softcap = 5.0, o.dropout.p = 0.1;
-    CHECK(message(o).find("--dropout 0.1: stage 09's backward does not apply dropout yet") != std::string::npos);
-    o.dropout.p = 0.0;
+    o.softcap = 5.0, o.dropout.p = 1.0;
+    CHECK(message(o).find("--dropout 1 is outside [0, 1)") != std::string::npos);
+    o.dropout.p = 0.999;
+    CHECK(message(o).find("--dropout 0.999 would drop every entry") != std::string::npos);
+    o.dropout.p = 0.1;  // dropout runs on the default main kernel, and on it alone
+    CHECK(message(o, 3).find("dropout run on the default main kernel only (--step 4), not on step 3") != std::string::npos);
     const ResolvedOptions m = resolve_backward_options(p, o, kModelStep);
     CHECK(m.left == 10);
     CHECK(m.right == 3);
     CHECK(m.softcap == 5.0);
+    CHECK(m.dropout.p == 0.1);
     // Bounds no row reaches past are no bounds: a window wider than the problem is the plain call.
     o = ModelOptions{};
     o.window = Window{500, 400};

@@ -25,13 +25,13 @@
 /// block per key block of a K/V head visits the query heads of its group, dK and dV summed in
 /// registers), sliding windows (a range of query blocks per key block, masked at both edges; the
 /// deterministic turns count from each query block's last visitor), the soft cap (dS times
-/// 1 - tanh^2), and packed batches of different lengths (attention_backward_varlen_device(): a
-/// block per key block of one sequence, from a schedule). Checked on the CPU by the warp
-/// emulator; not yet run or timed on a GPU.
+/// 1 - tanh^2), packed batches of different lengths (attention_backward_varlen_device(): a
+/// block per key block of one sequence, from a schedule), and dropout (stage 07's mask
+/// regenerated from Philox, never stored: the dropped P~ feeds dV, the undropped P dS). Checked
+/// on the CPU by the warp emulator; not yet run or timed on a GPU.
 ///
-/// **Does not handle yet:** head dimensions other than 32, 64 and 128; dropout (stage 10's last
-/// switch); Hopper's own instructions (TMA, wgmma); dQ written without a float32 accumulator in
-/// global memory.
+/// **Does not handle yet:** head dimensions other than 32, 64 and 128; Hopper's own instructions
+/// (TMA, wgmma); dQ written without a float32 accumulator in global memory.
 ///
 /// **Measured:** on an NVIDIA H100 80GB HBM3, 2026-11-25, B * N = 16384 tokens, H * d = 2048,
 /// bf16 and fp16, causal and not, three rounds each ours then SDPA (docs/results/
@@ -152,9 +152,9 @@ using stage07::ModelOptions;
 /// (B, Hk, Nk, d) with Hk = options.kv_heads, lse is (B, Hq, Nq) (that forward's). dK and dV of a
 /// K/V head are sums over the query heads of its group, added in registers (no atomics: the same
 /// bits on every run); dQ as the plain call (atomic or deterministic). Throws fa::InputError when
-/// Hk does not divide Hq (naming both), for a window bound below -1, a negative soft cap, dropout
-/// (not applied by this backward yet), options on a step other than kDefaultStep, or views of
-/// the wrong shapes. Plain options run exactly the kernels of the overload without them.
+/// Hk does not divide Hq (naming both), for a window bound below -1, a negative soft cap, a
+/// dropout p outside [0, 255.5/256) (Dropout::validate(); the forward's seed and offset give the
+/// same mask), options on a step other than kDefaultStep, or views of the wrong shapes. Plain options run exactly the kernels of the overload without them.
 void attention_backward_device(const Problem& problem, const ModelOptions& options, View4<const __nv_bfloat16> q,
                                View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v, View4<const __nv_bfloat16> o,
                                View3<const float> lse, View4<const __nv_bfloat16> dout, View4<__nv_bfloat16> dq,
@@ -186,9 +186,10 @@ int64_t varlen_backward_schedule_ints(const VarlenProblem& problem);
 /// Hq, d) buffers and k, v, dk, dv (total_k, Hk, d), passed as make_packed_view() views (1, H,
 /// total, d); lse is (Hq, total_q), the View3 (1, Hq, total_q), that forward's. Each sequence's
 /// queries see its keys only, the window and causality aligned bottom-right in each sequence,
-/// with grouped heads and the soft cap of the problem. Throws fa::InputError naming what is wrong
-/// (resolve_varlen(): cu_seqlens, the longest lengths, Hk not dividing Hq; dropout, not applied
-/// yet; the head dimension; the views' shapes). Queues a copy of the schedule and the three
+/// with grouped heads, the soft cap and the dropout of the problem (the forward's mask: b the
+/// sequence's index, rows and columns counted from its start). Throws fa::InputError naming what
+/// is wrong (resolve_varlen(): cu_seqlens, the longest lengths, Hk not dividing Hq, a dropout p
+/// out of range; the head dimension; the views' shapes). Queues a copy of the schedule and the three
 /// kernels on `stream`; `workspace` as in the dense call.
 void attention_backward_varlen_device(const VarlenProblem& problem, const MaxSeqlens& max,
                                       View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,

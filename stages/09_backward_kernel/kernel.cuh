@@ -119,6 +119,20 @@ inline constexpr bool kPacked = false;
 /// kPacked of a Packed<...>.
 template <class F>
 inline constexpr bool kPacked<F, std::void_t<decltype(F::kVarlen)>> = F::kVarlen;
+
+/// Features F with dropout on P (stage 07's Dropped): the mask regenerated from stage 07's map
+/// (fa/philox.hpp), the dropped P~ feeding dV, the undropped P dS. A wrapper too, for the same
+/// reason. Only the warp-tiled kernel with stage 10's other switches takes it (launch.cuh).
+template <class F>
+struct Dropped : F {
+    static constexpr bool kDropout = true;  ///< entries of P dropped at random
+};
+/// Whether F applies dropout (Dropped).
+template <class F, class = void>
+inline constexpr bool kDropout = false;
+/// kDropout of a Dropped<...>.
+template <class F>
+inline constexpr bool kDropout<F, std::void_t<decltype(F::kDropout)>> = F::kDropout;
 //! [model_features]
 
 /// Pointers, strides (in elements) and sizes the main kernel reads; built by the host entry point.
@@ -181,6 +195,14 @@ struct Args {
     /// block across the heads (block e works on key block e / (B Hk) of K/V head e % (B Hk)), so
     /// that under a causal mask or a window the longest loops start first; 0 head by head.
     int key_blocks_outer;
+    // Dropout (kDropout): score (b, h, i, j) is kept iff its byte of Philox4x32-10 is at least the
+    // threshold, with b the batch entry or packed sequence, h the query head, i and j counted
+    // within the sequence: stage 07's forward map, regenerated here bit for bit.
+    uint32_t dropout_threshold;  ///< kDropout: t = round(256 p); a score whose byte is below t is dropped
+    float dropout_keep_scale;    ///< kDropout: 256 / (256 - t) = 1 / (1 - p'), a kept entry's factor
+    uint32_t dropout_seed_lo;    ///< kDropout: the seed's bits 0..31, Philox key word 0
+    uint32_t dropout_seed_hi;    ///< kDropout: the seed's bits 32..63, Philox key word 1
+    uint32_t dropout_offset;     ///< kDropout: Philox counter word 3
 };
 
 /// What the preprocessing kernel reads and writes.

@@ -13,7 +13,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -21,6 +20,7 @@
 
 #include "../07_pipelined_fused_kernel/model_options.hpp"
 #include "fa/error.hpp"
+#include "fa/philox.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
 #include "kernel.cuh"
@@ -195,41 +195,38 @@ template <int D, bool Softcap>
 using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, true, Softcap>;
 
 /// stage07::resolve_options() (InputError for Hk not dividing Hq, a bound below -1, a negative
-/// or infinite cap, a dropout p out of range), and what this backward adds: no dropout yet, and
+/// or infinite cap, a dropout p out of range: Dropout::validate()), and what this backward adds:
 /// the switches on the default main kernel only (`step`, 0 to 5, is the step that would run).
 inline ResolvedOptions resolve_backward_options(const Problem& p, const ModelOptions& options, int step) {
     const ResolvedOptions m = stage07::resolve_options(p, options);
-    if (m.dropout.enabled()) {
-        std::ostringstream msg;
-        msg << "--dropout " << options.dropout.p << ": stage 09's backward does not apply dropout yet (use 0)";
-        throw InputError(msg.str());
-    }
     if (!m.plain() && step != kModelStep) {
-        throw InputError("stage 09: grouped heads, a window or a soft cap run on the default main kernel only (--step " +
-                         std::to_string(kModelStep) + "), not on step " + std::to_string(step));
+        throw InputError("stage 09: grouped heads, a window, a soft cap or dropout run on the default main kernel only "
+                         "(--step " + std::to_string(kModelStep) + "), not on step " + std::to_string(step));
     }
     return m;
 }
 
 /// resolve_backward_options() for a packed call: stage07::resolve_varlen() (cu_seqlens, the longest
-/// lengths, Hk dividing Hq, the window, the cap, dropout's p), then no dropout yet.
+/// lengths, Hk dividing Hq, the window, the cap, dropout's p).
 inline ResolvedOptions resolve_varlen_backward(const VarlenProblem& vp, const MaxSeqlens& max) {
-    const ResolvedOptions m = stage07::resolve_varlen(vp, max);
-    if (m.dropout.enabled()) {
-        std::ostringstream msg;
-        msg << "--dropout " << vp.dropout.p << ": stage 09's backward does not apply dropout yet (use 0)";
-        throw InputError(msg.str());
-    }
-    return m;
+    return stage07::resolve_varlen(vp, max);
+}
+
+/// Calls `run(F{})` with F, or Dropped<F> when `options` drop entries of P: dropout is a
+/// compile-time switch too, so that the calls without it run the kernels they always ran.
+template <class F, class Run>
+decltype(auto) with_dropout_if(const ResolvedOptions& options, Run&& run) {
+    if (options.dropout.enabled()) return run(Dropped<F>{});
+    return run(F{});
 }
 
 /// Calls `run(F{})` with the features the default main kernel runs for `options`: its own when
-/// they are plain, otherwise ModelStep with or without the soft cap.
+/// they are plain, otherwise ModelStep with or without the soft cap, Dropped with dropout.
 template <int D, class Run>
 decltype(auto) with_model_features(const ResolvedOptions& options, Run&& run) {
     if (options.plain()) return run(TiledStepFeatures<D, kModelStep>{});
-    if (options.softcap > 0.0) return run(ModelStep<D, true>{});
-    return run(ModelStep<D, false>{});
+    if (options.softcap > 0.0) return with_dropout_if<ModelStep<D, true>>(options, run);
+    return with_dropout_if<ModelStep<D, false>>(options, run);
 }
 //! [model_steps]
 
@@ -360,6 +357,12 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
         a.softcap_scale = float(scale / m.softcap);
         a.scale_log2 = 1.4426950408889634f;
     }
+    if (m.dropout.enabled()) {  // stage 07's map (fa/philox.hpp), as its forward drew it
+        a.dropout_threshold = dropout_threshold(m.dropout.p);
+        a.dropout_keep_scale = float(dropout_keep_scale(m.dropout.p));
+        a.dropout_seed_lo = uint32_t(m.dropout.seed), a.dropout_seed_hi = uint32_t(m.dropout.seed >> 32);
+        a.dropout_offset = m.dropout.offset;
+    }
     l.main_blocks = c.batch_heads / m.kv_group * c.k_blocks;
     // Grouped heads under a causal mask or a window: the longest loops first (the deterministic
     // mode keeps its order, which its turns need). FA_STAGE09_BLOCK_ORDER=heads keeps the blocks
@@ -476,11 +479,11 @@ template <int D, bool Softcap>
 using VarlenStep = Packed<ModelStep<D, Softcap>>;
 
 /// Calls `run(F{})` with the features a packed call runs for `options`: VarlenStep with or
-/// without the soft cap.
+/// without the soft cap, Dropped with dropout.
 template <int D, class Run>
 decltype(auto) with_varlen_features(const ResolvedOptions& options, Run&& run) {
-    if (options.softcap > 0.0) return run(VarlenStep<D, true>{});
-    return run(VarlenStep<D, false>{});
+    if (options.softcap > 0.0) return with_dropout_if<VarlenStep<D, true>>(options, run);
+    return with_dropout_if<VarlenStep<D, false>>(options, run);
 }
 
 /// The blocks of one K/V head of a packed call, as the main kernel's schedule: entry e is
@@ -533,7 +536,7 @@ Launches<T> make_varlen_launches(const VarlenProblem& vp, const ResolvedOptions&
 template <class T, int D, bool kDeterministic, class Launch>
 void run_varlen_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
     launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
-    with_varlen_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
+    stage09::with_varlen_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
     launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
 }
 

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "fa/philox.hpp"
 #include "kernel.cuh"
 
 namespace fa::stage09 {
@@ -186,18 +187,70 @@ __device__ __forceinline__ void dkdv_from_registers(
 }
 //! [tiled_dkdv_registers]
 
+//! [tiled_dropout]
+/// Where the dropout map puts this block's scores (Dropped): dropout's b, the batch entry or
+/// the packed sequence, and h, the query head (not the K/V head).
+struct DropoutSite {
+    uint32_t sequence;  ///< b of the map
+    uint32_t head;      ///< h of the map: the query head
+};
+
+/// The keep bits of one warp's step of S^T (keys from `key0`, query columns from `query0`, both
+/// within the sequence), regenerated from stage 07's map (fa/philox.hpp) bit for bit. One Philox
+/// call covers 16 scores: query rows i, i + 8 (i mod 16 < 8) by 32 keys of one parity pair
+/// (j mod 8 = 2u, 2u + 1). A lane of S^T holds keys g, g + 8, g + 16, g + 24 (g = lane / 4) and
+/// query columns 2t, 2t + 1, 2t + 8, 2t + 9 of each 32-key by 16-query piece: 8 bytes of the call
+/// of column 2t and 8 of that of 2t + 1, the other 8 of each belonging to lane ^ 4 (key g ^ 1).
+/// So each lane makes one call, column 2t + g % 2, and swaps its 16 keep bits with lane ^ 4.
+/// Bit 16 (e % 2) + 8 (nt % 2) + 4 (mt % 2) + 2 (e / 2) of word [mt / 2][nt / 2] is then the
+/// keep bit of accumulator element e of tile (mt, nt) (dropout_kept()).
+template <class T, int D, class F>
+__device__ __forceinline__ void dropout_keep_bits(uint32_t (&keep)[TiledShape<T, D, F>::kKeyTiles / 2][TiledShape<T, D, F>::kNTiles / 2],
+                                                  int key0, int query0, const DropoutSite& site, const Args<T>& a,
+                                                  int lane) {
+    using S = TiledShape<T, D, F>;
+    static_assert(S::kKeyTiles % 2 == 0 && S::kNTiles % 2 == 0, "whole 32-key by 16-query groups of the dropout map");
+    const int g = lane / 4, t = lane % 4;
+    const uint32_t parity = uint32_t(g % 2);
+    const PhiloxKey key{{a.dropout_seed_lo, a.dropout_seed_hi}};
+#pragma unroll
+    for (int m = 0; m < S::kKeyTiles / 2; ++m)
+#pragma unroll
+        for (int n = 0; n < S::kNTiles / 2; ++n) {
+            const uint32_t row = uint32_t(query0 + 16 * n + 2 * t) + parity;  // query column 2t + g % 2
+            const uint32_t col = uint32_t(key0 + 32 * m + g);                 // key g of the 32
+            const PhiloxWords bytes =
+                philox4x32_10(dropout_counter(a.dropout_offset, site.sequence, site.head, row, col), key);
+            uint32_t mine = 0;
+#pragma unroll
+            for (uint32_t b = 0; b < 16; ++b) mine |= uint32_t(philox_byte(bytes, b) >= a.dropout_threshold) << b;
+            const uint32_t theirs = __shfl_xor_sync(0xffffffffu, mine, 4);  // key g ^ 1's lane: the other column
+            // Low half: the call of column 2t, high half: of 2t + 1; shifted so that key parity g % 2 is bit 0.
+            keep[m][n] = (parity != 0 ? theirs | mine << 16 : mine | theirs << 16) >> parity;
+        }
+}
+
+/// Whether accumulator element e of tile (mt, nt) of S^T survives dropout (dropout_keep_bits()).
+/// The loops that call it are unrolled: the word and the shift are constants.
+template <size_t M, size_t N>
+__device__ __forceinline__ bool dropout_kept(const uint32_t (&keep)[M][N], int mt, int nt, int e) {
+    return (keep[mt / 2][nt / 2] >> (16 * (e % 2) + 8 * (nt % 2) + 4 * (mt % 2) + 2 * (e / 2))) & 1u;
+}
+//! [tiled_dropout]
+
 //! [tiled_sdp]
 /// S^T, P^T, dP^T and dS^T for this warp's keys and Bn query columns from `c0` of query block
 /// `q0`; P^T and dS^T stored, rounded to T, into the shared [Bc, Br] tiles. WithPtInRegisters:
 /// only dS^T is stored, and dV_w, dK_w are updated here from the registers (dkdv_from_registers).
 /// kMask: compare every (key, query) pair with the causal diagonal and Nk (as process_step of the
-/// first kernel).
+/// first kernel). Dropped: the dropped P~ feeds dV, the undropped P dS (`site`: the map's b and h).
 template <class T, int D, class F, bool kMask>
 __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAccumulators<T, D, F>& dv,
                                              const uint16_t* k_tile, const uint16_t* v_tile, const uint16_t* q_tile,
                                              const uint16_t* do_tile, const float* lse_slot, const float* delta_slot,
                                              uint16_t* pt_tile, uint16_t* dst_tile, int q0, int c0, int kv0,
-                                             int key_row0, const Args<T>& a, int lane) {
+                                             int key_row0, const Args<T>& a, int lane,
+                                             [[maybe_unused]] const DropoutSite& site) {
     using S = TiledShape<T, D, F>;
     using LP = TileLayout<F::kBr, true>;  // P^T and dS^T: Bc rows of Br queries
     const int g = lane / 4, t = lane % 4;
@@ -233,6 +286,16 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
             }
         }
     };
+
+    //! [model_dropout_bits]
+    // Dropout: the keep bits of the step's scores, drawn before S^T (fewer registers live).
+    [[maybe_unused]] uint32_t keep[kDropout<F> ? S::kKeyTiles / 2 : 1][kDropout<F> ? S::kNTiles / 2 : 1];
+    if constexpr (kDropout<F>) dropout_keep_bits<T, D, F>(keep, kv0 + key_row0, q0 + c0, site, a, lane);
+    // Entry e of tile (mt, nt) of P~ (or Z dP~): x / (1 - p') if kept, else 0.
+    [[maybe_unused]] const auto dropped = [&](float x, int mt, int nt, int e) {
+        return dropout_kept(keep, mt, nt, e) ? x * a.dropout_keep_scale : 0.0f;
+    };
+    //! [model_dropout_bits]
 
     float s[S::kKeyTiles][S::kNTiles][4];
     product(s, k_a, q_b);
@@ -287,20 +350,39 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
             }
     }
     // P^T into shared memory (16-bit) for dV; the float32 P^T stays in registers for dS^T.
+    // Dropped: dV takes P~^T, the dropped and scaled P^T.
     if constexpr (!kPtInRegisters<F>) {
+        const auto pt = [&](int mt, int nt, int e) {
+            if constexpr (kDropout<F>) {
+                return dropped(s[mt][nt][e], mt, nt, e);
+            } else {
+                return s[mt][nt][e];
+            }
+        };
 #pragma unroll
         for (int mt = 0; mt < S::kKeyTiles; ++mt)
 #pragma unroll
             for (int nt = 0; nt < S::kNTiles; ++nt) {
                 const int r = key_row0 + 16 * mt + g, c = c0 + nt * 8 + 2 * t;
-                *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r, c)) = pack2<T>(s[mt][nt][0], s[mt][nt][1]);
-                *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r + 8, c)) = pack2<T>(s[mt][nt][2], s[mt][nt][3]);
+                *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r, c)) = pack2<T>(pt(mt, nt, 0), pt(mt, nt, 1));
+                *reinterpret_cast<uint32_t*>(pt_tile + LP::offset(r + 8, c)) = pack2<T>(pt(mt, nt, 2), pt(mt, nt, 3));
             }
     }
 
     if constexpr (kDpColumns<F> == F::kBn) {  // dP^T of the whole step at once
         float dp[S::kKeyTiles][S::kNTiles][4];
         product(dp, v_a, do_b);
+        //! [model_dropout_ds]
+        // Dropped: the product is dP~^T = (dO V^T)^T; dS takes dP = dP~ o Z, and P (not P~).
+        if constexpr (kDropout<F>) {
+#pragma unroll
+            for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) dp[mt][nt][e] = dropped(dp[mt][nt][e], mt, nt, e);
+        }
+        //! [model_dropout_ds]
         // dS^T = P^T o (dP^T - D), from the float32 P^T still in registers, rounded to T: one
         // register per key row and pair of queries, stored as it is (and, WithPtInRegisters, the
         // A fragments of dK's product).
@@ -325,13 +407,25 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
                 *reinterpret_cast<uint32_t*>(dst_tile + LP::offset(r + 8, c)) = ds[mt][nt][1];
             }
         }
+        if constexpr (kPtInRegisters<F> && kDropout<F>) {
+            //! [model_dropout_pt_registers]
+            // Dropped, P^T in registers: dS^T is formed, so the registers of P^T now take P~^T for dV.
+#pragma unroll
+            for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < S::kNTiles; ++nt)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[mt][nt][e] = dropped(s[mt][nt][e], mt, nt, e);
+            //! [model_dropout_pt_registers]
+        }
         if constexpr (kPtInRegisters<F>) dkdv_from_registers<T, D, F>(dk, dv, s, ds, q_tile, do_tile, c0, lane);
     } else {
         //! [tiled_dp_pieces]
         // dP^T and dS^T kDpColumns query columns at a time: the float32 P^T of the whole step stays
         // in registers, but only one piece of dP^T beside it. Each piece reads the V_w fragments
         // again (the price: Bn / kDpColumns times the A loads of dP^T).
-        static_assert(!kSoftcap<F>, "stage 10's soft cap runs on the default main kernel, whose dP^T is not in pieces");
+        static_assert(!kSoftcap<F> && !kDropout<F>,
+                      "stage 10's soft cap and dropout run on the default main kernel, whose dP^T is not in pieces");
         constexpr int kPieceTiles = kDpColumns<F> / 8;  // 8-query column tiles per piece
 #pragma unroll
         for (int piece = 0; piece < S::kNTiles / kPieceTiles; ++piece) {
@@ -533,15 +627,22 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
         const float* lse_slot = lse_ring + slot * F::kBr;
         const float* delta_slot = delta_ring + slot * F::kBr;
         const bool mask = detail::needs_mask<F>(a, q0, w.kv0);
+        // Dropped: the map's b (a packed block's sequence, from the schedule; its `a` is a batch
+        // of one) and h, the query head `w` is on now.
+        detail::DropoutSite site{};
+        if constexpr (kDropout<F>) {
+            site.sequence = uint32_t(kPacked<F> ? a.kv_schedule[2 * int(blockIdx.x % unsigned(a.schedule_entries))] : w.b);
+            site.head = uint32_t(w.bh % a.heads);
+        }
 #pragma unroll 1
         for (int step = 0; step < S::kSteps; ++step) {
             const int c0 = query_col0 + step * F::kBn;
             if (mask) {
                 detail::tiled_scores<T, D, F, true>(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot,
-                                                    pt_tile, dst_tile, q0, c0, w.kv0, key_row0, a, lane);
+                                                    pt_tile, dst_tile, q0, c0, w.kv0, key_row0, a, lane, site);
             } else {
                 detail::tiled_scores<T, D, F, false>(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot,
-                                                     pt_tile, dst_tile, q0, c0, w.kv0, key_row0, a, lane);
+                                                     pt_tile, dst_tile, q0, c0, w.kv0, key_row0, a, lane, site);
             }
         }
         __syncthreads();  // all of P^T and dS^T stored before any warp reads another warp's piece

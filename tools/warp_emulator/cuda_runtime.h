@@ -42,6 +42,7 @@ struct Warp {
     uint32_t a[2][32][4];
     uint32_t b[2][32][2];
     float f[2][32];
+    uint32_t u[2][32];
 };
 struct Copy { uint32_t dst; const void* src; bool valid; };  // one cp.async
 /// One CUDA thread: its fiber, and what a CUDA thread keeps for itself.
@@ -72,13 +73,19 @@ inline void __nanosleep(unsigned) {
     std::fprintf(stderr, "emulator: a block waits for a block that runs after it\n");
     std::abort();
 }
-inline float __shfl_xor_sync(unsigned, float v, int offset) {
-    emu::Thread& t = *emu::self();
-    const int p = emu::next();
-    t.w->f[p][t.lane] = v;
-    emu::fibers::arrive_and_wait(t.w->bar);
-    return t.w->f[p][t.lane ^ offset];
+namespace emu {
+/// A shuffle: `v` through this warp's `slots` (Warp::f or Warp::u), lane ^ offset's value back.
+template <class V>
+V shuffle_xor(V v, int offset, V (Warp::*slots)[2][32]) {
+    Thread& t = *self();
+    const int p = next();
+    (t.w->*slots)[p][t.lane] = v;
+    fibers::arrive_and_wait(t.w->bar);
+    return (t.w->*slots)[p][t.lane ^ offset];
 }
+}  // namespace emu
+inline float __shfl_xor_sync(unsigned, float v, int offset) { return emu::shuffle_xor(v, offset, &emu::Warp::f); }
+inline unsigned __shfl_xor_sync(unsigned, unsigned v, int offset) { return emu::shuffle_xor(v, offset, &emu::Warp::u); }
 inline int atomicAdd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_add(v); }
 inline float atomicAdd(float* p, float v) { return std::atomic_ref<float>(*p).fetch_add(v); }
 inline float2 __ldcg(const float2* p) { return *p; }
