@@ -466,6 +466,10 @@ TEST_CASE("stage 09 with stage 10's switches matches the float64 gradients, dete
         {32, bf16, 1, 2, 1, 900, 900, false, Window{-1, 40}, 0.0, 0.17, true},     // a right bound only
         {128, bf16, 2, 4, 1, 1024, 1024, true, Window::full(), 30.0, 0.088, true, InputKind::Large},  // the soft cap, MQA
         {64, fp16, 1, 4, 2, 600, 800, false, Window{128, 64}, 10.0, -0.5, true},  // the cap with a window, scale < 0
+        // the causal mask said as the window (-1, 0), not as causal, with no other switch: the plain call, causal
+        {64, bf16, 2, 4, 4, 300, 500, false, Window{-1, 0}, 0.0, 0.125, true},
+        // a window that a short sequence turns into the causal mask (its left bound reaches past the keys)
+        {128, fp16, 1, 2, 2, 3, 3, false, Window{40, 0}, 0.0, 0.088, true},
     };
     cases.insert(cases.end(), large.begin(), large.end());
     for (const test::ModelCase& c : cases) check_model_case(c);
