@@ -26,7 +26,8 @@
 #              (default: all six), SANITIZE_TOOLS="memcheck racecheck" tools; 07m adds stage 07's
 #              kernels with stage 10's switches, through test_stage07's cases of them: packed
 #              batches, grouped heads, windows, the soft cap, dropout; 09m stage 09's through
-#              test_stage09's: grouped heads, windows, the soft cap, packed batches)
+#              test_stage09's: grouped heads, windows, the soft cap, packed batches, dropout;
+#              SANITIZE09M_CASES="-tc=..." other filters)
 #   ceiling    mma_ceiling: mma.sync bf16/fp16, ex2.approx, fp32 FMA peak rates; wgmma_ceiling:
 #              dense wgmma bf16/fp16 (on a Hopper GPU)
 #   road05     stage 05, every step of its road (float32), d 64/128, N 1024/4096, non-causal, each
@@ -341,7 +342,9 @@ step_sanitize() {
             06) exe=$STAGE06 cases=("${sanitize_cases[@]}") ;;
             07) exe=$STAGE07 cases=("${sanitize_cases07[@]}") ;;
             07m) exe=$BUILD/tests/test_stage07 cases=("${sanitize_cases07m[@]}") ;;
-            09m) exe=$BUILD/tests/test_stage09 cases=("${sanitize_cases09m[@]}") ;;
+            09m) exe=$BUILD/tests/test_stage09 cases=("${sanitize_cases09m[@]}")
+                # shellcheck disable=SC2206  # a list of doctest filters without spaces
+                [ -n "${SANITIZE09M_CASES:-}" ] && cases=($SANITIZE09M_CASES) ;;
             09) exe=$STAGE09 cases=()
                 local c
                 local s9
