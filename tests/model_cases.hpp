@@ -130,79 +130,15 @@ inline VarlenProblem packed_problem(const ModelCase& c) {
     return vp;
 }
 
-// The naive attention in `prec`, as naive_attention_emulated() (fa/reference.hpp) computes it,
-// with the grouped heads, the window, the soft cap and dropout: inputs rounded, S summed in float32
-// and scaled (then capped), P normalized in float32 (dropped entries zeroed, kept ones scaled by
-// 1/(1-p')) and rounded, O summed in float32 and rounded.
-// o in the packed order (total_q, Hq, d), lse (Hq, total_q), as reference_attention_varlen().
+// The naive attention in `prec` with the grouped heads, the window, the soft cap and dropout
+// (fa::naive_attention_varlen_emulated()): o in the packed order (total_q, Hq, d), lse (Hq, total_q).
 inline EmulatedAttention naive_model_emulated(Precision prec, const VarlenProblem& vp, const Inputs& in) {
-    const int64_t d = vp.head_dim, hq = vp.heads_q, hk = vp.heads_k;
-    const float scale = float(vp.softmax_scale()), cap = float(vp.softcap);
-    EmulatedAttention out{std::vector<float>(size_t(vp.total_q * hq * d)), std::vector<float>(size_t(hq * vp.total_q))};
-    const auto rounded = [&](const HostTensor& t) {
-        std::vector<float> r(t.storage.size());
-        for (size_t i = 0; i < r.size(); ++i) r[i] = round_to(prec, t.storage[i]);
-        return r;
-    };
-    const std::vector<float> q = rounded(in.q), k = rounded(in.k), v = rounded(in.v);  // packed (total, H, d)
-    const float keep_scale = float(dropout_keep_scale(vp.dropout.p));
-    for (int64_t b = 0; b < vp.batch(); ++b) {
-        const int64_t nq = vp.seq_q(b), nk = vp.seq_k(b), q0 = vp.cu_seqlens_q[size_t(b)], k0 = vp.cu_seqlens_k[size_t(b)];
-        for (int64_t h = 0; h < hq; ++h) {
-            const int64_t g = vp.kv_head(h);
-            for (int64_t i = 0; i < nq; ++i) {
-                const KeyRange r = visible_key_range(i, nq, nk, vp.window);
-                const int64_t t = q0 + i;
-                float* o_row = &out.o[size_t((t * hq + h) * d)];
-                if (r.empty()) {
-                    out.lse[size_t(h * vp.total_q + t)] = -std::numeric_limits<float>::infinity();
-                    std::fill(o_row, o_row + d, 0.0f);
-                    continue;
-                }
-                std::vector<float> s(size_t(r.size()));
-                for (int64_t j = r.begin; j < r.end; ++j) {
-                    float acc = 0.0f;
-                    for (int64_t x = 0; x < d; ++x) acc += q[size_t((t * hq + h) * d + x)] * k[size_t(((k0 + j) * hk + g) * d + x)];
-                    acc *= scale;
-                    s[size_t(j - r.begin)] = cap > 0.0f ? cap * std::tanh(acc / cap) : acc;
-                }
-                const float m = *std::max_element(s.begin(), s.end());
-                float l = 0.0f;
-                for (float& e : s) l += (e = std::exp(e - m));
-                std::vector<float> o(size_t(d), 0.0f);
-                for (int64_t j = r.begin; j < r.end; ++j) {
-                    const bool kept = !vp.dropout.enabled() || dropout_keep(vp.dropout.seed, vp.dropout.offset, uint32_t(b),
-                                                                            uint32_t(h), uint32_t(i), uint32_t(j), vp.dropout.p);
-                    const float p = kept ? round_to(prec, s[size_t(j - r.begin)] / l * keep_scale) : 0.0f;
-                    for (int64_t x = 0; x < d; ++x) o[size_t(x)] += p * v[size_t(((k0 + j) * hk + g) * d + x)];
-                }
-                for (int64_t x = 0; x < d; ++x) o_row[x] = round_to(prec, o[size_t(x)]);
-                out.lse[size_t(h * vp.total_q + t)] = m + std::log(l);
-            }
-        }
-    }
-    return out;
+    return naive_attention_varlen_emulated(prec, vp, in.q.cview(), in.k.cview(), in.v.cview());
 }
 
-// InputStats of the packed inputs (fa/tolerance.hpp): the score bound over every query head and
-// the key/value head it reads, the largest |v|, d and the longest key sequence.
+// InputStats of the packed inputs (fa::input_stats_varlen()).
 inline InputStats packed_stats(const VarlenProblem& vp, const Inputs& in) {
-    const int64_t d = vp.head_dim;
-    const auto max_norm = [&](const HostTensor& t) {
-        double m = 0.0;
-        for (size_t row = 0; row * size_t(d) < t.storage.size(); ++row) {
-            double n = 0.0;
-            for (int64_t x = 0; x < d; ++x) n += double(t.storage[row * size_t(d) + size_t(x)]) * t.storage[row * size_t(d) + size_t(x)];
-            m = std::max(m, std::sqrt(n));
-        }
-        return m;
-    };
-    InputStats s;
-    s.score_bound = std::fabs(vp.softmax_scale()) * max_norm(in.q) * max_norm(in.k);
-    for (float x : in.v.storage) s.max_abs_v = std::max(s.max_abs_v, double(std::fabs(x)));
-    s.head_dim = d;
-    s.seq_k = vp.max_seq_k();
-    return s;
+    return input_stats_varlen(vp, in.q.cview(), in.k.cview(), in.v.cview());
 }
 
 /// The inputs rounded to the case's precision, in the packed order (total, H, d): what the stage
