@@ -15,6 +15,7 @@
 #include "fa/cuda/buffer.hpp"
 #include "fa/cuda/check.hpp"
 #include "model_cases.hpp"
+#include "gpu_support.hpp"
 #include "support.hpp"
 
 using namespace fa;
@@ -41,14 +42,7 @@ void check_case(const test::Case& c, DType dtype, int step = -1) {
                       c.name() + " dtype=" + cuda::to_string(dtype) + " step=" + std::to_string(step) + " vs float64");
 }
 
-float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-float to_float(__half x) { return __half2float(x); }
-template <class T>
-T from_float(float x);
-template <>
-__nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__half from_float<__half>(float x) { return __float2half(x); }
+using test::to_float;
 
 // A case of tests/model_cases.hpp through stage07::attention_device with its ModelOptions, in T:
 // packed (total, H, d) buffers on the device read as (B, H, N, d) views, as a packed batch of equal
@@ -56,13 +50,7 @@ __half from_float<__half>(float x) { return __float2half(x); }
 template <class T>
 std::optional<bool> run_model_on_gpu(const test::ModelCase& c, const test::RoundedInputs& in, std::vector<float>& o,
                                      std::vector<float>& lse) {
-    const auto to_device = [](const std::vector<float>& x) {
-        std::vector<T> h(x.size());
-        for (size_t i = 0; i < x.size(); ++i) h[i] = from_float<T>(x[i]);
-        cuda::DeviceBuffer<T> d(x.size());
-        d.copy_from_host(h.data(), h.size());
-        return d;
-    };
+    const auto to_device = [](const std::vector<float>& x) { return test::to_device<T>(x); };
     const cuda::DeviceBuffer<T> q = to_device(in.q), k = to_device(in.k), v = to_device(in.v);
     cuda::DeviceBuffer<T> od(o.size());
     cuda::DeviceBuffer<float> ld(lse.size());
@@ -95,20 +83,9 @@ std::optional<bool> run_model_case(const test::ModelCase& c, const test::Rounded
 template <class T>
 std::optional<bool> run_varlen_on_gpu(const VarlenProblem& vp, const stage07::MaxSeqlens& max, const test::RoundedInputs& in,
                                       std::vector<float>& o, std::vector<float>& lse) {
-    const auto to_device = [](const std::vector<float>& x) {
-        std::vector<T> h(x.size());
-        for (size_t i = 0; i < x.size(); ++i) h[i] = from_float<T>(x[i]);
-        cuda::DeviceBuffer<T> d(x.size());
-        if (!h.empty()) d.copy_from_host(h.data(), h.size());
-        return d;
-    };
-    const auto ints_to_device = [](const std::vector<int32_t>& x) {
-        cuda::DeviceBuffer<int32_t> d(x.size());
-        d.copy_from_host(x.data(), x.size());
-        return d;
-    };
+    const auto to_device = [](const std::vector<float>& x) { return test::to_device<T>(x); };
     const cuda::DeviceBuffer<T> q = to_device(in.q), k = to_device(in.k), v = to_device(in.v);
-    const cuda::DeviceBuffer<int32_t> cu_q = ints_to_device(vp.cu_seqlens_q), cu_k = ints_to_device(vp.cu_seqlens_k);
+    const cuda::DeviceBuffer<int32_t> cu_q = test::ints_to_device(vp.cu_seqlens_q), cu_k = test::ints_to_device(vp.cu_seqlens_k);
     cuda::DeviceBuffer<int32_t> schedule(size_t(stage07::varlen_schedule_ints(vp)));
     cuda::DeviceBuffer<T> od(o.size());
     cuda::DeviceBuffer<float> ld(lse.size());

@@ -22,6 +22,7 @@
 #include "fa/reference_backward.hpp"
 #include "fa/tolerance.hpp"
 #include "backward_model_cases.hpp"
+#include "gpu_support.hpp"
 #include "support.hpp"
 
 using namespace fa;
@@ -357,14 +358,7 @@ TEST_CASE("stage 09 refuses what it cannot do, naming the option and what is all
 
 namespace {
 
-float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-float to_float(__half x) { return __half2float(x); }
-template <class T>
-T from_float(float x);
-template <>
-__nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <>
-__half from_float<__half>(float x) { return __float2half(x); }
+using test::to_float;
 
 // A case of tests/backward_model_cases.hpp through stage09::attention_backward_device with its
 // ModelOptions, in T: the packed (total, H, d) buffers of BackwardModelData on the device, read as
@@ -374,13 +368,7 @@ template <class T>
 test::ModelGradients run_model_on_gpu(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k,
                                       const std::vector<float>& v, const std::vector<float>& o,
                                       const std::vector<float>& lse, const std::vector<float>& dout, bool deterministic) {
-    const auto to_device = [](const std::vector<float>& x) {
-        std::vector<T> h(x.size());
-        for (size_t i = 0; i < x.size(); ++i) h[i] = from_float<T>(x[i]);
-        cuda::DeviceBuffer<T> d(x.size());
-        d.copy_from_host(h.data(), h.size());
-        return d;
-    };
+    const auto to_device = [](const std::vector<float>& x) { return test::to_device<T>(x); };
     const cuda::DeviceBuffer<T> qd = to_device(q), kd = to_device(k), vd = to_device(v), od = to_device(o), dod = to_device(dout);
     cuda::DeviceBuffer<T> dqd(q.size()), dkd(k.size()), dvd(v.size());
     for (cuda::DeviceBuffer<T>* b : {&dqd, &dkd, &dvd}) FA_CUDA_CHECK(cudaMemset(b->data(), 0xff, b->bytes()));
@@ -512,18 +500,7 @@ template <class T>
 test::ModelGradients run_varlen_on_gpu(const test::BackwardModelData& data, const stage09::MaxSeqlens& max,
                                        bool deterministic) {
     const VarlenProblem& vp = data.vp;
-    const auto to_device = [](const std::vector<float>& x) {
-        std::vector<T> h(x.size());
-        for (size_t i = 0; i < x.size(); ++i) h[i] = from_float<T>(x[i]);
-        cuda::DeviceBuffer<T> d(x.size());
-        if (!h.empty()) d.copy_from_host(h.data(), h.size());
-        return d;
-    };
-    const auto ints_to_device = [](const std::vector<int32_t>& x) {
-        cuda::DeviceBuffer<int32_t> d(x.size());
-        d.copy_from_host(x.data(), x.size());
-        return d;
-    };
+    const auto to_device = [](const std::vector<float>& x) { return test::to_device<T>(x); };
     const cuda::DeviceBuffer<T> qd = to_device(data.q), kd = to_device(data.k), vd = to_device(data.v),
                                 od = to_device(data.o), dod = to_device(data.dout);
     cuda::DeviceBuffer<T> dqd(data.q.size()), dkd(data.k.size()), dvd(data.v.size());
@@ -531,7 +508,7 @@ test::ModelGradients run_varlen_on_gpu(const test::BackwardModelData& data, cons
         if (b->bytes() > 0) FA_CUDA_CHECK(cudaMemset(b->data(), 0xff, b->bytes()));
     cuda::DeviceBuffer<float> lsed(data.lse.size());
     if (!data.lse.empty()) lsed.copy_from_host(data.lse.data(), data.lse.size());
-    const cuda::DeviceBuffer<int32_t> cu_q = ints_to_device(vp.cu_seqlens_q), cu_k = ints_to_device(vp.cu_seqlens_k);
+    const cuda::DeviceBuffer<int32_t> cu_q = test::ints_to_device(vp.cu_seqlens_q), cu_k = test::ints_to_device(vp.cu_seqlens_k);
     cuda::DeviceBuffer<int32_t> schedule(size_t(std::max<int64_t>(1, stage09::varlen_backward_schedule_ints(vp))));
     const int64_t d = vp.head_dim;
     const auto in = [&](const cuda::DeviceBuffer<T>& x, int64_t total, int64_t heads) {
@@ -619,13 +596,7 @@ std::vector<float> probe_forward(const test::DropoutProbe& probe, int part, bool
     using T = __nv_bfloat16;
     const VarlenProblem& vp = probe.vp;
     const int64_t d = vp.head_dim;
-    const auto to_device = [](const std::vector<float>& x) {
-        std::vector<T> h(x.size());
-        for (size_t i = 0; i < x.size(); ++i) h[i] = from_float<T>(x[i]);
-        cuda::DeviceBuffer<T> buf(x.size());
-        buf.copy_from_host(h.data(), h.size());
-        return buf;
-    };
+    const auto to_device = [](const std::vector<float>& x) { return test::to_device<T>(x); };
     const cuda::DeviceBuffer<T> qd = to_device(probe.q), kd = to_device(probe.k), vd = to_device(probe.v(part));
     cuda::DeviceBuffer<T> od(probe.q.size());
     FA_CUDA_CHECK(cudaMemset(od.data(), 0xff, od.bytes()));
