@@ -90,6 +90,9 @@
 #              (NCU09_STEPS): ncu_stage09_step2_d128, ncu_stage09_step3_d128
 #   ncu09at    Nsight Compute on stage 09's warp-tiled kernel at each step:d of NCU09_AT (default
 #              "2:64 4:64 5:64"), bf16, N 4096, non-causal: ncu_stage09_step<s>_d<d>
+#   ncudrop    Nsight Compute on dropout's price: stage 07's forward and stage 09's backward, causal,
+#              bf16, N 4096, d NCUDROP_DIMS (default "64 128"), p 0 and 0.1: ncu_stage07_dropout<p>_d<d>,
+#              ncu_stage09_dropout<p>_d<d> (pipes, issue slots, stalls)
 #   lessons    the runs the lessons of stages 05, 06, 07, 09 and 10 show
 #
 # Run from the repository root. Logs and results are written under /tmp/fa-session, then packed
@@ -140,7 +143,7 @@ build_targets() {
                     test_stage07 stage10_real_models) ;;
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts make_npy_inputs) ;;
-            road | road05 | road11 | groups11 | switches07 | stage10 | order09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncu11)
+            road | road05 | road11 | groups11 | switches07 | stage10 | order09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncu11)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -881,6 +884,47 @@ step_ncu09at() {
     done
 }
 
+# Dropout's price (stage 10): the causal kernels with p = 0 and with p = 0.1 side by side, so that
+# the extra instructions (Philox: ten rounds of two 32 x 32 -> 64-bit products per 16 scores) and
+# the pipes they load show beside the tensor pipe.
+NCUDROP_METRICS=(
+    "${NCU07_METRICS[@]}"
+    smsp__issue_active.avg.pct_of_peak_sustained_active
+    sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active
+    sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active
+    sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active
+    sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
+    sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
+    sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
+)
+
+step_ncudrop() {
+    note "ncudrop: dropout's price: stage 07's forward and stage 09's backward (atomic dQ), causal, bf16, N 4096, p 0 and 0.1"
+    local d p name model
+    for d in ${NCUDROP_DIMS:-64 128}; do
+        for p in 0 0.1; do
+            # p = 0: the plain causal kernels; p = 0.1: the Dropped instances (--model07 1/-1/0/0/0.1).
+            model=() && [ "$p" != 0 ] && model=(--model07 1/-1/0/0/$p)
+            name="ncu_stage07_dropout${p}_d$d"
+            NCU_METRICS=NCUDROP_METRICS NCU_NAME_BASE=demangled ncu_one \
+                "$KERNEL07<$([ "$p" != 0 ] && echo '.*Dropped')" "$name" --stages 07 --dtypes bf16 --sizes 4096 \
+                --head-dims "$d" --causal yes "${model[@]}"
+            record "-- stage 07 forward, d=$d, p=$p"
+            grep -E "Duration|Registers Per|Achieved Occupancy" "$RESULTS/$name.txt" | head -4 | tee -a "$LOGS/summary.txt"
+            grep -E "duration|hmma|pipe_(fma|alu|xu|lsu)|issue_active|inst_executed.sum|stalled_(math|wait|short|mio|not_selected)" \
+                "$RESULTS/${name}_metrics.txt" | tee -a "$LOGS/summary.txt"
+            name="ncu_stage09_dropout${p}_d$d"
+            NCU_METRICS=NCUDROP_METRICS NCU_NAME_BASE=demangled ncu_one \
+                "$KERNEL09_TILED<$([ "$p" != 0 ] && echo '.*Dropped').*$ATOMIC09" "$name" --stages 07 09 --dtypes bf16 \
+                --sizes 4096 --head-dims "$d" --causal yes "${model[@]}"
+            record "-- stage 09 backward, d=$d, p=$p"
+            grep -E "Duration|Registers Per|Achieved Occupancy" "$RESULTS/$name.txt" | head -4 | tee -a "$LOGS/summary.txt"
+            grep -E "duration|hmma|pipe_(fma|alu|xu|lsu)|issue_active|inst_executed.sum|stalled_(math|wait|short|mio|not_selected)" \
+                "$RESULTS/${name}_metrics.txt" | tee -a "$LOGS/summary.txt"
+        done
+    done
+}
+
 # What explains each step of stage 05's road: DRAM and L2 traffic, global-load efficiency,
 # shared-memory wavefronts and bank conflicts, occupancy, registers, instructions, stalls.
 NCU05ROAD_METRICS=(
@@ -966,7 +1010,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 order09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 order09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncu11 lessons"
         status=2
         continue
     fi
