@@ -898,6 +898,37 @@ NCUDROP_METRICS=(
     sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
 )
 
+# Dropout's price in one table, from the ncudrop step's counters: per kernel and d, p 0 against
+# p 0.1: the kernel's time, warp instructions, thread instructions per visible score (B H N^2 / 2
+# scores at N 4096, causal: the problem bench_gpu times, B N = 16384 and H d = 2048), issue slots
+# used, the tensor and ALU pipes, and local-memory (spill) bytes read.
+dropout_price_table() {
+    local dir=$1 k d p f
+    printf '%-18s %4s %4s %10s %14s %14s %8s %8s %8s %12s\n' kernel d p time_us warp_inst inst_per_score issue% tensor% alu% local_ld_MB
+    for k in stage07 stage09; do
+        for d in 64 128; do
+            for p in 0 0.1; do
+                f="$dir/ncu_${k}_dropout${p}_d${d}_metrics.txt"
+                [ -f "$f" ] || continue
+                awk -v k="$k" -v d="$d" -v p="$p" '
+                    function num(s) { gsub(",", "", s); return s + 0 }
+                    function scaled(unit, v) { return unit == "ms" ? v * 1000 : unit == "s" ? v * 1e6 : v }
+                    function mb(unit, v) { return unit == "Gbyte" ? v * 1000 : unit == "Kbyte" ? v / 1000 : unit == "byte" ? v / 1e6 : v }
+                    /gpu__time_duration.sum/ { t = scaled($(NF-1), num($NF)) }
+                    /smsp__inst_executed.sum/ { inst = num($NF) }
+                    /smsp__issue_active.avg.pct/ { issue = num($NF) }
+                    /hmma_cycles_active/ { tc = num($NF) }
+                    /sm__pipe_alu_cycles_active/ { alu = num($NF) }
+                    /local_op_ld.sum/ { lmem = NF == 3 ? mb($(NF-1), num($NF)) : num($NF) / 1e6 }
+                    END {
+                        scores = 4 * (2048 / d) * 4096 * 4096 / 2
+                        printf "%-18s %4d %4s %10.0f %14.0f %14.1f %8.1f %8.1f %8.1f %12.0f\n", k, d, p, t, inst, 32 * inst / scores, issue, tc, alu, lmem
+                    }' "$f"
+            done
+        done
+    done
+}
+
 step_ncudrop() {
     note "ncudrop: dropout's price: stage 07's forward and stage 09's backward (atomic dQ), causal, bf16, N 4096, p 0 and 0.1"
     local d p name model
@@ -923,6 +954,11 @@ step_ncudrop() {
                 "$RESULTS/${name}_metrics.txt" | tee -a "$LOGS/summary.txt"
         done
     done
+    {
+        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): dropout's price in Nsight Compute (gpu_session.sh ncudrop), bf16, causal, B 4, N 4096, H d = 2048, one launch each"
+        dropout_price_table "$RESULTS"
+    } >"$RESULTS/dropout_price.txt"
+    tee -a "$LOGS/summary.txt" <"$RESULTS/dropout_price.txt"
 }
 
 # What explains each step of stage 05's road: DRAM and L2 traffic, global-load efficiency,
