@@ -566,13 +566,26 @@ def shape_text(key):
     return ", ".join(parts)
 
 
-def verdict(ratios, ok, worst_is_max):
+def verdict(ratios, ok, worst_is_max, what="shapes"):
     """'met', or 'not met at K of M shapes (worst: ...)'."""
     failing = [(key, r) for key, r in ratios if not ok(r)]
     if not failing:
         return "met"
     key, r = (max if worst_is_max else min)(failing, key=lambda kr: kr[1])
-    return f"**not met** at {len(failing)} of {len(ratios)} shapes (worst {fmt_num(r)} at {shape_text(key)})"
+    return f"**not met** at {len(failing)} of {len(ratios)} {what} (worst {fmt_num(r)} at {shape_text(key)})"
+
+
+def target_row(label, goal, ratios, ok, worst_is_max=False, unit="×", what="shapes"):
+    """A row of a targets table: the span and median of `ratios` ((key, ratio) pairs) and the verdict."""
+    lo, med, hi = ratio_summary(ratios)
+    return (f"| {label} | {goal} | {fmt_num(lo)}{unit} to {fmt_num(hi)}{unit} (median {fmt_num(med)}{unit}, "
+            f"{len(ratios)} {what}) | {verdict(ratios, ok, worst_is_max, what)} |")
+
+
+def targets_table(lines, out):
+    """The rows of a targets table under its header, then a blank line; nothing without rows."""
+    if lines:
+        out.extend(["| target | goal | measured | verdict |", "|---|---|---|---|", *lines, ""])
 
 
 def gpu_targets(rows, out, anchor, level):
@@ -589,10 +602,8 @@ def gpu_targets(rows, out, anchor, level):
             if full and full["median_ms"] > 0:
                 ratios.append(((dtype, n, d), r["median_ms"] / full["median_ms"]))
     if ratios:
-        lo, med, hi = ratio_summary(ratios)
-        lines.append(f"| {impl_ref('stage06')}: causal time / non-causal time, N ≥ 4096 | ≤ 0.55 | "
-                     f"{fmt_num(lo)} to {fmt_num(hi)} (median {fmt_num(med)}, {len(ratios)} shapes) | "
-                     f"{verdict(ratios, lambda r: r <= 0.55, True)} |")
+        lines.append(target_row(f"{impl_ref('stage06')}: causal time / non-causal time, N ≥ 4096", "≤ 0.55", ratios,
+                                lambda r: r <= 0.55, True, unit=""))
 
     # Stages 05/06 in fp32: TFLOP/s / SDPA efficient's, target >= 0.5.
     for stage in ("stage05", "stage06"):
@@ -603,10 +614,8 @@ def gpu_targets(rows, out, anchor, level):
                 if ref and ref["tflops"] > 0:
                     ratios.append(((n, d, causal), r["tflops"] / ref["tflops"]))
         if ratios:
-            lo, med, hi = ratio_summary(ratios)
-            lines.append(f"| {impl_ref(stage)} fp32 / SDPA efficient fp32 | ≥ 0.5× | {fmt_num(lo)}× to "
-                         f"{fmt_num(hi)}× (median {fmt_num(med)}×, {len(ratios)} shapes) | "
-                         f"{verdict(ratios, lambda r: r >= 0.5, False)} |")
+            lines.append(target_row(f"{impl_ref(stage)} fp32 / SDPA efficient fp32", "≥ 0.5×", ratios,
+                                    lambda r: r >= 0.5))
             failing = [key for key, r in ratios if r < 0.5]
             if stage == "stage05" and failing and all(key[-1] is True for key in failing):
                 after.append("Stage 05 misses the fp32 target only on causal shapes: it still computes the key "
@@ -622,9 +631,7 @@ def gpu_targets(rows, out, anchor, level):
                 if ref and ref["tflops"] > 0:
                     ratios.append(((dtype, n, d, causal), r["tflops"] / ref["tflops"]))
         if ratios:
-            lo, med, hi = ratio_summary(ratios)
-            lines.append(f"| {impl_ref(stage)} bf16/fp16 / SDPA flash | ≥ 1.0× | {fmt_num(lo)}× to {fmt_num(hi)}× "
-                         f"(median {fmt_num(med)}×, {len(ratios)} shapes) | {verdict(ratios, lambda r: r >= 1.0, False)} |")
+            lines.append(target_row(f"{impl_ref(stage)} bf16/fp16 / SDPA flash", "≥ 1.0×", ratios, lambda r: r >= 1.0))
 
     w(f"{level} Targets {{#{anchor}}}")
     w("")
@@ -634,10 +641,7 @@ def gpu_targets(rows, out, anchor, level):
           "bf16/fp16).")
         w("")
         return
-    w("| target | goal | measured | verdict |")
-    w("|---|---|---|---|")
-    out.extend(lines)
-    w("")
+    targets_table(lines, out)
     for line in after:
         w(line)
         w("")
@@ -1000,12 +1004,8 @@ def stage11_ratios(side, dtypes, wgmma, out):
     w("Bold: below SDPA cuDNN, the course's target for stage 11 (≥ 1.0×).")
     w("")
     if ratios:
-        lo, med, hi = ratio_summary(ratios)
-        w("| target | goal | measured | verdict |")
-        w("|---|---|---|---|")
-        w(f"| {impl_ref('stage11')} {'/'.join(dtypes)} / SDPA cuDNN | ≥ 1.0× | {fmt_num(lo)}× to {fmt_num(hi)}× "
-          f"(median {fmt_num(med)}×, {len(ratios)} shapes) | {verdict(ratios, lambda r: r >= 1.0, False)} |")
-        w("")
+        targets_table([target_row(f"{impl_ref('stage11')} {'/'.join(dtypes)} / SDPA cuDNN", "≥ 1.0×", ratios,
+                                  lambda r: r >= 1.0)], out)
 
 
 def road11_section(road, images, out, plots_made):
@@ -1238,7 +1238,8 @@ def ratio_cell(r, bold_below=None):
     if bold_below is not None and r["value"] < bold_below:
         text = f"**{text}**"
     if r["lo"] is not None and r["hi"] is not None:
-        text += f" [{fmt_num(r['lo'])}–{fmt_num(r['hi'])}]"
+        # A word joiner after the dash: a narrow column breaks the cell before the span, not inside it.
+        text += f" [{fmt_num(r['lo'])}–\u2060{fmt_num(r['hi'])}]"
     return text
 
 
@@ -1278,7 +1279,7 @@ def refused_text(rows):
         return ""
     return ("SDPA has no kernel for " + "; ".join(f"{name} ({', '.join(p for p in PASSES if p in ps)})"
                                                    for name, ps in cases.items())
-            + ": – in the tables (`stage10.csv` keeps PyTorch's reason in its `note` column).")
+            + "; `stage10.csv` keeps PyTorch's reason in its `note` column.")
 
 
 def style_groups(ax, labels):
@@ -1568,7 +1569,7 @@ def stage10_packed(rows, images, out, plots_made):
                                  if sdpa_backend(o)[1] in STAGE10_LAYOUTS else len(STAGE10_LAYOUTS)))
     for o in sdpa:
         b, layout = sdpa_backend(o)
-        cols.append(("vs_sdpa", "varlen", o, f"ours / {SDPA_NAMES.get(b, b)} {STAGE10_LAYOUTS.get(layout, layout)}", 1.0))
+        cols.append(("vs_sdpa", "varlen", o, f"{SDPA_NAMES.get(b, b)} {STAGE10_LAYOUTS.get(layout, layout)}", 1.0))
     idx = {(r["kind"], r["variant"], r["other"], r["pass"], r["dtype"], r["d"], r["N"]): r for r in timed}
     cols = [c for c in cols if any(k[:3] == c[:3] for k in idx)]
     passes = passes_of(timed)
@@ -1604,22 +1605,36 @@ def stage10_packed(rows, images, out, plots_made):
         w(f'\\image html {name} "TFLOP/s of the packed batch beside the dense kernel and SDPA\'s nested and padded '
           'batches, per pass"')
         w("")
-    w("| dtype | d | tokens | sequences | H | pass | ours packed TFLOP/s | " + " | ".join(c[3] for c in cols) + " |")
-    w("|---|---:|---:|---:|---:|---|---:|" + "---:|" * len(cols))
-    for t, d, n, b, h in shapes:
-        for pass_ in passes:
-            rs = [idx.get((c[0], c[1], c[2], pass_, t, d, n)) for c in cols]
-            rate = next((r["ours_tflops"] for r in rs if r and r["variant"] == "varlen" and r["ours_tflops"]), None)
-            cells = [ratio_cell(r, c[4]) for r, c in zip(rs, cols)]
-            w(f"| {t} | {d} | {n} | {b} | {h} | {pass_} | {fmt_num(rate)} | " + " | ".join(cells) + " |")
-    w("")
+    # Two tables: the packed kernel against the dense one, then against SDPA.
+    for part, caption, head in (
+            ("vs_dense", "Ours: the packed batch's rate over the dense kernel's on the uniform batch.",
+             "| dtype | d | H | pass | ours packed TFLOP/s | "),
+            ("vs_sdpa", "Ours / SDPA by rate, the packed batch against SDPA's nested and padded ones.",
+             "| dtype | d | pass | ")):
+        pcols = [c for c in cols if c[0] == part]
+        if not pcols:
+            continue
+        w(caption)
+        w("")
+        w(head + " | ".join(c[3] for c in pcols) + " |")
+        w("|---|---:|" + ("---:|---|---:|" if part == "vs_dense" else "---|") + "---:|" * len(pcols))
+        for t, d, n, b, h in shapes:
+            for pass_ in passes:
+                rs = [idx.get((c[0], c[1], c[2], pass_, t, d, n)) for c in pcols]
+                cells = " | ".join(ratio_cell(r, c[4]) for r, c in zip(rs, pcols))
+                if part == "vs_dense":
+                    rate = next((r["ours_tflops"] for r in rs if r and r["variant"] == "varlen"), None)
+                    w(f"| {t} | {d} | {h} | {pass_} | {fmt_num(rate)} | {cells} |")
+                else:
+                    w(f"| {t} | {d} | {pass_} | {cells} |")
+        w("")
     w(f"Bold: below the target ({STAGE10_PACKED_OVER_DENSE}× the dense rate) or slower than SDPA. "
       + refused_text([r for r in timed if r["kind"] == "vs_sdpa"]))
     w("")
     for c in cols:
         values = [r["value"] for k, r in idx.items() if k[:3] == c[:3] and r["value"] is not None]
         if values and c[0] == "vs_sdpa":
-            w(f"- {c[3][len('ours / '):]}: ours is {fmt_num(min(values))} to {fmt_num(max(values))} times as fast.")
+            w(f"- {c[3]}: ours is {fmt_num(min(values))} to {fmt_num(max(values))} times as fast.")
         elif values:
             w(f"- {c[3]}: {fmt_num(min(values))}× to {fmt_num(max(values))}×.")
     w("")
@@ -1649,9 +1664,7 @@ def stage10_targets(rows, out):
     def check(label, goal, pred, ok, worst_is_max=False, key=lambda r: (r["dtype"], r["N"], r["d"], r["pass"])):
         ratios = [(key(r), r["value"]) for r in rows if r["value"] is not None and pred(r)]
         if ratios:
-            lo, med, hi = ratio_summary(ratios)
-            lines.append(f"| {label} | {goal} | {fmt_num(lo)}× to {fmt_num(hi)}× (median {fmt_num(med)}×, "
-                         f"{len(ratios)} points) | {verdict(ratios, ok, worst_is_max)} |")
+            lines.append(target_row(label, goal, ratios, ok, worst_is_max, what="points"))
 
     packed = STAGE10_PACKED_OVER_DENSE
     check("packed batch / dense kernel on a uniform batch, every pass", f"≥ {packed}×",
@@ -1681,10 +1694,7 @@ def stage10_targets(rows, out):
         w("`stage10.csv` has none of the ratios the course's targets for stage 10 compare.")
         w("")
         return
-    w("| target | goal | measured | verdict |")
-    w("|---|---|---|---|")
-    out.extend(lines)
-    w("")
+    targets_table(lines, out)
     for v in windows:
         m = re.fullmatch(r"window(\d+)", v)
         if m:
@@ -1787,10 +1797,7 @@ def cpu_targets(rows, out):
           "measured in its lesson.")
         w("")
         return
-    w("| target | goal | measured | verdict |")
-    w("|---|---|---|---|")
-    out.extend(lines)
-    w("")
+    targets_table(lines, out)
 
 
 # ----------------------------------------------------------------------------- page
