@@ -24,7 +24,8 @@
 /// **Stage 10's switches** (ModelOptions, on the default main kernel): grouped-query heads (a
 /// block per key block of a K/V head visits the query heads of its group, dK and dV summed in
 /// registers; with atomic dQ the group may be split over S blocks whose float32 partials a fourth
-/// kernel adds in a fixed order: launch.cuh's group_split(), FA_STAGE09_GROUP_SPLIT), sliding windows (a range of query blocks per key block, masked at both edges; the
+/// kernel adds in a fixed order: launch.cuh's group_split(), FA_STAGE09_GROUP_SPLIT), sliding
+/// windows (a range of query blocks per key block, masked at both edges; the
 /// deterministic turns count from each query block's last visitor), the soft cap (dS times
 /// 1 - tanh^2), packed batches of different lengths (attention_backward_varlen_device(): a
 /// block per key block of one sequence, from a schedule), and dropout (stage 07's mask

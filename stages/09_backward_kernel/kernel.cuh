@@ -948,7 +948,9 @@ __device__ __forceinline__ bool needs_mask(const Args<T>& a, int q0, int kv0) {
 //! [group_split]
 /// Whether features F with kDeterministic split a group of query heads over several blocks: grouped
 /// heads with atomic dQ. The deterministic mode keeps one block per group (S = 1): its turns and
-/// its block order are those of the grid without the split.
+/// its block order are those of the grid without the split. Without kGroupSplit the functions
+/// below are the very expressions the kernels had before the split, so that those instances keep
+/// their machine code (tools/cubin_text_hashes.py).
 template <class F, bool kDeterministic>
 inline constexpr bool kGroupSplit = kGroupedHeads<F> && !kDeterministic;
 

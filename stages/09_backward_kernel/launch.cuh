@@ -312,8 +312,9 @@ inline int group_split(int64_t base_blocks, int kv_group, bool deterministic, in
         for (int s = 1; s <= kv_group; ++s) {
             if (kv_group % s == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(s);
         }
-        throw InputError("stage 09: a group split of " + std::to_string(requested) + " blocks (FA_STAGE09_GROUP_SPLIT) does not divide the " +
-                         std::to_string(kv_group) + " query heads per K/V head: use 0 (the rule) or one of " + divisors);
+        throw InputError("stage 09: a group split of " + std::to_string(requested) +
+                         " blocks (FA_STAGE09_GROUP_SPLIT) does not divide the " + std::to_string(kv_group) +
+                         " query heads per K/V head: use 0 (the rule) or one of " + divisors);
     }
     if (deterministic || kv_group == 1) return 1;
     const int s = requested > 0 ? requested : group_split_rule(base_blocks, kv_group, sms);
@@ -442,7 +443,8 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
     // wait_for_turn), so it keeps S = 1.
     if (group_split < 1 || m.kv_group % group_split != 0 || (turns != nullptr && group_split != 1)) {
         throw InputError("stage 09: a group split of " + std::to_string(group_split) + " blocks for " +
-                         std::to_string(m.kv_group) + " query heads per K/V head" + (turns != nullptr ? " in the deterministic mode" : "") +
+                         std::to_string(m.kv_group) + " query heads per K/V head" +
+                         (turns != nullptr ? " in the deterministic mode" : "") +
                          ": use a divisor of the group (1 in the deterministic mode)");
     }
     a.group_split = group_split;

@@ -631,8 +631,8 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
         // of one) and h, the query head `w` is on now.
         detail::DropoutSite site{};
         if constexpr (kDropout<F>) {
-            site.sequence = uint32_t(
-                kPacked<F> ? a.kv_schedule[2 * int(detail::base_block<F, kDeterministic>(a.group_split) % unsigned(a.schedule_entries))] : w.b);
+            const unsigned base = detail::base_block<F, kDeterministic>(a.group_split);
+            site.sequence = uint32_t(kPacked<F> ? a.kv_schedule[2 * int(base % unsigned(a.schedule_entries))] : w.b);
             site.head = uint32_t(w.bh % a.heads);
         }
 #pragma unroll 1
@@ -721,7 +721,8 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
             // partials of its split, for backward_dkdv_reduce_kernel to add. A lane's two
             // neighbouring features are one 8-byte store; the 4 lanes of a row fill a 32-byte sector.
             const int64_t bh_kv = int64_t(w.b) * (a.heads / a.kv_group) + w.h;
-            const int64_t at = detail::split_of_block<F, kDeterministic>(a.group_split) * a.partial_split_stride + bh_kv * a.partial_head_stride;
+            const int split = detail::split_of_block<F, kDeterministic>(a.group_split);
+            const int64_t at = split * a.partial_split_stride + bh_kv * a.partial_head_stride;
             float* dk_rows = a.dk_partial + at;  // [Nk, d] of this split and K/V head
             float* dv_rows = a.dv_partial + at;
             if (!kPtInRegisters<F> || warp < F::kKeyWarps) {  // P^T in registers: the first query warp holds the sums
