@@ -63,6 +63,10 @@
 #   order09    stage 09's backward with grouped heads (8:1, 4:1) under a causal mask, bf16, d 64/128,
 #              N 4096/16384, its blocks longest loops first (the default) and head by head
 #              (FA_STAGE09_BLOCK_ORDER=heads), ROUNDS rounds interleaved: order09.txt
+#   split09    stage 09's backward with grouped heads (8:1, 4:1) under a causal mask, bf16, d 64/128,
+#              N 4096/16384, each group of query heads split over S blocks (FA_STAGE09_GROUP_SPLIT:
+#              1, 2, 4, 8 where S divides the group, and 0, the rule), ROUNDS rounds interleaved:
+#              split09.txt
 #   timing     SDPA flash's bf16 forward timed four ways in one process (bench/timing_check.py: the
 #              course's events, Triton's do_bench, each run on an idle GPU, a CUDA graph), d 64/128,
 #              N 1024/4096/16384, causal and not, ROUNDS rounds: timing_check.txt
@@ -143,7 +147,7 @@ build_targets() {
                     test_stage07 stage10_real_models) ;;
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts make_npy_inputs) ;;
-            road | road05 | road11 | groups11 | switches07 | stage10 | order09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncu11)
+            road | road05 | road11 | groups11 | switches07 | stage10 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncu11)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -285,11 +289,12 @@ sanitize_cases07m=(
 )
 # Stage 09's default main kernel with stage 10's switches, through test_stage09's cases of them:
 # grouped heads (dK, dV summed over the group), windows, the soft cap, and packed batches with
-# sequences of length 0, 1 and primes, in both dQ modes.
+# sequences of length 0, 1 and primes, in both dQ modes; the group split (S = 1, 2, G blocks per group).
 sanitize_cases09m=(
     "-tc=*stage?10?s?switches?matches*"
     "-tc=*packed?batches?of*"
     "-tc=*stage?09?with?dropout*,*regenerates?stage?07?s?dropout?mask*"
+    "-tc=*group?split*"
 )
 # Stage 09 (the backward, after stage 07's forward): tails (200 and 333 are not multiples of the
 # 64-row blocks), Nq < Nk and Nq > Nk, both layouts, d 64 and 128, causal with Nq > Nk (the first
@@ -557,6 +562,29 @@ step_order09() {
     done
     grep -E "^== |^stage10 " "$out" | tee -a "$LOGS/summary.txt"
 }
+
+# Stage 09's backward with grouped heads under a causal mask, each group of query heads split over
+# S blocks (FA_STAGE09_GROUP_SPLIT=S; 0: the rule of launch.cuh's group_split_rule()), for each S
+# that divides the group (8:1 takes 1, 2, 4, 8; 4:1 takes 1, 2, 4; the stage refuses the others),
+# ROUNDS rounds, interleaved: split09.txt.
+step_split09() {
+    note "split09: stage 09's grouped-head backward with each group split over S blocks"
+    local r group split out="$RESULTS/split09.txt"
+    : >"$out"
+    for r in $(seq 1 "${ROUNDS:-3}"); do
+        for group in 8 4; do
+            for split in 1 2 4 8 0; do
+                if [ "$split" -gt 0 ] && [ $((group % split)) -ne 0 ]; then continue; fi
+                echo "== round $r, group $group:1, group split $split" >>"$out"
+                FA_STAGE09_GROUP_SPLIT=$split "$BUILD/bench/bench_gpu" --stages 07 09 --dtypes bf16 --sizes 4096 16384 \
+                    --head-dims 64 128 --causal yes --model07 "$group/-1/0" --repeat 10 --warmup 3 --check false \
+                    >>"$out" 2>&1 || { record "FAIL  split09 (see split09.txt)"; status=1; }
+            done
+        done
+    done
+    grep -E "^== |^stage10 " "$out" | tee -a "$LOGS/summary.txt"
+}
+
 step_timing() {
     note "timing: SDPA flash's forward timed four ways (the course's events, do_bench, an idle GPU, a CUDA graph)"
     python3 bench/timing_check.py --rounds "${ROUNDS:-3}" --out "$RESULTS/timing_check.txt" >"$LOGS/timing_check.log" 2>&1 \
@@ -1046,7 +1074,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 order09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 order09 split09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncu11 lessons"
         status=2
         continue
     fi

@@ -7,6 +7,7 @@
 // test runs each main kernel of the stage's road (every --step of road()).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -562,6 +563,105 @@ TEST_CASE("stage 09 on packed batches of different lengths matches the float64 g
     cases.push_back({32, bf16, {129, 257, 1}, {300, 1, 64}, 2, 2, Window::full(), 0.0, 0.17});
     uint64_t seed = 9700;
     for (const test::VarlenCase& c : cases) check_varlen_case(c, seed++);
+}
+
+namespace {
+
+// The group split's override FA_STAGE09_GROUP_SPLIT set to `split` while this lives, then restored.
+class GroupSplitOverride {
+public:
+    explicit GroupSplitOverride(int split) {
+        const char* now = std::getenv(kName);
+        had_ = now != nullptr;
+        if (had_) before_ = now;
+        setenv(kName, std::to_string(split).c_str(), 1);
+    }
+    ~GroupSplitOverride() {
+        if (had_) {
+            setenv(kName, before_.c_str(), 1);
+        } else {
+            unsetenv(kName);
+        }
+    }
+    GroupSplitOverride(const GroupSplitOverride&) = delete;
+    GroupSplitOverride& operator=(const GroupSplitOverride&) = delete;
+
+private:
+    static constexpr const char* kName = "FA_STAGE09_GROUP_SPLIT";
+    bool had_ = false;
+    std::string before_;
+};
+
+// The group split S = 1, 2 and G forced (atomic dQ) on `run(deterministic)`: each against the
+// float64 gradients; S = 2 twice, dK and dV bit for bit (the partials are added in a fixed
+// order); the deterministic mode under the override keeps one block per group (S = 1): the same
+// bits as without it.
+template <class RunFn>
+void check_group_splits(int group, Precision precision, const test::BackwardModelData& data, const std::string& what,
+                        const RunFn& run) {
+    const test::ModelGradients fixed = run(true);
+    for (const int split : {1, 2, group}) {
+        const GroupSplitOverride override_split(split);
+        const std::string label = what + ", group split " + std::to_string(split) + " of " + std::to_string(group) + " (GPU)";
+        const test::ModelGradients atomic = run(false);
+        test::check_backward_gradients(precision, data, atomic, label);
+        INFO(label);
+        if (split == 2) {
+            const test::ModelGradients again = run(false);
+            CHECK(bit_identical(atomic.dk, again.dk));
+            CHECK(bit_identical(atomic.dv, again.dv));
+        }
+        const test::ModelGradients fixed_here = run(true);
+        CHECK(bit_identical(fixed.dk, fixed_here.dk));
+        CHECK(bit_identical(fixed.dq, fixed_here.dq));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("stage 09 group split: S = 1, 2 and G blocks per group of query heads, dense and packed, bf16 and fp16") {
+    const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
+    // Dense, causal: 8:1 (S = 1, 2, 8), 4:1 with Nq > Nk and tails (S = 1, 2, 4), MQA over 6 heads (S = 1, 2, 6).
+    const std::vector<test::ModelCase> dense = {
+        {128, bf16, 1, 16, 2, 1000, 1000, true, Window::full(), 0.0, 0.088, true},
+        {64, fp16, 2, 8, 2, 777, 500, true, Window::full(), 0.0, 0.125, true},
+        {32, bf16, 1, 6, 1, 300, 700, true, Window::full(), 0.0, 0.17, true},
+        {64, bf16, 2, 8, 2, 2048, 2048, false, Window{256, 0}, 0.0, 0.125, true},  // a window, key blocks outer
+    };
+    for (const test::ModelCase& c : dense) {
+        const test::BackwardModelData data = test::backward_model_data(c);
+        check_group_splits(c.Hq / c.Hk, c.precision, data, c.describe(),
+                           [&](bool deterministic) { return run_model_case(c, data, data.k, data.v, deterministic); });
+    }
+    // Packed, causal per sequence: lengths 1 and primes (131, 257), a sequence without keys, Nq != Nk.
+    const std::vector<test::VarlenCase> packed = {
+        {128, bf16, {1000, 1, 517, 0, 131}, {1000, 700, 517, 5, 131}, 8, 2, Window::causal(), 0.0, 0.088},
+        {64, fp16, {1, 257, 131, 64}, {1, 300, 131, 0}, 8, 1, Window::causal(), 0.0, 0.125},
+    };
+    uint64_t seed = 9950;
+    for (const test::VarlenCase& c : packed) {
+        const test::BackwardModelData data = test::backward_data(c.problem(), c.precision, InputKind::Normal, seed++);
+        const stage09::MaxSeqlens max{data.vp.max_seq_q(), data.vp.max_seq_k()};
+        check_group_splits(c.Hq / c.Hk, c.precision, data, "packed " + data.vp.describe(), [&](bool deterministic) {
+            return c.precision == Precision::BFloat16 ? run_varlen_on_gpu<__nv_bfloat16>(data, max, deterministic)
+                                                      : run_varlen_on_gpu<__half>(data, max, deterministic);
+        });
+    }
+}
+
+TEST_CASE("stage 09 group split: a split that does not divide the group is refused, naming the divisors") {
+    const Problem p = test::make_problem(1, 8, 64, 64, 64);
+    View4<const __nv_bfloat16> q{nullptr, {1, 8, 64, 64}, {8 * 64 * 64, 64 * 64, 64, 1}};
+    View4<const __nv_bfloat16> kv{nullptr, {1, 2, 64, 64}, {2 * 64 * 64, 64 * 64, 64, 1}};
+    View4<__nv_bfloat16> dq{nullptr, {1, 8, 64, 64}, {8 * 64 * 64, 64 * 64, 64, 1}};
+    View4<__nv_bfloat16> dkv{nullptr, {1, 2, 64, 64}, {2 * 64 * 64, 64 * 64, 64, 1}};
+    const View3<const float> lse{nullptr, {1, 8, 64}, {8 * 64, 64, 1}};
+    stage09::ModelOptions o;
+    o.kv_heads = 2;
+    const GroupSplitOverride override_split(3);
+    CHECK_THROWS_WITH_AS(stage09::attention_backward_device(p, o, q, kv, kv, q, lse, q, dq, dkv, dkv, false, nullptr),
+                         doctest::Contains("does not divide the 4 query heads per K/V head: use 0 (the rule) or one of 1, 2, 4"),
+                         InputError);
 }
 
 TEST_CASE("stage 09 with dropout matches the float64 gradients, dense and packed, deterministic bit for bit") {

@@ -45,16 +45,17 @@ struct Run {
 // in the packed orders of BackwardModelData; the workspace starts as garbage, the turns at 777
 // and the gradients as all-ones bits (NaN): what the kernels forget shows. Blocks run one at a
 // time in order of block number: in the deterministic mode a block that had to wait for its turn
-// would stop the emulator (a wait for a block that runs after it).
+// would stop the emulator (a wait for a block that runs after it). `split`: the group split S
+// (launch.cuh's group_split()).
 template <class T, int D>
 Run run_emulated(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k,
                  const std::vector<float>& v, const std::vector<float>& o, const std::vector<float>& lse,
-                 const std::vector<float>& dout, bool deterministic) {
+                 const std::vector<float>& dout, bool deterministic, int split = 1) {
     const Problem p = c.problem();
     const ResolvedOptions m = resolve_options(p, c.options());
     const Geometry geo = geometry_for<D>(kModelStep);
     const Counts counted = counts(p, geo);
-    std::vector<float> workspace(size_t(workspace_floats(p, geo)), 12345.0f);
+    std::vector<float> workspace(size_t(workspace_floats(p, geo, 0, m.kv_group, split)), 12345.0f);
     std::vector<int> turns(size_t(counted.batch_heads * counted.q_blocks), 777);
     const std::vector<uint16_t> q16 = emu::to_bits<T>(q), k16 = emu::to_bits<T>(k), v16 = emu::to_bits<T>(v),
                                 o16 = emu::to_bits<T>(o), do16 = emu::to_bits<T>(dout);
@@ -70,7 +71,7 @@ Run run_emulated(const test::ModelCase& c, const std::vector<float>& q, const st
     const Launches<T> launches = make_launches<T, D>(
         p, m, view(q16, c.Hq, c.Nq), view(k16, c.Hk, c.Nk), view(v16, c.Hk, c.Nk), view(o16, c.Hq, c.Nq), lv,
         view(do16, c.Hq, c.Nq), out(dq16, c.Hq, c.Nq), out(dk16, c.Hk, c.Nk), out(dv16, c.Hk, c.Nk), workspace.data(),
-        deterministic ? turns.data() : nullptr, geo);
+        deterministic ? turns.data() : nullptr, geo, 0, split);
     const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
         REQUIRE(smem <= sizeof smem_raw);
         emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); });
@@ -93,33 +94,35 @@ Run run_emulated(const test::ModelCase& c, const std::vector<float>& q, const st
 
 template <class T>
 Run run_for_d(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-              const std::vector<float>& o, const std::vector<float>& lse, const std::vector<float>& dout, bool deterministic) {
+              const std::vector<float>& o, const std::vector<float>& lse, const std::vector<float>& dout, bool deterministic,
+              int split) {
     switch (c.d) {
-        case 32: return run_emulated<T, 32>(c, q, k, v, o, lse, dout, deterministic);
-        case 64: return run_emulated<T, 64>(c, q, k, v, o, lse, dout, deterministic);
-        default: return run_emulated<T, 128>(c, q, k, v, o, lse, dout, deterministic);
+        case 32: return run_emulated<T, 32>(c, q, k, v, o, lse, dout, deterministic, split);
+        case 64: return run_emulated<T, 64>(c, q, k, v, o, lse, dout, deterministic, split);
+        default: return run_emulated<T, 128>(c, q, k, v, o, lse, dout, deterministic, split);
     }
 }
 
 Run run_case(const test::ModelCase& c, const std::vector<float>& q, const std::vector<float>& k, const std::vector<float>& v,
-             const std::vector<float>& o, const std::vector<float>& lse, const std::vector<float>& dout, bool deterministic) {
-    return c.precision == Precision::BFloat16 ? run_for_d<__nv_bfloat16>(c, q, k, v, o, lse, dout, deterministic)
-                                              : run_for_d<__half>(c, q, k, v, o, lse, dout, deterministic);
+             const std::vector<float>& o, const std::vector<float>& lse, const std::vector<float>& dout, bool deterministic,
+             int split = 1) {
+    return c.precision == Precision::BFloat16 ? run_for_d<__nv_bfloat16>(c, q, k, v, o, lse, dout, deterministic, split)
+                                              : run_for_d<__half>(c, q, k, v, o, lse, dout, deterministic, split);
 }
 
 // A packed call through the stage's launch code for packed batches (resolve_varlen_backward,
 // kv_schedule, make_varlen_launches, run_varlen_kernels) on the emulator, in T at head dimension
 // D; the host arrays stand in for the device ones. Returns whether the kernel ran with the
-// varlen switch (and grouped heads and the window).
+// varlen switch (and grouped heads and the window). `split`: the group split S.
 template <class T, int D>
-Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData& data, bool deterministic) {
+Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData& data, bool deterministic, int split = 1) {
     const VarlenProblem& vp = data.vp;
     const MaxSeqlens max{vp.max_seq_q() + c.extra_max, vp.max_seq_k() + c.extra_max};
     const ResolvedOptions m = resolve_varlen_backward(vp, max);
     const Geometry geo = geometry_for<D>(kModelStep);
     const Problem rows = varlen_rows_problem(vp);
     const Counts counted = counts(rows, geo, 1);
-    std::vector<float> workspace(size_t(workspace_floats(rows, geo, 1)), 12345.0f);
+    std::vector<float> workspace(size_t(workspace_floats(rows, geo, 1, m.kv_group, split)), 12345.0f);
     std::vector<int> turns(size_t(counted.batch_heads * counted.seq_q_padded), 777);
     const std::vector<int32_t> schedule = kv_schedule(vp, geo.bc, deterministic);
     const std::vector<uint16_t> q16 = emu::to_bits<T>(data.q), k16 = emu::to_bits<T>(data.k), v16 = emu::to_bits<T>(data.v),
@@ -137,7 +140,7 @@ Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData
         in(o16, vp.total_q, vp.heads_q), lv, in(do16, vp.total_q, vp.heads_q), out(dq16, vp.total_q, vp.heads_q),
         out(dk16, vp.total_k, vp.heads_k), out(dv16, vp.total_k, vp.heads_k), workspace.data(),
         deterministic ? turns.data() : nullptr, geo, vp.cu_seqlens_q.data(), vp.cu_seqlens_k.data(), schedule.data(),
-        int64_t(schedule.size() / 2));
+        int64_t(schedule.size() / 2), split);
     const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
         REQUIRE(smem <= sizeof smem_raw);
         emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); });
@@ -161,15 +164,15 @@ Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData
     return r;
 }
 
-Run run_varlen_case(const test::VarlenCase& c, const test::BackwardModelData& data, bool deterministic) {
+Run run_varlen_case(const test::VarlenCase& c, const test::BackwardModelData& data, bool deterministic, int split = 1) {
     const bool bf16 = c.precision == Precision::BFloat16;
     switch (c.d) {
-        case 32: return bf16 ? run_varlen_emulated<__nv_bfloat16, 32>(c, data, deterministic)
-                             : run_varlen_emulated<__half, 32>(c, data, deterministic);
-        case 64: return bf16 ? run_varlen_emulated<__nv_bfloat16, 64>(c, data, deterministic)
-                             : run_varlen_emulated<__half, 64>(c, data, deterministic);
-        default: return bf16 ? run_varlen_emulated<__nv_bfloat16, 128>(c, data, deterministic)
-                             : run_varlen_emulated<__half, 128>(c, data, deterministic);
+        case 32: return bf16 ? run_varlen_emulated<__nv_bfloat16, 32>(c, data, deterministic, split)
+                             : run_varlen_emulated<__half, 32>(c, data, deterministic, split);
+        case 64: return bf16 ? run_varlen_emulated<__nv_bfloat16, 64>(c, data, deterministic, split)
+                             : run_varlen_emulated<__half, 64>(c, data, deterministic, split);
+        default: return bf16 ? run_varlen_emulated<__nv_bfloat16, 128>(c, data, deterministic, split)
+                             : run_varlen_emulated<__half, 128>(c, data, deterministic, split);
     }
 }
 
@@ -269,6 +272,86 @@ void check_varlen_case(const test::VarlenCase& c, uint64_t seed) {
 TEST_CASE("emulated stage 09: packed batches of different lengths match the float64 gradients") {
     uint64_t seed = 9500;
     for (const test::VarlenCase& c : test::backward_varlen_cases()) check_varlen_case(c, seed++);
+}
+
+namespace {
+
+// The group split S (atomic dQ) of a grouped case with G query heads per K/V head, dense or
+// packed: `run(S)` gives the gradients with S forced, `check(gradients, S)` checks them against
+// the float64 gradients. S = 2 and G; two runs with the same S give the same dK and dV bits (the
+// partials are added in a fixed order); dQ is the S = 1 run's bit for bit (the blocks run one at
+// a time in order of block number here, and the split is innermost: every query head's dQ
+// receives the same additions in the same order as without the split).
+template <class Check, class RunSplit>
+void check_group_split(int group, const Check& check, const RunSplit& run) {
+    const test::ModelGradients base = run(1);
+    for (const int split : {2, group}) {
+        const test::ModelGradients first = run(split), second = run(split);
+        INFO("group split S = " << split << " of G = " << group);
+        check(first, split);
+        CHECK(first.dk == second.dk);
+        CHECK(first.dv == second.dv);
+        CHECK(first.dq == base.dq);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("emulated stage 09: the group split (S = 2 and G blocks per group), dense and packed, matches the float64 gradients") {
+    // Dense: MQA (G = 4) under a causal mask, Nq > Nk (rows that see no key), a tail in each.
+    const test::ModelCase dense{64, Precision::BFloat16, 2, 4, 1, 150, 130, true, Window::full(), 0.0, 0.125, true};
+    const test::BackwardModelData data = test::backward_model_data(dense);
+    check_group_split(
+        4,
+        [&](const test::ModelGradients& g, int split) {
+            test::check_backward_gradients(dense, data, g, "group split " + std::to_string(split));
+        },
+        [&](int split) { return run_case(dense, data.q, data.k, data.v, data.o, data.lse, data.dout, false, split).grads; });
+    // Packed: G = 4, causal per sequence; a sequence of length 1, a prime length (131), Nq > Nk,
+    // and queries without keys.
+    const test::VarlenCase packed{128, Precision::Float16, {1, 131, 40, 3}, {1, 131, 67, 0}, 4, 1, Window::causal(), 0.0, 0.088};
+    const test::BackwardModelData pdata = test::backward_data(packed.problem(), packed.precision, InputKind::Normal, 9900);
+    check_group_split(
+        4,
+        [&](const test::ModelGradients& g, int split) {
+            test::check_backward_gradients(packed.precision, pdata, g, "packed, group split " + std::to_string(split));
+        },
+        [&](int split) { return run_varlen_case(packed, pdata, false, split).grads; });
+}
+
+TEST_CASE("stage 09: the group split's rule, its override and what they refuse") {
+    // The smallest divisor of G that gives four blocks per SM, or G.
+    CHECK(group_split_rule(256, 8, 132) == 4);  // 512 < 528 <= 1024
+    CHECK(group_split_rule(528, 8, 132) == 1);
+    CHECK(group_split_rule(100, 6, 132) == 6);  // none is enough
+    CHECK(group_split_rule(200, 6, 132) == 3);  // 2 does not reach 528, 3 does
+    CHECK(group_split(256, 8, false, 132, 0) == 4);
+    CHECK(group_split(256, 8, false, 132, 2) == 2);  // the override
+    CHECK(group_split(256, 8, true, 132, 2) == 1);   // the deterministic mode keeps one block per group
+    CHECK(group_split(256, 1, false, 132, 0) == 1);
+    CHECK_THROWS_WITH_AS(group_split(256, 8, false, 132, 3),
+                         "stage 09: a group split of 3 blocks (FA_STAGE09_GROUP_SPLIT) does not divide the 8 query heads "
+                         "per K/V head: use 0 (the rule) or one of 1, 2, 4, 8",
+                         InputError);
+    CHECK_THROWS_AS(group_split(256, 8, false, 132, -1), InputError);
+    // make_launches() refuses a split the group or the mode cannot take.
+    Problem p;
+    p.batch = 2, p.heads = 8, p.seq_q = 100, p.seq_k = 300, p.head_dim = 64;
+    ResolvedOptions m;
+    m.kv_group = 4;
+    const Geometry geo = geometry_for<64>(kModelStep);
+    std::vector<float> workspace(size_t(workspace_floats(p, geo, 0, 4, 4)));
+    const auto launches = [&](int split, int* turns) {
+        using T = __nv_bfloat16;
+        make_launches<T, 64>(p, m, View4<const T>{}, View4<const T>{}, View4<const T>{}, View4<const T>{}, View3<const float>{},
+                             View4<const T>{}, View4<T>{}, View4<T>{}, View4<T>{}, workspace.data(), turns, geo, 0, split);
+    };
+    int turn = 0;
+    CHECK_THROWS_AS(launches(3, nullptr), InputError);
+    CHECK_THROWS_AS(launches(2, &turn), InputError);
+    // The workspace grows by the partial dK and dV, 2 S B Hk Nk d floats, with a split only.
+    CHECK(workspace_floats(p, geo, 0, 4, 1) == workspace_floats(p, geo));
+    CHECK(workspace_floats(p, geo, 0, 4, 2) - workspace_floats(p, geo) == 2 * 2 * 2 * 2 * 300 * 64);
 }
 
 namespace {

@@ -41,7 +41,7 @@ Geometry geometry(int64_t d, int step) {
 /// Sizes every kernel derives from the problem and the block shape of `step`.
 Counts counts(const Problem& p, int step) { return stage09::counts(p, geometry(p.head_dim, step)); }
 
-/// Floats of Workspace::floats for `step`.
+/// Floats of Workspace::floats for `step`, for a call without stage 10's options (no group split).
 int64_t workspace_floats(const Problem& p, int step) {
     return stage09::workspace_floats(p, geometry(p.head_dim, step));
 }
@@ -115,6 +115,14 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
 }
 
 
+/// The SMs of the current device: the group split's rule (group_split_rule()) fills them.
+int sm_count() {
+    int device = 0, sms = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
+}
+
 static_assert(kModelStep == kDefaultStep, "stage 10's switches are on the default main kernel (launch.cuh's kModelStep)");
 
 /// A device view with `heads` heads and `rows` rows per head, or InputError naming what it has.
@@ -138,13 +146,15 @@ void run_model_for_d(const Problem& p, const ResolvedOptions& m, View4<const T> 
                      bool deterministic, cudaStream_t stream, Workspace& ws) {
     const Geometry geo = geometry(D, kDefaultStep);
     const Counts c = stage09::counts(p, geo);
-    const size_t floats = size_t(stage09::workspace_floats(p, geo));
+    const int split = group_split(c.batch_heads / m.kv_group * c.k_blocks, m.kv_group, deterministic, sm_count(),
+                                  group_split_from_environment());
+    const size_t floats = size_t(stage09::workspace_floats(p, geo, 0, m.kv_group, split));
     if (ws.floats.size() < floats) ws.floats = cuda::DeviceBuffer<float>(floats);
     if (deterministic && ws.turns.size() < size_t(c.batch_heads * c.q_blocks)) {
         ws.turns = cuda::DeviceBuffer<int>(size_t(c.batch_heads * c.q_blocks));
     }
     const Launches<T> launches = make_launches<T, D>(p, m, q, k, v, o, lse, dout, dq, dk, dv, ws.floats.data(),
-                                                     deterministic ? ws.turns.data() : nullptr, geo);
+                                                     deterministic ? ws.turns.data() : nullptr, geo, 0, split);
     const auto launch = [&](auto kernel, const char* name, int64_t blocks, int threads, size_t smem, const auto& args) {
         if (smem > 0) cuda::allow_dynamic_shared_memory<decltype(kernel)::value>(smem);
         decltype(kernel)::value<<<unsigned(blocks), unsigned(threads), smem, stream>>>(args);
@@ -204,15 +214,17 @@ void run_varlen_for_d(const VarlenProblem& vp, const ResolvedOptions& m, View4<c
     const Geometry geo = geometry(D, kDefaultStep);
     const Problem rows = varlen_rows_problem(vp);
     const Counts c = stage09::counts(rows, geo, 1);
-    const size_t floats = size_t(stage09::workspace_floats(rows, geo, 1));
-    if (ws.floats.size() < floats) ws.floats = cuda::DeviceBuffer<float>(floats);
-    if (deterministic && ws.turns.size() < size_t(c.batch_heads * c.seq_q_padded)) {
-        ws.turns = cuda::DeviceBuffer<int>(size_t(c.batch_heads * c.seq_q_padded));
-    }
     const std::vector<int32_t> schedule = kv_schedule(vp, geo.bc, deterministic);
     const int64_t entries = int64_t(schedule.size() / 2);
     if (entries * (vp.heads_q / m.kv_group) >= (int64_t(1) << 31)) {
         throw InputError("stage 09: the packed problem needs more than 2^31 thread blocks");
+    }
+    const int split = group_split(entries * (vp.heads_q / m.kv_group), m.kv_group, deterministic, sm_count(),
+                                  group_split_from_environment());
+    const size_t floats = size_t(stage09::workspace_floats(rows, geo, 1, m.kv_group, split));
+    if (ws.floats.size() < floats) ws.floats = cuda::DeviceBuffer<float>(floats);
+    if (deterministic && ws.turns.size() < size_t(c.batch_heads * c.seq_q_padded)) {
+        ws.turns = cuda::DeviceBuffer<int>(size_t(c.batch_heads * c.seq_q_padded));
     }
     if (entries > 0) {
         if (arrays.cu_seqlens_q == nullptr || arrays.cu_seqlens_k == nullptr || arrays.schedule == nullptr) {
@@ -225,7 +237,7 @@ void run_varlen_for_d(const VarlenProblem& vp, const ResolvedOptions& m, View4<c
     const Launches<T> launches =
         make_varlen_launches<T, D>(vp, m, q, k, v, o, lse, dout, dq, dk, dv, ws.floats.data(),
                                    deterministic ? ws.turns.data() : nullptr, geo, arrays.cu_seqlens_q,
-                                   arrays.cu_seqlens_k, arrays.schedule, entries);
+                                   arrays.cu_seqlens_k, arrays.schedule, entries, split);
     const auto launch = [&](auto kernel, const char* name, int64_t blocks, int threads, size_t smem, const auto& args) {
         if (blocks == 0) return;  // no rows (postprocessing) or no keys (the main kernel)
         if (smem > 0) cuda::allow_dynamic_shared_memory<decltype(kernel)::value>(smem);

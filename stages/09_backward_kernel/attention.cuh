@@ -23,7 +23,9 @@
 ///
 /// **Stage 10's switches** (ModelOptions, on the default main kernel): grouped-query heads (a
 /// block per key block of a K/V head visits the query heads of its group, dK and dV summed in
-/// registers), sliding windows (a range of query blocks per key block, masked at both edges; the
+/// registers; with atomic dQ the group may be split over S blocks whose float32 partials a fourth
+/// kernel adds in a fixed order: launch.cuh's group_split(), FA_STAGE09_GROUP_SPLIT), sliding
+/// windows (a range of query blocks per key block, masked at both edges; the
 /// deterministic turns count from each query block's last visitor), the soft cap (dS times
 /// 1 - tanh^2), packed batches of different lengths (attention_backward_varlen_device(): a
 /// block per key block of one sequence, from a schedule), and dropout (stage 07's mask
@@ -152,7 +154,9 @@ using stage07::ModelOptions;
 /// the same options. q, o, dout, dq are (B, Hq, Nq, d) with Hq = problem.heads, k, v, dk, dv are
 /// (B, Hk, Nk, d) with Hk = options.kv_heads, lse is (B, Hq, Nq) (that forward's). dK and dV of a
 /// K/V head are sums over the query heads of its group, added in registers (no atomics: the same
-/// bits on every run); dQ as the plain call (atomic or deterministic). Throws fa::InputError when
+/// bits on every run; with atomic dQ the group split S of launch.cuh's group_split() adds S float32
+/// partials in a fixed order, FA_STAGE09_GROUP_SPLIT=n overriding its rule, InputError for an n
+/// that does not divide Hq / Hk); dQ as the plain call (atomic or deterministic). Throws fa::InputError when
 /// Hk does not divide Hq (naming both), for a window bound below -1, a negative soft cap, a
 /// dropout p outside [0, 255.5/256) (Dropout::validate(); the forward's seed and offset give the
 /// same mask), options on a step other than kDefaultStep, or views of the wrong shapes. Plain options run exactly the kernels of the overload without them.

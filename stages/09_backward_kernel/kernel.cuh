@@ -2,7 +2,7 @@
 /// \brief Stage 09's kernels: D_i and the dQ accumulator first, then one block per key block
 /// K_j, V_j streaming the query blocks past it, then dQ rounded to 16 bits.
 ///
-/// Three kernels run one after the other on the same stream:
+/// Three kernels (four with the group split) run one after the other on the same stream:
 ///
 /// 1. `backward_preprocess_kernel`: \f$D_i = \sum_x dO_{ix} O_{ix}\f$ in float32 for every query
 ///    row, \f$L_i \log_2 e\f$ (the LSE in the base the exp2 trick needs; \f$+\infty\f$ for a row
@@ -30,6 +30,9 @@
 ///    computed. dQ_i needs dS across all the block's keys (all warps), hence the one trip
 ///    through shared memory per query block.
 /// 3. `backward_postprocess_kernel`: dQ = scale * accumulator, rounded to 16 bits.
+/// 4. With grouped-query heads split over S > 1 blocks per group (the group split, atomic dQ
+///    only), `backward_dkdv_reduce_kernel`: dK and dV = the sums of the S blocks' float32
+///    partials, added in a fixed order and rounded to 16 bits.
 ///
 /// The dQ additions of different key blocks to the same rows race. By default they are float32
 /// atomic additions (`red.global.add`), whose order, and so whose rounding, changes from run to
@@ -203,6 +206,15 @@ struct Args {
     uint32_t dropout_seed_lo;    ///< kDropout: the seed's bits 0..31, Philox key word 0
     uint32_t dropout_seed_hi;    ///< kDropout: the seed's bits 32..63, Philox key word 1
     uint32_t dropout_offset;     ///< kDropout: Philox counter word 3
+    // The group split (kGroupedHeads, atomic dQ; launch.cuh's group_split()): S blocks share the
+    // query heads of one group, block base S + s (base: the block of the grid without the split)
+    // taking heads s G/S .. (s+1) G/S - 1. With S > 1 each writes its partial dK_j (times the
+    // scale) and dV_j in float32, and backward_dkdv_reduce_kernel adds the S of them.
+    int group_split;               ///< kGroupedHeads: S, a divisor of kv_group (1: one block per group, no partials)
+    float* dk_partial;             ///< S > 1: [S, B*Hk, Nk, d] float32 dK of each split, times the scale (packed: Nk = total_k)
+    float* dv_partial;             ///< S > 1: [S, B*Hk, Nk, d] float32 dV of each split
+    int64_t partial_split_stride;  ///< S > 1: floats of one split, B Hk Nk d
+    int64_t partial_head_stride;   ///< S > 1: floats of one K/V head, Nk d (packed: total_k d)
 };
 
 /// What the preprocessing kernel reads and writes.
@@ -244,6 +256,26 @@ struct PostprocessArgs {
     int seq_q;              ///< Nq
     int seq_q_padded;       ///< row count of one head in dq_accum
     float scale;            ///< softmax scale, signed
+};
+
+/// What the kernel that adds the group split's partial dK and dV reads and writes (S > 1 only).
+template <class T>
+struct DkdvReduceArgs {
+    const float* dk_partial;  ///< [S, B*Hk, Nk, d] float32, each split's dK times the scale
+    const float* dv_partial;  ///< [S, B*Hk, Nk, d] float32, each split's dV
+    T* dk;                    ///< (B, Hk, Nk, d), written
+    T* dv;                    ///< (B, Hk, Nk, d), written
+    int64_t dk_sb;            ///< batch stride of dk
+    int64_t dk_sh;            ///< head stride of dk
+    int64_t dk_sn;            ///< row stride of dk
+    int64_t dv_sb;            ///< batch stride of dv
+    int64_t dv_sh;            ///< head stride of dv
+    int64_t dv_sn;            ///< row stride of dv
+    int64_t rows;             ///< B * Hk * Nk (packed: Hk * total_k, B = 1)
+    int64_t split_stride;     ///< floats of one split: rows * d
+    int heads;                ///< Hk
+    int seq_k;                ///< Nk
+    int splits;               ///< S
 };
 
 /// Shape constants of one main-kernel instance, derived from the head dimension and the features.
@@ -386,6 +418,48 @@ __global__ void __launch_bounds__(kPrePostThreads) backward_postprocess_kernel(c
     }
 }
 //! [postprocess]
+
+//! [dkdv_reduce]
+/// Eight features of the S float32 partial sums at `first`, `stride` floats apart, added in the
+/// order s = 0, 1, ..., S-1 (the same bits on every run) and rounded to T.
+template <class T>
+__device__ __forceinline__ uint4 sum_splits_rounded(const float* first, int64_t stride, int splits) {
+    float4 x = reinterpret_cast<const float4*>(first)[0], y = reinterpret_cast<const float4*>(first)[1];
+#pragma unroll 1
+    for (int s = 1; s < splits; ++s) {
+        const float4* p = reinterpret_cast<const float4*>(first + s * stride);
+        const float4 u = p[0], v = p[1];
+        x.x += u.x, x.y += u.y, x.z += u.z, x.w += u.w;
+        y.x += v.x, y.y += v.y, y.z += v.z, y.w += v.w;
+    }
+    uint4 out;
+    out.x = fa::cuda::ptx::pack2<T>(x.x, x.y);
+    out.y = fa::cuda::ptx::pack2<T>(x.z, x.w);
+    out.z = fa::cuda::ptx::pack2<T>(y.x, y.y);
+    out.w = fa::cuda::ptx::pack2<T>(y.z, y.w);
+    return out;
+}
+
+/// The group split's last step (S > 1): dK and dV = the sums of the S blocks' partials, rounded
+/// to T, one thread per 16-byte chunk of dk and of dv (grid-stride). The partials are packed
+/// [S, rows, d] (16-byte aligned: launch.cuh checks), dk and dv written through their strides.
+template <class T, int D>
+__global__ void __launch_bounds__(kPrePostThreads) backward_dkdv_reduce_kernel(const DkdvReduceArgs<T> a) {
+    constexpr int kChunks = D / 8;
+    const int64_t units = a.rows * kChunks;
+    for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t row = u / kChunks;  // in [0, B*Hk*Nk)
+        const int chunk = int(u % kChunks);
+        const int bh = int(row / a.seq_k), n = int(row % a.seq_k);
+        const int b = bh / a.heads, h = bh % a.heads;
+        const int64_t at = row * D + chunk * 8;
+        *reinterpret_cast<uint4*>(a.dk + b * a.dk_sb + h * a.dk_sh + n * a.dk_sn + chunk * 8) =
+            sum_splits_rounded<T>(a.dk_partial + at, a.split_stride, a.splits);
+        *reinterpret_cast<uint4*>(a.dv + b * a.dv_sb + h * a.dv_sh + n * a.dv_sn + chunk * 8) =
+            sum_splits_rounded<T>(a.dv_partial + at, a.split_stride, a.splits);
+    }
+}
+//! [dkdv_reduce]
 
 namespace detail {
 
@@ -727,9 +801,15 @@ namespace detail {
 /// key blocks take their turns at a query block from the last one down (wait_for_turn): every
 /// block a block waits for then has a smaller block number and was started before it.
 template <bool kDeterministic, class T>
-__device__ __forceinline__ int key_block_of_this_block(const Args<T>& a) {
-    const int jb = int(blockIdx.x % unsigned(a.k_blocks));
+__device__ __forceinline__ int key_block_of_block(const Args<T>& a, unsigned block) {
+    const int jb = int(block % unsigned(a.k_blocks));
     return kDeterministic ? a.k_blocks - 1 - jb : jb;
+}
+
+/// key_block_of_block() of this thread block.
+template <bool kDeterministic, class T>
+__device__ __forceinline__ int key_block_of_this_block(const Args<T>& a) {
+    return key_block_of_block<kDeterministic>(a, blockIdx.x);
 }
 
 /// The counter of query block `i` of head `bh`: [B*H, Tr] counters, one per query block; kPerRow
@@ -865,18 +945,70 @@ __device__ __forceinline__ bool needs_mask(const Args<T>& a, int q0, int kv0) {
     }
 }
 
+//! [group_split]
+/// Whether features F with kDeterministic split a group of query heads over several blocks: grouped
+/// heads with atomic dQ. The deterministic mode keeps one block per group (S = 1): its turns and
+/// its block order are those of the grid without the split. Without kGroupSplit the functions
+/// below are the very expressions the kernels had before the split, so that those instances keep
+/// their machine code (tools/cubin_text_hashes.py).
+template <class F, bool kDeterministic>
+inline constexpr bool kGroupSplit = kGroupedHeads<F> && !kDeterministic;
+
+/// The block of the grid without the group split that this block is a part of: blockIdx / S
+/// (`group_split` = S; the split innermost, so that the base grid's order, longest loops first or
+/// the packed schedule, holds for the base blocks). Without kGroupSplit, blockIdx itself.
+template <class F, bool kDeterministic>
+__device__ __forceinline__ unsigned base_block(int group_split) {
+    if constexpr (kGroupSplit<F, kDeterministic>) {
+        return blockIdx.x / unsigned(group_split);
+    } else {
+        return blockIdx.x;
+    }
+}
+
+/// Which of the S splits of its group this block works on: blockIdx mod S (0 without kGroupSplit).
+template <class F, bool kDeterministic>
+__device__ __forceinline__ int split_of_block(int group_split) {
+    if constexpr (kGroupSplit<F, kDeterministic>) {
+        return int(blockIdx.x % unsigned(group_split));
+    } else {
+        return 0;
+    }
+}
+
+/// The query heads this block visits, of the `group` of its K/V head: group / S with kGroupSplit.
+template <class F, bool kDeterministic>
+__device__ __forceinline__ int query_heads_of_block(int group, int group_split) {
+    if constexpr (kGroupSplit<F, kDeterministic>) {
+        return group / group_split;
+    } else {
+        return group;
+    }
+}
+
+/// The first query head this block visits, for K/V head `h_kv`: h_kv G + s G / S.
+template <class F, bool kDeterministic>
+__device__ __forceinline__ int first_query_head(int h_kv, int group, int group_split) {
+    if constexpr (kGroupSplit<F, kDeterministic>) {
+        return h_kv * group + split_of_block<F, kDeterministic>(group_split) * (group / group_split);
+    } else {
+        return h_kv * group;
+    }
+}
+//! [group_split]
+
 //! [model_varlen_block]
 /// The arguments of a packed batch (kPacked) as this block sees them: its sequence b (entry
-/// blockIdx mod E of the schedule) alone, as a dense batch of one. Every pointer starts at the
+/// base_block() mod E of the schedule) alone, as a dense batch of one. Every pointer starts at the
 /// sequence's first row (cu_seqlens), Nq, Nk, Tr and Tc are the sequence's; the per-row arrays
 /// keep their head stride (seq_q_padded), so the sequence's rows of head h start at h
 /// seq_q_padded + cu_seqlens_q[b]. Everything downstream (the window's ranges, the masks, the
 /// tile copies, the stores of dK and dV) then reads one sequence as it reads a dense head,
 /// bottom-right alignment included, and never touches another sequence's rows.
-template <class F, int D, class T>
+template <class F, int D, bool kDeterministic, class T>
 __device__ __forceinline__ Args<T> sequence_args(const Args<T>& a) {
     Args<T> s = a;
-    const int b = a.kv_schedule[2 * int(blockIdx.x % unsigned(a.schedule_entries))];
+    const int b = a.kv_schedule[2 * int(base_block<F, kDeterministic>(a.group_split) % unsigned(a.schedule_entries))];
     const int q_begin = a.cu_seqlens_q[b], k_begin = a.cu_seqlens_k[b];
     s.seq_q = a.cu_seqlens_q[b + 1] - q_begin;
     s.seq_k = a.cu_seqlens_k[b + 1] - k_begin;
@@ -892,6 +1024,10 @@ __device__ __forceinline__ Args<T> sequence_args(const Args<T>& a) {
     s.delta = a.delta + q_begin;
     s.dq_accum = a.dq_accum + int64_t(q_begin) * D;
     if (a.turns != nullptr) s.turns = a.turns + q_begin;
+    if constexpr (kGroupSplit<F, kDeterministic>) {  // the sequence's rows of each K/V head's partials
+        s.dk_partial = a.dk_partial + int64_t(k_begin) * D;
+        s.dv_partial = a.dv_partial + int64_t(k_begin) * D;
+    }
     return s;
 }
 
@@ -926,11 +1062,13 @@ __device__ __forceinline__ BlockView<T> for_query_head(const Args<T>& a, BlockVi
     return w;
 }
 
-/// The BlockView of this thread block with stage 10's switches: block (b Hk + h_kv) Tc + jb of a
-/// flat grid works on key block j of K/V head h_kv, which query heads h_kv G .. h_kv G + G - 1
-/// read (G = Hq / Hk, kGroupedHeads; G = 1 otherwise); it starts at the group's first query head.
-/// Packed (kPacked, `a` the block's sequence_args()): block h_kv E + e, entry e of the schedule.
-/// With a.key_blocks_outer (atomic dQ) the grid goes key block by key block instead: block
+/// The BlockView of this thread block with stage 10's switches: base block (b Hk + h_kv) Tc + jb
+/// of a flat grid works on key block j of K/V head h_kv, which query heads h_kv G .. h_kv G + G - 1
+/// read (G = Hq / Hk, kGroupedHeads; G = 1 otherwise); it starts at the first query head of its
+/// split of the group (the group split: block base S + s takes the G / S heads from h_kv G + s G / S;
+/// S = 1 without it, base = blockIdx).
+/// Packed (kPacked, `a` the block's sequence_args()): base block h_kv E + e, entry e of the schedule.
+/// With a.key_blocks_outer (atomic dQ) the grid goes key block by key block instead: base block
 /// j (B Hk) + b Hk + h_kv, so that the first wave holds the key blocks with the most query blocks
 /// to visit of every head (grouped heads make a block's loop G times longer and the blocks G
 /// times fewer: head by head, the long loops of the last heads would start when the first wave
@@ -939,25 +1077,27 @@ template <class T, int D, class F, bool kDeterministic>
 __device__ __forceinline__ BlockView<T> model_block_view(const Args<T>& a) {
     const int group = kGroupedHeads<F> ? a.kv_group : 1;
     const int kv_heads = a.heads / group;
+    const unsigned base = base_block<F, kDeterministic>(a.group_split);
     BlockView<T> w;
     int bh_kv;
-    if constexpr (kPacked<F>) {  // entry e of the schedule, for K/V head blockIdx / entries
-        bh_kv = int(blockIdx.x / unsigned(a.schedule_entries));
-        w.j = a.kv_schedule[2 * int(blockIdx.x % unsigned(a.schedule_entries)) + 1];
+    if constexpr (kPacked<F>) {  // entry e of the schedule, for K/V head base / entries
+        bh_kv = int(base / unsigned(a.schedule_entries));
+        w.j = a.kv_schedule[2 * int(base % unsigned(a.schedule_entries)) + 1];
     } else if (!kDeterministic && a.key_blocks_outer) {  // the longest loops first, across all heads
-        const unsigned heads_of_grid = gridDim.x / unsigned(a.k_blocks);  // B Hk
-        bh_kv = int(blockIdx.x % heads_of_grid);
-        w.j = int(blockIdx.x / heads_of_grid);
+        const unsigned base_grid = gridDim.x / unsigned(kGroupSplit<F, kDeterministic> ? a.group_split : 1);
+        const unsigned heads_of_grid = base_grid / unsigned(a.k_blocks);  // B Hk
+        bh_kv = int(base % heads_of_grid);
+        w.j = int(base / heads_of_grid);
     } else {
-        bh_kv = int(blockIdx.x / unsigned(a.k_blocks));
-        w.j = key_block_of_this_block<kDeterministic>(a);
+        bh_kv = int(base / unsigned(a.k_blocks));
+        w.j = key_block_of_block<kDeterministic>(a, base);
     }
     w.b = bh_kv / kv_heads;
     w.h = bh_kv % kv_heads;
     w.kv0 = w.j * F::kBc;
     w.k = a.k + w.b * a.k_sb + w.h * a.k_sh;
     w.v = a.v + w.b * a.v_sb + w.h * a.v_sh;
-    return for_query_head<T, D>(a, w, w.h * group);
+    return for_query_head<T, D>(a, w, first_query_head<F, kDeterministic>(w.h, group, a.group_split));
 }
 //! [model_heads]
 
@@ -1010,12 +1150,13 @@ __device__ __forceinline__ void query_block_pipeline(const Args<T>& a, const Blo
 /// query_block_pipeline with stage 10's switches. Key block j visits the query blocks
 /// [i_begin, i_end) whose rows see its keys (kWindow: window_query_blocks(), the window's range,
 /// masked at its two ends), once for every query head of its K/V head's group
-/// (kGroupedHeads: G = Hq / Hk heads, in order), as one stream of G (i_end - i_begin) iterations
+/// (kGroupedHeads: G = Hq / Hk heads, in order; with the group split the G / S heads of this
+/// block's split), as one stream of G (i_end - i_begin) iterations
 /// through the same rings: the prefetch runs from one head's last query block into the next
 /// head's first, and K_j, V_j (and the caller's dK_j, dV_j in registers) stay for the whole group.
 /// Before each iteration's body, `w` is moved to its query head (for_query_head), so that
 /// `body(i, slot)` reads that head's rows and adds into that head's dQ.
-template <class F, class L, int kThreads, int kQElems, int D, class T, class Body>
+template <class F, class L, int kThreads, int kQElems, int D, bool kDeterministic, class T, class Body>
 __device__ __forceinline__ void model_query_block_pipeline(const Args<T>& a, BlockView<T>& w, uint16_t* k_tile,
                                                            uint16_t* v_tile, uint16_t* q_ring, uint16_t* do_ring,
                                                            float* lse_ring, float* delta_ring, Body&& body) {
@@ -1027,8 +1168,9 @@ __device__ __forceinline__ void model_query_block_pipeline(const Args<T>& a, Blo
     }
     const int blocks = i_end - i_begin > 0 ? i_end - i_begin : 0;  // query blocks per query head
     const int group = kGroupedHeads<F> ? a.kv_group : 1;
-    const int hq0 = w.h * group;  // the group's first query head
-    const int iterations = group * blocks;
+    const int heads = query_heads_of_block<F, kDeterministic>(group, a.group_split);  // G, or G / S with the group split
+    const int hq0 = first_query_head<F, kDeterministic>(w.h, group, a.group_split);   // the first of them
+    const int iterations = heads * blocks;
     // Iteration n is query block i_begin + n % blocks of query head hq0 + n / blocks.
     const auto load_query_block = [&](int n, int slot) {
         const BlockView<T> x = for_query_head<T, D>(a, w, hq0 + n / blocks);

@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -286,21 +287,84 @@ inline Counts counts(const Problem& problem, const Geometry& geo, int64_t extra_
     return c;
 }
 
-/// Floats of the workspace: L log2(e) and D (one per padded row), the dQ accumulator (d per padded row).
-inline int64_t workspace_floats(const Problem& problem, const Geometry& geo, int64_t extra_blocks = 0) {
-    const Counts c = counts(problem, geo, extra_blocks);
-    return c.batch_heads * c.seq_q_padded * (2 + problem.head_dim);
+//! [group_split_rule]
+/// The group split's rule: S, the blocks that share one group of G = Hq / Hk query heads (each
+/// visiting G / S of them), is the smallest divisor of G that gives the grid at least four blocks
+/// per SM (`base_blocks` S >= 4 `sms`, base_blocks: the grid without the split), or G when none
+/// does. At B = 1 with 2 K/V heads, N = 16384, d = 128 there are 256 base blocks, each looping over
+/// 8 heads: on 132 SMs the longest block is as long as an SM's average load, and the tail is long.
+inline int group_split_rule(int64_t base_blocks, int kv_group, int sms) {
+    for (int s = 1; s < kv_group; ++s) {
+        if (kv_group % s == 0 && base_blocks * s >= 4 * int64_t(sms)) return s;
+    }
+    return kv_group;
+}
+//! [group_split_rule]
+
+/// The group split S for a call with G = `kv_group` query heads per K/V head: 1 in the
+/// deterministic mode (its turns and its block order are those of the grid without the split) and
+/// without grouped heads; otherwise `requested` (the override: FA_STAGE09_GROUP_SPLIT, or a test's
+/// choice), or group_split_rule() when it is 0. Throws fa::InputError for a requested S that is
+/// negative or does not divide G, or that makes the grid larger than 2^31 blocks.
+inline int group_split(int64_t base_blocks, int kv_group, bool deterministic, int sms, int requested) {
+    if (requested < 0 || (requested > 0 && !deterministic && kv_group % requested != 0)) {
+        std::string divisors;
+        for (int s = 1; s <= kv_group; ++s) {
+            if (kv_group % s == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(s);
+        }
+        throw InputError("stage 09: a group split of " + std::to_string(requested) +
+                         " blocks (FA_STAGE09_GROUP_SPLIT) does not divide the " + std::to_string(kv_group) +
+                         " query heads per K/V head: use 0 (the rule) or one of " + divisors);
+    }
+    if (deterministic || kv_group == 1) return 1;
+    const int s = requested > 0 ? requested : group_split_rule(base_blocks, kv_group, sms);
+    if (base_blocks * s >= (int64_t(1) << 31)) {
+        throw InputError("stage 09: the group split " + std::to_string(s) + " needs more than 2^31 thread blocks");
+    }
+    return s;
 }
 
-/// The three launches of one backward: each kernel's arguments and block count.
+/// The override of group_split()'s rule, from the environment: FA_STAGE09_GROUP_SPLIT=n (0 or
+/// unset: the rule), to measure each S (bench/gpu_session.sh split09). Read beside
+/// FA_STAGE09_BLOCK_ORDER (make_launches()), but by the callers, before they size the workspace.
+inline int group_split_from_environment() {
+    const char* text = std::getenv("FA_STAGE09_GROUP_SPLIT");
+    if (text == nullptr || *text == '\0') return 0;
+    char* end = nullptr;
+    const long n = std::strtol(text, &end, 10);
+    if (*end != '\0' || n < 0 || n > (1 << 20)) {
+        throw InputError(std::string("FA_STAGE09_GROUP_SPLIT=") + text + " is not a number of blocks: use 0 (the rule) "
+                         "or a divisor of the query heads per K/V head");
+    }
+    return int(n);
+}
+
+/// Floats of the group split's partial sums: S float32 copies of dK and of dV, (B Hk Nk) rows of
+/// d each (Hk = Hq / `kv_group`; packed: B = 1, Nk = total_k); none for S = 1.
+inline int64_t partial_floats(const Problem& problem, int kv_group, int group_split) {
+    if (group_split <= 1) return 0;
+    return 2 * int64_t(group_split) * problem.batch * (problem.heads / kv_group) * problem.seq_k * problem.head_dim;
+}
+
+/// Floats of the workspace: L log2(e) and D (one per padded row), the dQ accumulator (d per padded
+/// row), and with the group split S > 1 (of G = `kv_group`) its partial dK and dV (partial_floats()).
+inline int64_t workspace_floats(const Problem& problem, const Geometry& geo, int64_t extra_blocks = 0, int kv_group = 1,
+                                int group_split = 1) {
+    const Counts c = counts(problem, geo, extra_blocks);
+    return c.batch_heads * c.seq_q_padded * (2 + problem.head_dim) + partial_floats(problem, kv_group, group_split);
+}
+
+/// The launches of one backward (three, four with the group split): each kernel's arguments and block count.
 template <class T>
 struct Launches {
     PreprocessArgs<T> pre;     ///< backward_preprocess_kernel's arguments
     int64_t pre_blocks;        ///< its blocks (kPrePostThreads threads each)
     Args<T> main;              ///< the main kernel's arguments
-    int64_t main_blocks;       ///< its blocks: one per (key block, batch, head)
+    int64_t main_blocks;       ///< its blocks: one per (key block, batch, head), times S with the group split
     PostprocessArgs<T> post;   ///< backward_postprocess_kernel's arguments
     int64_t post_blocks;       ///< its blocks (grid-stride)
+    DkdvReduceArgs<T> reduce;  ///< backward_dkdv_reduce_kernel's arguments (group split S > 1)
+    int64_t reduce_blocks;     ///< its blocks (grid-stride); 0: no such launch (S = 1)
 };
 
 //! [launches]
@@ -309,12 +373,14 @@ struct Launches {
 /// holds B*H*Tr counters in the deterministic mode, nullptr otherwise.
 /// With stage 10's options `m`: q, o, dout, dq and lse have Hq = p.heads heads, k, v, dk and dv
 /// Hk = Hq / m.kv_group; the main grid has one block per (key block, batch, K/V head), the
-/// preprocessing and postprocessing kernels work per query head.
+/// preprocessing and postprocessing kernels work per query head. `group_split`: S of group_split()
+/// (the workspace then holds workspace_floats() with the same S): S > 1 blocks per (key block,
+/// batch, K/V head), the split innermost, and the kernel that adds their partial dK and dV.
 template <class T, int D>
 Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<const T> q, View4<const T> k,
                           View4<const T> v, View4<const T> o, View3<const float> lse, View4<const T> dout, View4<T> dq,
                           View4<T> dk, View4<T> dv, float* workspace, int* turns, const Geometry& geo,
-                          int64_t extra_blocks = 0) {
+                          int64_t extra_blocks = 0, int group_split = 1) {
     const Counts c = counts(p, geo, extra_blocks);
     float* lse_log2 = workspace;                                 // [B*H, Nq_padded]
     float* delta = lse_log2 + c.batch_heads * c.seq_q_padded;    // [B*H, Nq_padded]
@@ -370,6 +436,39 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
     const char* order = std::getenv("FA_STAGE09_BLOCK_ORDER");
     a.key_blocks_outer = m.kv_group > 1 && (a.causal || m.left >= 0 || m.right >= 0) &&
                          !(order != nullptr && std::string(order) == "heads");
+    // The group split (group_split(); its override FA_STAGE09_GROUP_SPLIT is read by the callers,
+    // which size the workspace with it): S blocks per block of the grid above, block base S + s,
+    // so that the order above holds for the base blocks. Atomic dQ only: the deterministic mode's
+    // turns and block order are those of the grid without the split (key_block_of_this_block,
+    // wait_for_turn), so it keeps S = 1.
+    if (group_split < 1 || m.kv_group % group_split != 0 || (turns != nullptr && group_split != 1)) {
+        throw InputError("stage 09: a group split of " + std::to_string(group_split) + " blocks for " +
+                         std::to_string(m.kv_group) + " query heads per K/V head" +
+                         (turns != nullptr ? " in the deterministic mode" : "") +
+                         ": use a divisor of the group (1 in the deterministic mode)");
+    }
+    a.group_split = group_split;
+    l.main_blocks *= group_split;
+    l.reduce_blocks = 0;
+    if (group_split > 1) {
+        const int64_t kv_rows = p.batch * (p.heads / m.kv_group) * p.seq_k;  // rows of dK: B Hk Nk
+        a.dk_partial = dq_accum + c.batch_heads * c.seq_q_padded * D;     // [S, B*Hk, Nk, d]
+        a.dv_partial = a.dk_partial + group_split * kv_rows * D;          // [S, B*Hk, Nk, d]
+        a.partial_split_stride = kv_rows * D;
+        a.partial_head_stride = p.seq_k * D;
+        // The reduction reads 16-byte chunks: the workspace starts 16-byte aligned and every
+        // piece before the partials is a multiple of 4 floats (Nq_padded % Br == 0, d % 8 == 0).
+        if (reinterpret_cast<uintptr_t>(a.dk_partial) % 16 != 0 || reinterpret_cast<uintptr_t>(a.dv_partial) % 16 != 0) {
+            throw std::logic_error("stage 09: the group split's partial sums are not 16-byte aligned");
+        }
+        DkdvReduceArgs<T>& r = l.reduce;
+        r.dk_partial = a.dk_partial, r.dv_partial = a.dv_partial, r.dk = dk.data, r.dv = dv.data;
+        r.dk_sb = dk.stride[0], r.dk_sh = dk.stride[1], r.dk_sn = dk.stride[2];
+        r.dv_sb = dv.stride[0], r.dv_sh = dv.stride[1], r.dv_sn = dv.stride[2];
+        r.rows = kv_rows, r.split_stride = kv_rows * D;
+        r.heads = int(p.heads / m.kv_group), r.seq_k = int(p.seq_k), r.splits = group_split;
+        l.reduce_blocks = std::min<int64_t>(ceil_div(kv_rows * (D / 8), kPrePostThreads), int64_t(1) << 16);
+    }
 
     PostprocessArgs<T>& post = l.post;
     post.dq_accum = dq_accum, post.dq = dq.data;
@@ -463,12 +562,22 @@ void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
 }
 //! [run]
 
+/// The group split's fourth kernel (S > 1: the partial dK and dV added and rounded), after the
+/// main kernel; nothing for S = 1.
+template <class T, int D, class Launch>
+void launch_dkdv_reduce(const Launches<T>& l, Launch& launch) {
+    if (l.reduce_blocks == 0) return;
+    launch(Kernel<backward_dkdv_reduce_kernel<T, D>>{}, "backward_dkdv_reduce_kernel", l.reduce_blocks, kPrePostThreads,
+           size_t(0), l.reduce);
+}
+
 /// run_kernels() with stage 10's options: the default main kernel with the features
 /// with_model_features() picks for `options` (launches made by make_launches() with the same options).
 template <class T, int D, bool kDeterministic, class Launch>
 void run_model_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
     launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
     with_model_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
+    launch_dkdv_reduce<T, D>(l, launch);
     launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
 }
 
@@ -521,13 +630,14 @@ Launches<T> make_varlen_launches(const VarlenProblem& vp, const ResolvedOptions&
                                  View4<const T> v, View4<const T> o, View3<const float> lse, View4<const T> dout,
                                  View4<T> dq, View4<T> dk, View4<T> dv, float* workspace, int* turns, const Geometry& geo,
                                  const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, const int32_t* schedule,
-                                 int64_t entries) {
-    Launches<T> l = make_launches<T, D>(varlen_rows_problem(vp), m, q, k, v, o, lse, dout, dq, dk, dv, workspace, turns, geo, 1);
+                                 int64_t entries, int group_split = 1) {
+    Launches<T> l =
+        make_launches<T, D>(varlen_rows_problem(vp), m, q, k, v, o, lse, dout, dq, dk, dv, workspace, turns, geo, 1, group_split);
     l.pre.br = 1;  // zero every row's counter
     l.main.causal = false;  // the window of each sequence masks
     l.main.cu_seqlens_q = cu_seqlens_q, l.main.cu_seqlens_k = cu_seqlens_k;
     l.main.kv_schedule = schedule, l.main.schedule_entries = int(entries);
-    l.main_blocks = (vp.heads_q / m.kv_group) * entries;
+    l.main_blocks = (vp.heads_q / m.kv_group) * entries * group_split;
     return l;
 }
 //! [varlen_launches]
@@ -537,6 +647,7 @@ template <class T, int D, bool kDeterministic, class Launch>
 void run_varlen_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
     launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
     stage09::with_varlen_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
+    launch_dkdv_reduce<T, D>(l, launch);
     launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
 }
 

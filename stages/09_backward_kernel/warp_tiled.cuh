@@ -631,7 +631,8 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
         // of one) and h, the query head `w` is on now.
         detail::DropoutSite site{};
         if constexpr (kDropout<F>) {
-            site.sequence = uint32_t(kPacked<F> ? a.kv_schedule[2 * int(blockIdx.x % unsigned(a.schedule_entries))] : w.b);
+            const unsigned base = detail::base_block<F, kDeterministic>(a.group_split);
+            site.sequence = uint32_t(kPacked<F> ? a.kv_schedule[2 * int(base % unsigned(a.schedule_entries))] : w.b);
             site.head = uint32_t(w.bh % a.heads);
         }
 #pragma unroll 1
@@ -660,8 +661,8 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
         if constexpr (kDeterministic) detail::pass_turn<kPacked<F>, F::kBr>(a, w.bh, i);
     };
     if constexpr (kModel) {
-        detail::model_query_block_pipeline<F, L, S::kThreads, S::kQElems, D>(a, w, k_tile, v_tile, q_ring, do_ring,
-                                                                             lse_ring, delta_ring, query_block);
+        detail::model_query_block_pipeline<F, L, S::kThreads, S::kQElems, D, kDeterministic>(
+            a, w, k_tile, v_tile, q_ring, do_ring, lse_ring, delta_ring, query_block);
     } else {
         // The same pipeline as the first kernel's (query_block_pipeline), with nothing to do after its barrier.
         detail::query_block_pipeline<F, L, S::kThreads, S::kQElems>(a, w, k_tile, v_tile, q_ring, do_ring, lse_ring,
@@ -713,6 +714,36 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
         }
     }
     //! [tiled_partial_sums]
+    //! [tiled_split_epilogue]
+    if constexpr (detail::kGroupSplit<F, kDeterministic>) {
+        if (a.group_split > 1) {  // the same for every thread of the block: none reaches the barrier below
+            // This block's part of the group: dK_j (times the scale) and dV_j in float32, into the
+            // partials of its split, for backward_dkdv_reduce_kernel to add. A lane's two
+            // neighbouring features are one 8-byte store; the 4 lanes of a row fill a 32-byte sector.
+            const int64_t bh_kv = int64_t(w.b) * (a.heads / a.kv_group) + w.h;
+            const int split = detail::split_of_block<F, kDeterministic>(a.group_split);
+            const int64_t at = split * a.partial_split_stride + bh_kv * a.partial_head_stride;
+            float* dk_rows = a.dk_partial + at;  // [Nk, d] of this split and K/V head
+            float* dv_rows = a.dv_partial + at;
+            if (!kPtInRegisters<F> || warp < F::kKeyWarps) {  // P^T in registers: the first query warp holds the sums
+#pragma unroll
+                for (int mt = 0; mt < S::kKeyTiles; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < S::kDkvTiles; ++nt)
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) {
+                            const int key = w.kv0 + key_row0 + 16 * mt + g + 8 * hh, c = dkv_col0 + nt * 8 + 2 * t;
+                            if (key >= a.seq_k) continue;  // rows past Nk are not this block's to write
+                            *reinterpret_cast<float2*>(dk_rows + int64_t(key) * D + c) =
+                                make_float2(dk[mt][nt][2 * hh] * a.scale, dk[mt][nt][2 * hh + 1] * a.scale);
+                            *reinterpret_cast<float2*>(dv_rows + int64_t(key) * D + c) =
+                                make_float2(dv[mt][nt][2 * hh], dv[mt][nt][2 * hh + 1]);
+                        }
+            }
+            return;
+        }
+    }
+    //! [tiled_split_epilogue]
 #pragma unroll
     for (int mt = 0; mt < S::kKeyTiles; ++mt)
 #pragma unroll
@@ -738,7 +769,7 @@ template <class T, int D, class F, bool kDeterministic>
 __global__ void __launch_bounds__(TiledShape<T, D, F>::kThreads, F::kMinBlocksPerSm)
     flash_backward_tiled_kernel(const Args<T> a) {
     if constexpr (kPacked<F>) {
-        tiled_backward_block<T, D, F, kDeterministic>(detail::sequence_args<F, D>(a));
+        tiled_backward_block<T, D, F, kDeterministic>(detail::sequence_args<F, D, kDeterministic>(a));
     } else {
         tiled_backward_block<T, D, F, kDeterministic>(a);
     }
