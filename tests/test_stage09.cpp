@@ -405,14 +405,41 @@ test::ModelGradients run_model_case(const test::ModelCase& c, const test::Backwa
                : run_model_on_gpu<__half>(c, data.q, k, v, data.o, data.lse, data.dout, deterministic);
 }
 
+// The group split's override FA_STAGE09_GROUP_SPLIT set to `split` while this lives, then restored.
+class GroupSplitOverride {
+public:
+    explicit GroupSplitOverride(int split) {
+        const char* now = std::getenv(kName);
+        had_ = now != nullptr;
+        if (had_) before_ = now;
+        setenv(kName, std::to_string(split).c_str(), 1);
+    }
+    ~GroupSplitOverride() {
+        if (had_) {
+            setenv(kName, before_.c_str(), 1);
+        } else {
+            unsetenv(kName);
+        }
+    }
+    GroupSplitOverride(const GroupSplitOverride&) = delete;
+    GroupSplitOverride& operator=(const GroupSplitOverride&) = delete;
+
+private:
+    static constexpr const char* kName = "FA_STAGE09_GROUP_SPLIT";
+    bool had_ = false;
+    std::string before_;
+};
+
 // Case `c` in both dQ modes against the float64 gradients (tests/backward_model_cases.hpp); the
-// deterministic mode twice, bit for bit; dK, dV the same bits in both modes; with grouped heads,
+// deterministic mode twice, bit for bit; dK, dV the same bits in both modes where both give each
+// key block's group to one block (atomic dQ with the group split S = 1: a split's float32
+// partials are added in another order); with grouped heads,
 // the problem with K and V repeated per query head gives the same dQ (deterministic: the same
 // additions in the same order) and, summed over each group, the same dK and dV to the rounding
 // of the per-head sums.
 void check_model_case(const test::ModelCase& c) {
     const test::BackwardModelData data = test::backward_model_data(c);
-    const test::ModelGradients atomic = run_model_case(c, data, data.k, data.v, false);
+    const test::ModelGradients atomic = run_model_case(c, data, data.k, data.v, false);  // the split's rule
     const test::ModelGradients fixed = run_model_case(c, data, data.k, data.v, true);
     const test::ModelGradients again = run_model_case(c, data, data.k, data.v, true);
     test::check_backward_gradients(c, data, atomic, "atomic (GPU)");
@@ -421,8 +448,12 @@ void check_model_case(const test::ModelCase& c) {
     CHECK(bit_identical(fixed.dq, again.dq));
     CHECK(bit_identical(fixed.dk, again.dk));
     CHECK(bit_identical(fixed.dv, again.dv));
-    CHECK(bit_identical(fixed.dk, atomic.dk));
-    CHECK(bit_identical(fixed.dv, atomic.dv));
+    {
+        const GroupSplitOverride one(1);
+        const test::ModelGradients unsplit = c.Hk == c.Hq ? atomic : run_model_case(c, data, data.k, data.v, false);
+        CHECK(bit_identical(fixed.dk, unsplit.dk));
+        CHECK(bit_identical(fixed.dv, unsplit.dv));
+    }
     if (c.Hk == c.Hq) return;
     const test::ModelCase rc = test::repeated_case(c);
     const test::ModelGradients rep = run_model_case(rc, data, test::repeat_heads(data.k, c.Hk, c.Hq, c.d),
@@ -534,7 +565,8 @@ test::ModelGradients run_varlen_on_gpu(const test::BackwardModelData& data, cons
 }
 
 // Packed case `c` (inputs drawn with `seed`) in both dQ modes against the float64 gradients; the
-// deterministic mode twice, bit for bit; dK, dV the same bits in both modes.
+// deterministic mode twice, bit for bit; dK, dV the same bits in both modes with the group split
+// S = 1 (check_model_case).
 void check_varlen_case(const test::VarlenCase& c, uint64_t seed) {
     const test::BackwardModelData data = test::backward_data(c.problem(), c.precision, InputKind::Normal, seed);
     const stage09::MaxSeqlens max{data.vp.max_seq_q() + c.extra_max, data.vp.max_seq_k() + c.extra_max};
@@ -547,8 +579,10 @@ void check_varlen_case(const test::VarlenCase& c, uint64_t seed) {
     test::check_backward_gradients(c.precision, data, fixed, "packed, deterministic (GPU)");
     INFO(data.vp.describe());
     CHECK(bit_identical(fixed.dq, again.dq));
-    CHECK(bit_identical(fixed.dk, atomic.dk));
-    CHECK(bit_identical(fixed.dv, atomic.dv));
+    const GroupSplitOverride one(1);
+    const test::ModelGradients unsplit = data.vp.heads_q == data.vp.heads_k ? atomic : run(false);
+    CHECK(bit_identical(fixed.dk, unsplit.dk));
+    CHECK(bit_identical(fixed.dv, unsplit.dv));
 }
 
 }  // namespace
@@ -567,30 +601,6 @@ TEST_CASE("stage 09 on packed batches of different lengths matches the float64 g
 
 namespace {
 
-// The group split's override FA_STAGE09_GROUP_SPLIT set to `split` while this lives, then restored.
-class GroupSplitOverride {
-public:
-    explicit GroupSplitOverride(int split) {
-        const char* now = std::getenv(kName);
-        had_ = now != nullptr;
-        if (had_) before_ = now;
-        setenv(kName, std::to_string(split).c_str(), 1);
-    }
-    ~GroupSplitOverride() {
-        if (had_) {
-            setenv(kName, before_.c_str(), 1);
-        } else {
-            unsetenv(kName);
-        }
-    }
-    GroupSplitOverride(const GroupSplitOverride&) = delete;
-    GroupSplitOverride& operator=(const GroupSplitOverride&) = delete;
-
-private:
-    static constexpr const char* kName = "FA_STAGE09_GROUP_SPLIT";
-    bool had_ = false;
-    std::string before_;
-};
 
 // The group split S = 1, 2 and G forced (atomic dQ) on `run(deterministic)`: each against the
 // float64 gradients; S = 2 twice, dK and dV bit for bit (the partials are added in a fixed
