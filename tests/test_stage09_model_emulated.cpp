@@ -320,12 +320,13 @@ TEST_CASE("emulated stage 09: the group split (S = 2 and G blocks per group), de
 }
 
 TEST_CASE("stage 09: the group split's rule, its override and what they refuse") {
-    // The smallest divisor of G that gives four blocks per SM, or G.
-    CHECK(group_split_rule(256, 8, 132) == 4);  // 512 < 528 <= 1024
-    CHECK(group_split_rule(528, 8, 132) == 1);
-    CHECK(group_split_rule(100, 6, 132) == 6);  // none is enough
-    CHECK(group_split_rule(200, 6, 132) == 3);  // 2 does not reach 528, 3 does
-    CHECK(group_split(256, 8, false, 132, 0) == 4);
+    // The smallest divisor of G that gives two blocks per SM, or G.
+    CHECK(group_split_rule(128, 8, 132) == 4);  // 256 < 264 <= 512
+    CHECK(group_split_rule(256, 8, 132) == 2);
+    CHECK(group_split_rule(264, 8, 132) == 1);
+    CHECK(group_split_rule(40, 6, 132) == 6);  // none is enough
+    CHECK(group_split_rule(100, 6, 132) == 3);  // 2 does not reach 264, 3 does
+    CHECK(group_split(256, 8, false, 132, 0) == 2);
     CHECK(group_split(256, 8, false, 132, 2) == 2);  // the override
     CHECK(group_split(256, 8, true, 132, 2) == 1);   // the deterministic mode keeps one block per group
     CHECK(group_split(256, 1, false, 132, 0) == 1);

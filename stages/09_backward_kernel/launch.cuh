@@ -289,13 +289,15 @@ inline Counts counts(const Problem& problem, const Geometry& geo, int64_t extra_
 
 //! [group_split_rule]
 /// The group split's rule: S, the blocks that share one group of G = Hq / Hk query heads (each
-/// visiting G / S of them), is the smallest divisor of G that gives the grid at least four blocks
-/// per SM (`base_blocks` S >= 4 `sms`, base_blocks: the grid without the split), or G when none
-/// does. At B = 1 with 2 K/V heads, N = 16384, d = 128 there are 256 base blocks, each looping over
-/// 8 heads: on 132 SMs the longest block is as long as an SM's average load, and the tail is long.
+/// visiting G / S of them), is the smallest divisor of G that gives the grid at least two blocks
+/// per SM (`base_blocks` S >= 2 `sms`, base_blocks: the grid without the split), or G when none
+/// does. Under a causal mask the longest block of the grid without the split runs G Tr query
+/// blocks; it is no longer than an SM's average load once there are about two blocks per SM, and
+/// beyond that each split costs its float32 partials (measured on the H100, stage 09's lesson:
+/// four blocks per SM made 4:1 and 8:1 calls at N = 4096 up to 5 % slower).
 inline int group_split_rule(int64_t base_blocks, int kv_group, int sms) {
     for (int s = 1; s < kv_group; ++s) {
-        if (kv_group % s == 0 && base_blocks * s >= 4 * int64_t(sms)) return s;
+        if (kv_group % s == 0 && base_blocks * s >= 2 * int64_t(sms)) return s;
     }
     return kv_group;
 }
