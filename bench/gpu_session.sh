@@ -227,6 +227,8 @@ step_newcomer() {
     (cd "$dir" && FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr timeout 900 scripts/course.sh) >"$LOGS/newcomer_course.log" 2>&1
     rc=$?
     echo "scripts/course.sh: exit $rc, $((SECONDS - t0)) s; compiler warnings in its build: $(grep -c 'warning:' "$LOGS/newcomer_course.log")" >>"$out"
+    # The CUDA targets the default build chose on this machine (the GPUs nvidia-smi finds).
+    echo "cuda targets: $(grep -o 'arch=compute_[0-9a]*,code=\[[^]]*\]' "$dir/build/build.ninja" 2>/dev/null | sort | uniq -c | tr -s ' ' | paste -sd ';')" >>"$out"
     grep -m 10 -A 3 'warning:' "$LOGS/newcomer_course.log" >>"$out"
     grep -E "^== |^verdict|^course:|^lessons:|FAILED|error:" "$LOGS/newcomer_course.log" | head -60 >>"$out"
     tee -a "$LOGS/summary.txt" <"$out"
