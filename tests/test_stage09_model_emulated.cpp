@@ -40,6 +40,25 @@ struct Run {
     bool model = false;
 };
 
+/// The launcher the stage's launch sequences call (`launch(Kernel<k>{}, name, blocks, threads,
+/// shared_bytes, args)`), here on the emulator: the blocks one at a time, in order of block
+/// number, the dynamic shared memory in stage 09's smem_raw.
+struct EmulatedLaunch {
+    template <class K, class A>
+    void operator()(K, const char*, int64_t blocks, int threads, size_t smem, const A& args) const {
+        REQUIRE(smem <= sizeof smem_raw);
+        emu::launch(long(blocks), threads, smem_raw, smem, [&] { K::value(args); });
+    }
+};
+
+/// The 16-bit gradients of one run as floats.
+template <class T>
+std::vector<float> widen(const std::vector<uint16_t>& x) {
+    std::vector<float> f(x.size());
+    for (size_t i = 0; i < x.size(); ++i) f[i] = emu::to_f<T>(x[i]);
+    return f;
+}
+
 // The backward of case `c` through the stage's launch code (launch.cuh: the options resolved,
 // make_launches, run_model_kernels) on the emulator, in T at head dimension D. q, k, v, o, dout
 // in the packed orders of BackwardModelData; the workspace starts as garbage, the turns at 777
@@ -72,23 +91,14 @@ Run run_emulated(const test::ModelCase& c, const std::vector<float>& q, const st
         p, m, view(q16, c.Hq, c.Nq), view(k16, c.Hk, c.Nk), view(v16, c.Hk, c.Nk), view(o16, c.Hq, c.Nq), lv,
         view(do16, c.Hq, c.Nq), out(dq16, c.Hq, c.Nq), out(dk16, c.Hk, c.Nk), out(dv16, c.Hk, c.Nk), workspace.data(),
         deterministic ? turns.data() : nullptr, geo, 0, split);
-    const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
-        REQUIRE(smem <= sizeof smem_raw);
-        emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); });
-    };
     if (deterministic) {
-        run_model_kernels<T, D, true>(launches, m, launch);
+        run_model_kernels<T, D, true>(launches, m, EmulatedLaunch{});
     } else {
-        run_model_kernels<T, D, false>(launches, m, launch);
+        run_model_kernels<T, D, false>(launches, m, EmulatedLaunch{});
     }
     Run r;
     r.model = with_model_features<D>(m, [](auto features) { return kGroupedHeads<decltype(features)>; });
-    const auto widen = [](const std::vector<uint16_t>& x) {
-        std::vector<float> f(x.size());
-        for (size_t i = 0; i < x.size(); ++i) f[i] = emu::to_f<T>(x[i]);
-        return f;
-    };
-    r.grads = {widen(dq16), widen(dk16), widen(dv16)};
+    r.grads = {widen<T>(dq16), widen<T>(dk16), widen<T>(dv16)};
     return r;
 }
 
@@ -141,26 +151,17 @@ Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData
         out(dk16, vp.total_k, vp.heads_k), out(dv16, vp.total_k, vp.heads_k), workspace.data(),
         deterministic ? turns.data() : nullptr, geo, vp.cu_seqlens_q.data(), vp.cu_seqlens_k.data(), schedule.data(),
         int64_t(schedule.size() / 2), split);
-    const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
-        REQUIRE(smem <= sizeof smem_raw);
-        emu::launch(long(blocks), threads, smem_raw, smem, [&] { decltype(kernel)::value(args); });
-    };
     if (deterministic) {
-        run_varlen_kernels<T, D, true>(launches, m, launch);
+        run_varlen_kernels<T, D, true>(launches, m, EmulatedLaunch{});
     } else {
-        run_varlen_kernels<T, D, false>(launches, m, launch);
+        run_varlen_kernels<T, D, false>(launches, m, EmulatedLaunch{});
     }
     Run r;
     r.model = stage09::with_varlen_features<D>(m, [](auto features) {
         using F = decltype(features);
         return kPacked<F> && kWindow<F> && kGroupedHeads<F>;
     });
-    const auto widen = [](const std::vector<uint16_t>& x) {
-        std::vector<float> f(x.size());
-        for (size_t i = 0; i < x.size(); ++i) f[i] = emu::to_f<T>(x[i]);
-        return f;
-    };
-    r.grads = {widen(dq16), widen(dk16), widen(dv16)};
+    r.grads = {widen<T>(dq16), widen<T>(dk16), widen<T>(dv16)};
     return r;
 }
 
