@@ -23,7 +23,7 @@
 #              road, the number of steps read from stage11_hopper_kernel --help; what the tool
 #              says about an instruction it does not support is recorded in the summary;
 #              SANITIZE11_STEPS="1 3" picks steps, SANITIZE09_STEPS="0 2" stage 09's main kernels
-#              (default: all six), SANITIZE_TOOLS="memcheck racecheck" tools; 07m adds stage 07's
+#              (default: all seven), SANITIZE_TOOLS="memcheck racecheck" tools; 07m adds stage 07's
 #              kernels with stage 10's switches, through test_stage07's cases of them: packed
 #              batches, grouped heads, windows, the soft cap, dropout; 09m stage 09's through
 #              test_stage09's: grouped heads, windows, the soft cap, packed batches, dropout;
@@ -86,6 +86,9 @@
 #              bank conflicts, occupancy, registers, instructions: ncu_stage05_road.txt
 #   ncu07      Nsight Compute on the stage 07 final kernel, d 64 and 128, N 4096
 #   ncu07road  shared-memory bank conflicts of road steps 1 (ldmatrix) and 2 (swizzle), d 64, N 4096
+#   ncuflash09 Nsight Compute on stage 09's default backward kernel and on SDPA flash's (PyTorch's
+#              FlashAttention-2 bwd kernel, through bench/sdpa_once.py), bf16, N NCUFLASH_N (4096),
+#              non-causal, d NCUFLASH_DIMS (64 128), the same counters side by side: ncu_flash09.txt
 #   ncu11      Nsight Compute on stage 11's default kernel, bf16, d 64 and 128, N 4096, non-causal:
 #              tensor-pipe use (wgmma), stall reasons, registers: ncu_stage11_d64/d128
 #   ncu09      Nsight Compute on stage 09's main backward kernel (atomic dQ), bf16, d 64 and 128,
@@ -656,7 +659,7 @@ ncu_text() {
 }
 
 # Drops bench_gpu's own lines from a profiled run's output (its timings under replays mean nothing).
-strip_bench() { grep -v -E '^\[ *[0-9]+/ *[0-9]+\]|^(gpu|method|wrote|stage 0[79]|stage 11|skipped) |^ +(vs|skipped|stage 0|forward \+ backward|guard:)'; }
+strip_bench() { grep -v -E '^\[ *[0-9]+/ *[0-9]+\]|^(gpu|method|wrote|stage 0[79]|stage 11|skipped) |^ +(vs|skipped|stage 0|stage09_step[0-9]+:|forward \+ backward|guard:)'; }
 
 step_ncu() {
     note "ncu: stage 05 kernel, B=4 N=4096, d=64 (H=32) and d=128 (H=16), one launch each"
@@ -743,27 +746,35 @@ NCUROAD_METRICS=(
 )
 
 # One launch of a kernel under Nsight Compute: the sections (report $2.txt) and the counters
-# ($2_metrics.txt). $1: the kernel's name; $2: the report's name; the rest: bench_gpu's options
-# (one stage, one shape, one step, one dtype).
-ncu_one() {
+# ($2_metrics.txt). $1: the kernel's name (a regex); $2: the report's name; the rest: the command
+# that launches it (bench_gpu, or PyTorch for SDPA's kernels).
+ncu_command() {
     local kernel=$1 name=$2
     local -n ncu_set=${NCU_METRICS:-NCU07_METRICS}  # which counters: NCU_METRICS names the array
     shift 2
-    local bench=("$BUILD/bench/bench_gpu" --repeat 1 --warmup 0 --check false --json /tmp/ncu.json --csv /tmp/ncu.csv "$@")
     mkdir -p "$WORK/ncu-rep"
     # The first launch of the kernel is profiled (Nsight Compute flushes the caches before it, as the
-    # timing does); bench_gpu's own timed launch after it runs unprofiled.
+    # timing does); the command's own timed launches after it run unprofiled.
     local sections
     mapfile -t sections < <(known_sections SpeedOfLight Occupancy LaunchStats MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables \
                             ComputeWorkloadAnalysis WarpStateStats 2>>"$LOGS/$name.log" | tr ' ' '\n')
     # NCU_NAME_BASE=demangled lets the regex name template arguments (one instance of a kernel).
     timeout 300 ncu --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:$kernel" --launch-count 1 \
         --force-overwrite -o "$WORK/ncu-rep/$name" \
-        "${sections[@]}" "${bench[@]}" >>"$LOGS/$name.log" 2>&1 || { status=1; tail -5 "$LOGS/$name.log"; }
+        "${sections[@]}" "$@" >>"$LOGS/$name.log" 2>&1 || { status=1; tail -5 "$LOGS/$name.log"; }
     ncu_text "$WORK/ncu-rep/$name.ncu-rep" >"$RESULTS/$name.txt" 2>&1
     timeout 300 ncu --clock-control none --kernel-name-base "${NCU_NAME_BASE:-function}" -k "regex:$kernel" --launch-count 1 \
         --metrics "$(known_metrics "${ncu_set[@]}" 2>>"$LOGS/$name.log")" \
-        "${bench[@]}" 2>&1 | strip_bench >"$RESULTS/${name}_metrics.txt" || status=1
+        "$@" 2>&1 | strip_bench >"$RESULTS/${name}_metrics.txt" || status=1
+}
+
+# ncu_command() on bench_gpu. $1: the kernel's name; $2: the report's name; the rest: bench_gpu's
+# options (one stage, one shape, one step, one dtype).
+ncu_one() {
+    local kernel=$1 name=$2
+    shift 2
+    ncu_command "$kernel" "$name" "$BUILD/bench/bench_gpu" --repeat 1 --warmup 0 --check false --json /tmp/ncu.json \
+        --csv /tmp/ncu.csv "$@"
 }
 
 # One stage 07 launch under Nsight Compute. $1: the report's name; the rest: bench_gpu's options.
@@ -895,6 +906,7 @@ instance09() {
         1:* | 2:* | 3:*) shape="[^<]*TiledFeatures<" ;;
         4:*) shape="[^<]*WithPtInRegisters<[^<]*TiledFeatures<[^>]*, \\(int\\)32, \\(int\\)1>" ;;
         5:*) shape="[^<]*WithPtInRegisters<[^<]*TiledFeatures<[^>]*, \\(int\\)16, \\(int\\)1>" ;;
+        6:*) shape="[^<]*WithFreshLanes<" ;;
     esac
     echo "$KERNEL09_TILED<[^,]*, \\(int\\)$d, $shape.*$ATOMIC09"
 }
@@ -991,6 +1003,32 @@ step_ncudrop() {
     tee -a "$LOGS/summary.txt" <"$RESULTS/dropout_price.txt"
 }
 
+# Stage 09's default backward beside SDPA flash's (FlashAttention-2's bwd kernel, the one issue 19's
+# target names) under the same counters: time, registers and spills, instructions, shared-memory
+# wavefronts, pipes and stalls, bf16, N NCUFLASH_N (4096), non-causal, d NCUFLASH_DIMS (64 128):
+# ncu_stage09_ours_d<d>, ncu_flash_bwd_d<d> and the table ncu_flash09.txt.
+step_ncuflash09() {
+    local n=${NCUFLASH_N:-4096} d cols=()
+    note "ncuflash09: stage 09's default backward kernel (atomic dQ) beside SDPA flash's, bf16, N $n, non-causal"
+    for d in ${NCUFLASH_DIMS:-64 128}; do
+        NCU_METRICS=NCUDROP_METRICS NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<.*$ATOMIC09" "ncu_stage09_ours_d$d" \
+            --stages 09 --dtypes bf16 --sizes "$n" --head-dims "$d" --causal no
+        NCU_METRICS=NCUDROP_METRICS ncu_command flash_bwd_dq_dk_dv "ncu_flash_bwd_d$d" \
+            python3 bench/sdpa_once.py --backend flash --dtype bf16 --seq "$n" --head-dim "$d"
+        for f in ours flash; do
+            local r=$RESULTS/ncu_stage09_ours_d$d.txt && [ $f = flash ] && r=$RESULTS/ncu_flash_bwd_d$d.txt
+            record "-- d=$d, $f: $(grep -m1 -E '\(([0-9]+), ([0-9]+), ([0-9]+)\)x\(' "$r" | sed 's/^ *//' | cut -c1-160)"
+            grep -E "Registers Per|Dynamic Shared Memory Per|Static Shared Memory Per|Achieved Occupancy" "$r" | head -4 | tee -a "$LOGS/summary.txt"
+        done
+        cols+=("ours_d$d=$RESULTS/ncu_stage09_ours_d${d}_metrics.txt" "flash_d$d=$RESULTS/ncu_flash_bwd_d${d}_metrics.txt")
+    done
+    {
+        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 09's default backward kernel beside SDPA flash's (gpu_session.sh ncuflash09), bf16, N $n, non-causal, B N = 16384, H d = 2048, one launch each"
+        python3 bench/ncu_side_by_side.py "${cols[@]}"
+    } >"$RESULTS/ncu_flash09.txt"
+    tee -a "$LOGS/summary.txt" <"$RESULTS/ncu_flash09.txt"
+}
+
 # What explains each step of stage 05's road: DRAM and L2 traffic, global-load efficiency,
 # shared-memory wavefronts and bank conflicts, occupancy, registers, instructions, stalls.
 NCU05ROAD_METRICS=(
@@ -1076,7 +1114,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 order09 split09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 order09 split09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncuflash09 ncu11 lessons"
         status=2
         continue
     fi

@@ -2145,6 +2145,75 @@ def stage09_later_numbers(road09_later, results_dir):
     return aliases
 
 
+# The counters stage 09's lesson sets beside each other for the kernels of one Nsight Compute run:
+# (alias key, counter, format, scale). Time in ms, bytes in MB, instruction counts in millions.
+NCU09_SIDE_COUNTERS = (
+    ("ms", "gpu__time_duration.sum", "{:.2f}", None),
+    ("regs", "Registers Per Thread", "{:.0f}", 1.0),
+    ("local_mb", "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum", "{:.0f}", None),
+    ("inst_m", "smsp__inst_executed.sum", "{:.0f}", 1e-6),
+    ("ldsm_m", "smsp__sass_inst_executed_op_ldsm.sum", "{:.0f}", 1e-6),
+    ("lds_m", "smsp__sass_inst_executed_op_shared_ld.sum", "{:.1f}", 1e-6),
+    ("conflicts_m", "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum", "{:.2f}", 1e-6),
+    ("tensor", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "{:.1f}%", 1.0),
+    ("issue", "smsp__issue_active.avg.pct_of_peak_sustained_active", "{:.1f}%", 1.0),
+    ("alu", "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active", "{:.1f}%", 1.0),
+    ("barrier", "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio", "{:.2f}", 1.0),
+    ("short", "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio", "{:.2f}", 1.0),
+    ("wait", "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio", "{:.2f}", 1.0),
+    ("mio", "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio", "{:.2f}", 1.0),
+    ("lg", "smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio", "{:.2f}", 1.0),
+    ("long", "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio", "{:.2f}", 1.0),
+)
+
+# What ncu may print a counter in, to the unit NCU09_SIDE_COUNTERS gives it (None: a scale by unit).
+NCU_UNIT_SCALE = {"ms": {"ms": 1.0, "msecond": 1.0, "us": 1e-3, "usecond": 1e-3, "ns": 1e-6, "nsecond": 1e-6, "s": 1e3},
+                  "local_mb": {"byte": 1e-6, "Kbyte": 1e-3, "Mbyte": 1.0, "Gbyte": 1e3}}
+
+
+def ncu09_side_numbers(results_dir, prefix, reports):
+    """Aliases \\<prefix>_<label>_<key> for each (label, report name) of `reports` (an Nsight
+    Compute report of docs/results/: its sections `name`.txt and its counters `name`_metrics.txt)
+    and each counter of NCU09_SIDE_COUNTERS; '–' where a report or a counter is missing."""
+    aliases = OrderedDict()
+    for label, name in reports:
+        metrics = {}
+        for report in (name + ".txt", name + "_metrics.txt"):  # the sections (registers), then the counters
+            for part in read_ncu_sections(os.path.join(results_dir, report)).values():
+                for k, v in part.items():
+                    metrics.setdefault(k, v)
+        for key, counter, fmt, scale in NCU09_SIDE_COUNTERS:
+            value = None
+            if counter in metrics:
+                v, unit = metrics[counter]
+                factor = scale if scale is not None else NCU_UNIT_SCALE[key].get(unit)
+                value = None if factor is None else v * factor
+            aliases[f"{prefix}_{label}_{key}"] = fmt.format(value) if value is not None else "–"
+    return aliases
+
+
+def stage09_fresh_numbers(road09_fresh, results_dir):
+    """The numbers of stage 09's step 6 and of its comparison with SDPA flash's kernel, which its
+    lesson quotes: step 6's backward over step 4's, from their run side by side (road09_fresh:
+    read_stage09_steps() of stage09_steps6_quick.txt), each a span over both dtypes, both sizes,
+    causal and not; Nsight Compute's counters of step 4 beside step 6 (ncu_stage09_step6.txt's
+    reports) and of step 4 beside SDPA flash's backward kernel (ncu_flash09.txt's)."""
+    aliases = OrderedDict()
+    rows = [r for r in (road09_fresh or {}).get("rows", []) if r["step"] == 6]
+    for d in (64, 128):
+        aliases[f"s09_road6_s6_over_s4_d{d}"] = span_ratios(r["bwd_vs_default"] for r in rows if r["d"] == d)
+        aliases[f"s09_road6_s6_fb_over_s4_d{d}"] = span_ratios(r["fb_vs_default"] for r in rows if r["d"] == d)
+    slower = [r for r in rows if r["bwd_vs_default"] is not None and round(r["bwd_vs_default"], 2) < 1.0]
+    aliases["s09_road6_s6_slower"] = f"{len(slower)} of {len(rows)}" if rows else "–"
+    aliases.update(ncu09_side_numbers(results_dir, "s09_fresh", [
+        ("s4_d64", "ncu_stage09_step4_beside6_d64"), ("s6_d64", "ncu_stage09_step6_d64"),
+        ("s4_d128", "ncu_stage09_step4_beside6_d128"), ("s6_d128", "ncu_stage09_step6_d128")]))
+    aliases.update(ncu09_side_numbers(results_dir, "s09_fa2", [
+        ("ours_d64", "ncu_stage09_ours_d64"), ("flash_d64", "ncu_flash_bwd_d64"),
+        ("ours_d128", "ncu_stage09_ours_d128"), ("flash_d128", "ncu_flash_bwd_d128")]))
+    return aliases
+
+
 def stage10_numbers(results_dir):
     """The numbers stage 10's lesson quotes, from stage10.csv (bench/sdpa_compare.py --stages 10, run
     by bench/gpu_session.sh stage10: each ratio's median over rounds): each a span over both dtypes,
@@ -2180,7 +2249,7 @@ def stage10_numbers(results_dir):
     return aliases
 
 
-def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None):
+def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None, road09_fresh=None):
     """The numbers the lessons quote in their prose, as Doxygen aliases (\\s07_gain_swizzle,
     \\ceiling_mma_bf16 and the like) computed from docs/results/: the ceilings of mma_ceiling.jsonl
     and wgmma_ceiling.jsonl (one alias per quantity, for every lesson and the main page), stage 07's
@@ -2329,6 +2398,7 @@ def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None)
         aliases[f"s07_ncu_d{d}_warps"] = f"{warps[0]:.0f} ({occupancy[0]:.1f}%)" if warps and occupancy else "–"
     aliases.update(stage09_numbers(ceilings, road09, results_dir))
     aliases.update(stage09_later_numbers(road09_later, results_dir))
+    aliases.update(stage09_fresh_numbers(road09_fresh, results_dir))
     aliases.update(stage10_numbers(results_dir))
     with open(path, "w", encoding="utf-8") as f:
         f.write("# Written by docs/make_results.py from docs/results/: the numbers the lessons quote.\n")
@@ -2407,6 +2477,8 @@ def main():
     road09 = read_stage09_steps(args.stage09_steps or os.path.join(results_dir, "stage09_steps_quick.txt"))
     # The road's later steps, timed in a run of their own beside the default main kernel of then.
     road09_later = read_stage09_steps(os.path.join(results_dir, "stage09_steps4_quick.txt"))
+    # Step 6 (offsets afresh), timed in a run of its own beside step 4, the default.
+    road09_fresh = read_stage09_steps(os.path.join(results_dir, "stage09_steps6_quick.txt"))
     stage10 = read_stage10(os.path.join(results_dir, "stage10.csv"), notes)
     first_contact = read_first_contact(os.path.join(results_dir, "stage11_first_contact.txt"))
     # The second record (steps 4 to 8 added) times the same shapes again: its runs replace the first's.
@@ -2446,8 +2518,10 @@ def main():
         stage09_road_table(road09, os.path.join(args.lesson_tables, "stage09_road_table.txt"))
         stage09_road_table(road09_later, os.path.join(args.lesson_tables, "stage09_road4_table.txt"),
                            name="docs/results/stage09_steps4_quick.txt")
+        stage09_road_table(road09_fresh, os.path.join(args.lesson_tables, "stage09_road6_table.txt"),
+                           name="docs/results/stage09_steps6_quick.txt")
         lesson_numbers(gpu, road, results_dir, os.path.join(args.lesson_tables, "lesson_numbers.doxy"), road09,
-                       road09_later)
+                       road09_later, road09_fresh)
 
     plots = []
     meta = read_gpu_meta(args.gpu_csv)

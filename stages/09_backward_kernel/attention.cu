@@ -414,6 +414,8 @@ const std::vector<RoadStep>& road() {
                              "fewer shared-memory reads (d = 128: step 2)"},
         {"16-column steps", "step 4 with S^T and dP^T 16 query columns at a time: no spills at d = 64, K_w and V_w read "
                             "twice as often (d = 128: step 2)"},
+        {"fresh offsets", "step 4 with each warp's shared-memory offsets computed afresh in every query block instead "
+                          "of once before the loop and spilled: no spills at d = 32, 64, 128"},
     };
     // One name per main kernel that run_kernels() (launch.cuh) can launch.
     if (steps.size() != size_t(kRoadSteps)) throw std::logic_error("stage 09: road() and kRoadSteps disagree");

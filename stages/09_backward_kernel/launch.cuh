@@ -168,13 +168,30 @@ struct TunedPtRegisters16<128> {
 };
 //! [tuned_pt_registers]
 
-/// The features of the warp-tiled kernel at `Step` (1 to 5 of the road) and head dimension D.
+//! [tuned_fresh_lanes]
+/// Step 6: step 4 with its offsets computed afresh in each query block (WithFreshLanes). Step 4
+/// spills 36 bytes per thread at d = 64 and step 2, which it runs at d = 128, 76 bytes
+/// (`-Xptxas -v`, CUDA 13.0, sm_90); Nsight Compute counts 1.19 and 2.54 GB of local loads in one
+/// bf16 call at N = 4096, where SDPA flash's kernel reads 0.6 GB and 4 MB
+/// (docs/results/ncu_flash09.txt). The spilled values are the warp's shared-memory addresses,
+/// computed before the loop over query blocks and read back in every iteration. With them
+/// computed afresh, nothing spills at d = 32, 64 or 128.
+template <int D>
+struct TunedFreshLanes {
+    /// the features
+    using F = WithFreshLanes<typename TunedPtRegisters<D>::F>;
+};
+//! [tuned_fresh_lanes]
+
+/// The features of the warp-tiled kernel at `Step` (1 to 6 of the road) and head dimension D.
 template <int D, int Step>
 using TiledStepFeatures = typename std::conditional_t<
     Step == 1, TunedTiled<D>,
-    std::conditional_t<Step == 2, TunedKeys128<D>,
-                       std::conditional_t<Step == 3, TunedDpPieces<D>,
-                                          std::conditional_t<Step == 4, TunedPtRegisters<D>, TunedPtRegisters16<D>>>>>::F;
+    std::conditional_t<
+        Step == 2, TunedKeys128<D>,
+        std::conditional_t<Step == 3, TunedDpPieces<D>,
+                           std::conditional_t<Step == 4, TunedPtRegisters<D>,
+                                              std::conditional_t<Step == 5, TunedPtRegisters16<D>, TunedFreshLanes<D>>>>>>::F;
 
 //! [model_steps]
 /// What a real model's call adds (stage 10), as stage 07 takes it: grouped-query heads, a sliding
@@ -197,7 +214,7 @@ using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, true, So
 
 /// stage07::resolve_options() (InputError for Hk not dividing Hq, a bound below -1, a negative
 /// or infinite cap, a dropout p out of range: Dropout::validate()), and what this backward adds:
-/// the switches on the default main kernel only (`step`, 0 to 5, is the step that would run).
+/// the switches on the default main kernel only (`step`, 0 to 6, is the step that would run).
 inline ResolvedOptions resolve_backward_options(const Problem& p, const ModelOptions& options, int step) {
     const ResolvedOptions m = stage07::resolve_options(p, options);
     if (!m.plain() && step != kModelStep) {
@@ -253,7 +270,7 @@ Geometry tiled_geometry() {
 
 /// The geometry of the main kernel of `step` (0: warps own keys, 1: warp-tiled, 2: warp-tiled
 /// with 128-key blocks, 3: and dP^T in pieces, 4: step 2 with P^T in registers, 5: and 16-column
-/// steps) at head dimension D.
+/// steps, 6: step 4 with its offsets afresh in each query block) at head dimension D.
 template <int D>
 Geometry geometry_for(int step) {
     if (step == 0) {
@@ -265,7 +282,8 @@ Geometry geometry_for(int step) {
     if (step == 2) return tiled_geometry<D, TiledStepFeatures<D, 2>>();
     if (step == 3) return tiled_geometry<D, TiledStepFeatures<D, 3>>();
     if (step == 4) return tiled_geometry<D, TiledStepFeatures<D, 4>>();
-    return tiled_geometry<D, TiledStepFeatures<D, 5>>();
+    if (step == 5) return tiled_geometry<D, TiledStepFeatures<D, 5>>();
+    return tiled_geometry<D, TiledStepFeatures<D, 6>>();
 }
 
 /// Sizes every kernel derives from the problem and the block shape.
@@ -499,7 +517,7 @@ struct Kernel {
 };
 
 /// The main kernels run_kernels() launches, one per step of the road (attention.cu: road()).
-inline constexpr int kRoadSteps = 6;
+inline constexpr int kRoadSteps = 7;
 
 /// The earliest step of the road whose main kernel at head dimension D is the very instance step
 /// `Step` launches (Step itself when no earlier step has it): several steps change one head
@@ -557,8 +575,10 @@ void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
         launch_tiled<T, D, TiledStepFeatures<D, 3>, kDeterministic>(l, launch);
     } else if (step == 4) {
         launch_tiled<T, D, TiledStepFeatures<D, 4>, kDeterministic>(l, launch);
-    } else {
+    } else if (step == 5) {
         launch_tiled<T, D, TiledStepFeatures<D, 5>, kDeterministic>(l, launch);
+    } else {
+        launch_tiled<T, D, TiledStepFeatures<D, 6>, kDeterministic>(l, launch);
     }
     launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
 }

@@ -72,6 +72,21 @@ template <class F>
 struct WithPtInRegisters : F {
     static constexpr bool kPtInRegisters = true;  ///< dV, dK from the registers of P^T, dS^T
 };
+
+//! [fresh_lanes]
+/// Features F whose warps compute their offsets afresh in every query block: the lane's and the
+/// warp's parts of every shared-memory address (which rows, columns and swizzled chunks it reads
+/// and writes) are worked out again from threadIdx at the start of each query block, and from the
+/// lane again in dK, dV's and dQ's products. Without it the compiler computes those addresses
+/// once, before the loop over query blocks, and keeps them for the whole kernel: a dozen or more
+/// registers beside the 128 of dK and dV, which is what spilled (76 bytes per thread at d = 128,
+/// 36 at d = 64, all of them such addresses, stored before the loop and loaded in every
+/// iteration). Afresh, they cost a few integer instructions per query block and live only
+/// while their phase runs: no spills at d = 64 or 128 (`-Xptxas -v`, CUDA 13.0, sm_90).
+template <class F>
+struct WithFreshLanes : F {
+    static constexpr bool kFreshLanes = true;  ///< offsets computed again in each query block
+};
 //! [tiled_features]
 
 /// Whether F feeds dV and dK from registers (WithPtInRegisters) or from the shared P^T and dS^T.
@@ -80,6 +95,13 @@ inline constexpr bool kPtInRegisters = false;
 /// kPtInRegisters for features that say so.
 template <class F>
 inline constexpr bool kPtInRegisters<F, std::void_t<decltype(F::kPtInRegisters)>> = F::kPtInRegisters;
+
+/// Whether F's warps compute their offsets afresh in each query block (WithFreshLanes).
+template <class F, class = void>
+inline constexpr bool kFreshLanes = false;
+/// kFreshLanes for features that say so.
+template <class F>
+inline constexpr bool kFreshLanes<F, std::void_t<decltype(F::kFreshLanes)>> = F::kFreshLanes;
 
 /// Query columns of dP^T per piece: F::kDpColumns where F names it (WithDpPieces), else F::kBn
 /// (all the step's columns at once).
@@ -136,6 +158,44 @@ template <class T, int D, class F>
 using DkvAccumulators = float[TiledShape<T, D, F>::kKeyTiles][TiledShape<T, D, F>::kDkvTiles][4];
 
 namespace detail {
+
+//! [fresh]
+/// `x`, as a value the compiler cannot trace back (WithFreshLanes): an empty `asm volatile` that
+/// says it changed `x`. What is computed from it is then computed where it is used, after this
+/// point, instead of once before the loop and kept in a register. Without kFreshLanes, `x`.
+template <class F>
+__device__ __forceinline__ int fresh(int x) {
+    if constexpr (kFreshLanes<F>) asm volatile("" : "+r"(x));
+    return x;
+}
+
+/// Where one warp works in the block: its lane, the first key of its S^T, dP^T, dK and dV rows,
+/// its first query column of S^T and dP^T, its first feature of dK and dV, and its rows and first
+/// feature of dQ_i.
+struct WarpPlace {
+    int lane;        ///< the lane, 0 to 31
+    int warp;        ///< the warp in the block
+    int key_row0;    ///< first key of S^T, dP^T, dK, dV (in the key block)
+    int query_col0;  ///< first query column of S^T and dP^T (in the query block)
+    int dkv_col0;    ///< first feature of dK and dV
+    int dq_row0;     ///< first row of dQ_i
+    int dq_col0;     ///< first feature of dQ_i
+};
+
+/// The WarpPlace of thread `tid` of the block.
+template <class T, int D, class F>
+__device__ __forceinline__ WarpPlace warp_place(int tid) {
+    using S = TiledShape<T, D, F>;
+    WarpPlace w;
+    w.warp = tid / 32, w.lane = tid % 32;
+    w.key_row0 = (w.warp % F::kKeyWarps) * S::kKeysPerWarp;
+    w.query_col0 = (w.warp / F::kKeyWarps) * S::kQueriesPerWarp;
+    w.dkv_col0 = kPtInRegisters<F> ? 0 : (w.warp / F::kKeyWarps) * S::kDkvCols;
+    w.dq_row0 = (w.warp % S::kDqRowWarps) * 32;
+    w.dq_col0 = (w.warp / S::kDqRowWarps) * S::kDqCols;
+    return w;
+}
+//! [fresh]
 
 //! [tiled_dkdv_registers]
 /// WithPtInRegisters: dV_w += P^T dO_i and dK_w += dS^T Q_i for this warp's keys, its Bn query
@@ -484,6 +544,7 @@ template <class T, int D, class F>
 __device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccumulators<T, D, F>& dv, const uint16_t* pt_tile, const uint16_t* dst_tile, const uint16_t* q_tile,
                                            const uint16_t* do_tile, int key_row0, int col0, int lane) {
     using S = TiledShape<T, D, F>;
+    lane = fresh<F>(lane);  // WithFreshLanes: this phase's addresses from here, not from before the loop
     const uint32_t pt_a = smem_address(pt_tile) + a_lane_bytes<TileLayout<F::kBr, true>>(lane);
     const uint32_t dst_a = smem_address(dst_tile) + a_lane_bytes<TileLayout<F::kBr, true>>(lane);
     const uint32_t do_t = smem_address(do_tile) + v_lane_bytes<TileLayout<D, true>>(lane);
@@ -533,6 +594,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                                          int col0, int lane, BeforeAdding&& before_adding, int rows = 0) {
     using S = TiledShape<T, D, F>;
     constexpr int kTiles = S::kDqCols / 8;
+    lane = fresh<F>(lane);  // WithFreshLanes: this phase's addresses from here
     const int g = lane / 4, t = lane % 4;
     const uint32_t ds_a = smem_address(dst_tile) + k_lane_bytes<TileLayout<F::kBr, true>>(lane);
     const uint32_t k_t = smem_address(k_tile) + v_lane_bytes<TileLayout<D, true>>(lane);
@@ -602,15 +664,12 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
     } else {
         w = detail::block_view<T, D, F::kBc, kDeterministic>(a);
     }
-    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-    const int g = lane / 4, t = lane % 4;
     // The warp's pieces: keys (S^T, dP^T, dK, dV), query columns (S^T, dP^T), features (dK, dV),
     // and rows and features of dQ_i.
-    const int key_row0 = (warp % F::kKeyWarps) * S::kKeysPerWarp;
-    const int query_col0 = (warp / F::kKeyWarps) * S::kQueriesPerWarp;
-    const int dkv_col0 = kPtInRegisters<F> ? 0 : (warp / F::kKeyWarps) * S::kDkvCols;
-    const int dq_row0 = (warp % S::kDqRowWarps) * 32;
-    const int dq_col0 = (warp / S::kDqRowWarps) * S::kDqCols;
+    const detail::WarpPlace place = detail::warp_place<T, D, F>(int(threadIdx.x));
+    const int warp = place.warp, lane = place.lane;
+    const int g = lane / 4, t = lane % 4;
+    const int key_row0 = place.key_row0, dkv_col0 = place.dkv_col0;
 
     float dk[S::kKeyTiles][S::kDkvTiles][4], dv[S::kKeyTiles][S::kDkvTiles][4];
 #pragma unroll
@@ -622,6 +681,9 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
 
     const auto query_block = [&](int i, int slot) {
         const int q0 = i * F::kBr;
+        // WithFreshLanes: the warp's place worked out again for this query block (see fresh()).
+        const detail::WarpPlace here =
+            kFreshLanes<F> ? detail::warp_place<T, D, F>(detail::fresh<F>(int(threadIdx.x))) : place;
         const uint16_t* q_tile = q_ring + slot * S::kQElems;
         const uint16_t* do_tile = do_ring + slot * S::kQElems;
         const float* lse_slot = lse_ring + slot * F::kBr;
@@ -637,22 +699,22 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
         }
 #pragma unroll 1
         for (int step = 0; step < S::kSteps; ++step) {
-            const int c0 = query_col0 + step * F::kBn;
+            const int c0 = here.query_col0 + step * F::kBn;
             if (mask) {
                 detail::tiled_scores<T, D, F, true>(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot,
-                                                    pt_tile, dst_tile, q0, c0, w.kv0, key_row0, a, lane, site);
+                                                    pt_tile, dst_tile, q0, c0, w.kv0, here.key_row0, a, here.lane, site);
             } else {
                 detail::tiled_scores<T, D, F, false>(dk, dv, k_tile, v_tile, q_tile, do_tile, lse_slot, delta_slot,
-                                                     pt_tile, dst_tile, q0, c0, w.kv0, key_row0, a, lane, site);
+                                                     pt_tile, dst_tile, q0, c0, w.kv0, here.key_row0, a, here.lane, site);
             }
         }
         __syncthreads();  // all of P^T and dS^T stored before any warp reads another warp's piece
         if constexpr (!kPtInRegisters<F>) {
-            detail::tiled_dkdv<T, D, F>(dk, dv, pt_tile, dst_tile, q_tile, do_tile, key_row0, dkv_col0, lane);
+            detail::tiled_dkdv<T, D, F>(dk, dv, pt_tile, dst_tile, q_tile, do_tile, here.key_row0, here.dkv_col0, here.lane);
         }
         // dQ_i's products, then the additions; the deterministic mode waits for its turn between
         // the two, holding its products in registers.
-        detail::tiled_dq<T, D, F, kPacked<F>>(dst_tile, k_tile, w.dq + int64_t(q0) * D, dq_row0, dq_col0, lane, [&] {
+        detail::tiled_dq<T, D, F, kPacked<F>>(dst_tile, k_tile, w.dq + int64_t(q0) * D, here.dq_row0, here.dq_col0, here.lane, [&] {
             if constexpr (kDeterministic) {
                 detail::wait_for_turn<T, F::kBr, F::kBc, kWindow<F>, kPacked<F>>(a, w.bh, i, w.j);
                 __syncthreads();  // the turn thread 0 acquired, before every thread's dQ_i additions
