@@ -67,6 +67,10 @@
 #              N 4096/16384, each group of query heads split over S blocks (FA_STAGE09_GROUP_SPLIT:
 #              1, 2, 4, 8 where S divides the group, and 0, the rule), ROUNDS rounds interleaved:
 #              split09.txt
+#   road09     stage 09's whole road in one run: the default main kernel with every other step beside it
+#              (the steps read from stage09_backward_kernel --help), bf16, d 64/128, N 4096/16384,
+#              causal and not, beside SDPA flash and cuDNN, ROUNDS rounds of ROAD09_REPEAT (10) timed
+#              runs: road09/stage09_sweep_table.txt, the record of the lesson's road table
 #   timing     SDPA flash's bf16 forward timed four ways in one process (bench/timing_check.py: the
 #              course's events, Triton's do_bench, each run on an idle GPU, a CUDA graph), d 64/128,
 #              N 1024/4096/16384, causal and not, ROUNDS rounds: timing_check.txt
@@ -588,6 +592,26 @@ step_split09() {
         done
     done
     grep -E "^== |^stage10 " "$out" | tee -a "$LOGS/summary.txt"
+}
+
+# Every step of stage 09's road in one run: the default main kernel (rows stage09) with every other
+# step beside it (--steps09, the steps read from stage09_backward_kernel --help), bf16, d 64/128,
+# N 4096/16384, causal and not, ROUNDS rounds of ROAD09_REPEAT timed runs (default 10): one record
+# for the lesson's road table (road09/stage09_sweep_table.txt and ratios_over_rounds.txt).
+step_road09() {
+    local steps=() default last s
+    # "--step INT:INT in [0 - 6]  which step of the road runs (default: step 4):"
+    default=$("$STAGE09" --help 2>/dev/null | sed -n 's/.*--step .*(default: step \([0-9][0-9]*\)).*/\1/p' | head -1)
+    last=$("$STAGE09" --help 2>/dev/null | sed -n 's/.*--step INT:INT in \[0 - \([0-9][0-9]*\)\].*/\1/p' | head -1)
+    for s in $(seq 0 "${last:--1}"); do [ "$s" = "$default" ] || steps+=("$s"); done
+    note "road09: stage 09's road in one run, default step ${default:-?} beside steps ${steps[*]:-?}, bf16"
+    if [ -z "$default" ] || [ ${#steps[@]} -eq 0 ]; then
+        record "FAIL  road09: could not read the road's steps from $STAGE09 --help"
+        status=1
+        return 0
+    fi
+    compare road09 "$RESULTS/road09" --stages 07 09 --dtypes bf16 --sizes 4096 16384 --repeat "${ROAD09_REPEAT:-10}" \
+        --warmup 2 --steps09 "${steps[@]}"
 }
 
 step_timing() {
@@ -1114,7 +1138,7 @@ pack() {
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 order09 split09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncuflash09 ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncuflash09 ncu11 lessons"
         status=2
         continue
     fi
