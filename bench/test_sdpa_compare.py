@@ -3,7 +3,8 @@
 comparisons and tables on synthetic rows of three rounds as bench_gpu and the SDPA side write them
 (grouped heads beside three backends, a window beside the plain causal kernels, dropout whose
 backward stage 09 refuses, the packed batch beside the uniform one and SDPA's nested and padded
-batches). Run: python3 bench/test_sdpa_compare.py"""
+batches); and ncu_side_by_side.py's reading of Nsight Compute's units. Run: python3
+bench/test_sdpa_compare.py"""
 import contextlib
 import csv
 import doctest
@@ -347,6 +348,45 @@ class Stage10Main(unittest.TestCase):
 def load_tests(loader, tests, ignore):
     tests.addTests(doctest.DocTestSuite(sc))
     return tests
+
+
+class NcuSideBySide(unittest.TestCase):
+    """ncu_side_by_side.py, which writes the records stage 09's lesson sets side by side."""
+
+    REPORT = """==PROF== Connected to process 1 (bench_gpu)
+  void kernel<64>(Args) (4096, 1, 1)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: Command line profiler metrics
+    gpu__time_duration.sum                                                               ms         2.58
+    l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum                                       Gbyte         1.30
+    smsp__inst_executed.sum                                                            inst  512,774,144
+    sm__warps_active.avg.pct_of_peak_sustained_active                                     %        12.50
+  void kernel<128>(Args) (2048, 1, 1)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    gpu__time_duration.sum                                                               ms         9.99
+"""
+
+    def test_units_and_first_kernel(self):
+        import ncu_side_by_side as nsb
+        with tempfile.TemporaryDirectory() as tmp:
+            a, b = os.path.join(tmp, "a.txt"), os.path.join(tmp, "b.txt")
+            with open(a, "w") as f:
+                f.write(self.REPORT)
+            with open(b, "w") as f:
+                f.write(self.REPORT.replace("Gbyte         1.30", "byte             0").replace("2.58", "2.10"))
+            values = nsb.read(a)
+            self.assertAlmostEqual(values["gpu__time_duration.sum"][0], 2580.0)  # the first kernel's, in us
+            self.assertEqual(values["gpu__time_duration.sum"][1], "us")
+            self.assertAlmostEqual(values["l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"][0], 1300.0)  # MB
+            self.assertEqual(values["smsp__inst_executed.sum"][0], 512774144.0)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                nsb.main([f"ours={a}", f"theirs={b}"])
+            lines = out.getvalue().splitlines()
+            self.assertIn("ours", lines[0])
+            self.assertIn("theirs", lines[0])
+            local = next(line for line in lines if line.startswith("l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"))
+            self.assertEqual(local.split()[-2:], ["1,300.00", "0.00"])
+            with self.assertRaises(SystemExit):
+                nsb.main(["no-label"])
 
 
 if __name__ == "__main__":
