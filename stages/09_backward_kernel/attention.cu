@@ -415,7 +415,8 @@ const std::vector<RoadStep>& road() {
         {"16-column steps", "step 4 with S^T and dP^T 16 query columns at a time: no spills at d = 64, K_w and V_w read "
                             "twice as often (d = 128: step 2)"},
         {"fresh offsets", "step 4 with each warp's shared-memory offsets computed afresh in every query block instead "
-                          "of once before the loop and spilled: no spills at d = 32, 64, 128"},
+                          "of once before the loop and spilled: no spills at d = 32, 64, 128, but more instructions "
+                          "(slower than step 4 on the H100)"},
     };
     // One name per main kernel that run_kernels() (launch.cuh) can launch.
     if (steps.size() != size_t(kRoadSteps)) throw std::logic_error("stage 09: road() and kRoadSteps disagree");
