@@ -108,8 +108,9 @@
 #
 # Run from the repository root. Logs and results are written under /tmp/fa-session, then packed
 # into $OUT/session.tgz (default OUT=/tmp/fa-out) beside a copy of the summary, after every step
-# (a call cut short still returns the steps it finished); the summary says how long each step
-# took. The Debian packages CMake needs (Eigen, CLI11, doctest) are unpacked from .deps/ when
+# and every PACK_EVERY seconds (default 30) during one (a call cut short still returns the steps it
+# finished, and the logs and results so far of the one it was in); the summary says how long each
+# step took. The Debian packages CMake needs (Eigen, CLI11, doctest) are unpacked from .deps/ when
 # present. Each call starts a fresh /tmp/fa-session; the build folder ($BUILD, default build-gpu)
 # is kept, so `build` is quick when the machine still holds it. The comparisons with SDPA run the
 # whole sequence (ours, then SDPA) ROUNDS times (default 3) and report each ratio's median over
@@ -1130,11 +1131,20 @@ step_lessons() {
 }
 
 # Packs what is there so far: after every step, so a call cut short by its time limit still
-# returns the steps it finished.
+# returns the steps it finished ...
 pack() {
-    tar czf "$OUT/session.tgz.part" -C "$WORK" logs results 2>/dev/null && mv "$OUT/session.tgz.part" "$OUT/session.tgz"
-    cp "$LOGS/summary.txt" "$OUT/summary.txt"
+    local part="$OUT/session.tgz.part.$BASHPID"  # the background packer and the steps each write their own
+    tar czf "$part" -C "$WORK" logs results 2>/dev/null && mv -f "$part" "$OUT/session.tgz"
+    rm -f "$part"
+    cp "$LOGS/summary.txt" "$OUT/summary.txt.part.$BASHPID" 2>/dev/null && mv -f "$OUT/summary.txt.part.$BASHPID" "$OUT/summary.txt"
 }
+
+# ... and every PACK_EVERY seconds (default 30) in the background, so that a call cut inside a long
+# step (a sweep, a sanitizer, test.sh) still returns that step's logs and what it wrote so far.
+# Its output goes nowhere, so that a sleep it leaves behind holds no pipe of the caller's open.
+( while sleep "${PACK_EVERY:-30}"; do pack; done ) </dev/null >/dev/null 2>&1 &
+packer=$!
+trap 'kill "$packer" 2>/dev/null' EXIT
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
