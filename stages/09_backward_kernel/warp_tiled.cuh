@@ -664,12 +664,17 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
     } else {
         w = detail::block_view<T, D, F::kBc, kDeterministic>(a);
     }
-    // The warp's pieces: keys (S^T, dP^T, dK, dV), query columns (S^T, dP^T), features (dK, dV),
-    // and rows and features of dQ_i.
-    const detail::WarpPlace place = detail::warp_place<T, D, F>(int(threadIdx.x));
-    const int warp = place.warp, lane = place.lane;
+    const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
     const int g = lane / 4, t = lane % 4;
-    const int key_row0 = place.key_row0, dkv_col0 = place.dkv_col0;
+    // The warp's pieces: keys (S^T, dP^T, dK, dV), query columns (S^T, dP^T), features (dK, dV),
+    // and rows and features of dQ_i (detail::warp_place(), written out here in the order the
+    // kernels of the other steps have always computed them).
+    const int key_row0 = (warp % F::kKeyWarps) * S::kKeysPerWarp;
+    const int query_col0 = (warp / F::kKeyWarps) * S::kQueriesPerWarp;
+    const int dkv_col0 = kPtInRegisters<F> ? 0 : (warp / F::kKeyWarps) * S::kDkvCols;
+    const int dq_row0 = (warp % S::kDqRowWarps) * 32;
+    const int dq_col0 = (warp / S::kDqRowWarps) * S::kDqCols;
+    const detail::WarpPlace place{lane, warp, key_row0, query_col0, dkv_col0, dq_row0, dq_col0};
 
     float dk[S::kKeyTiles][S::kDkvTiles][4], dv[S::kKeyTiles][S::kDkvTiles][4];
 #pragma unroll
