@@ -1040,9 +1040,8 @@ step_ncuflash09() {
             --stages 09 --dtypes bf16 --sizes "$n" --head-dims "$d" --causal no
         NCU_METRICS=NCUDROP_METRICS ncu_command flash_bwd_dq_dk_dv "ncu_flash_bwd_d$d" \
             python3 bench/sdpa_once.py --backend flash --dtype bf16 --seq "$n" --head-dim "$d"
-        for f in ours flash; do
-            local r=$RESULTS/ncu_stage09_ours_d$d.txt && [ $f = flash ] && r=$RESULTS/ncu_flash_bwd_d$d.txt
-            record "-- d=$d, $f: $(grep -m1 -E '\(([0-9]+), ([0-9]+), ([0-9]+)\)x\(' "$r" | sed 's/^ *//' | cut -c1-160)"
+        for r in "$RESULTS/ncu_stage09_ours_d$d.txt" "$RESULTS/ncu_flash_bwd_d$d.txt"; do
+            record "-- d=$d, $(basename "$r" .txt): $(grep -m1 -E '\(([0-9]+), ([0-9]+), ([0-9]+)\)x\(' "$r" | sed 's/^ *//' | cut -c1-160)"
             grep -E "Registers Per|Dynamic Shared Memory Per|Static Shared Memory Per|Achieved Occupancy" "$r" | head -4 | tee -a "$LOGS/summary.txt"
         done
         cols+=("ours_d$d=$RESULTS/ncu_stage09_ours_d${d}_metrics.txt" "flash_d$d=$RESULTS/ncu_flash_bwd_d${d}_metrics.txt")

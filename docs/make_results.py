@@ -1421,14 +1421,23 @@ def stage10_section(rows, images, out, plots_made):
     stage10_targets(rows, out)
 
 
+def section_opening(w, heading, rows, missing):
+    """A section's heading; where `rows` is empty, also the line `missing` that says what the data
+    lacks. True when there are rows to show."""
+    w(heading)
+    w("")
+    if not rows:
+        w(missing)
+        w("")
+        return False
+    return True
+
+
 def stage10_sdpa(rows, images, out, plots_made):
     """Ours / SDPA flash and cuDNN by rate for each dense variant, pass and (dtype, d, N)."""
     w = out.append
-    w("### Grouped heads, causal and dropout against SDPA {#results_stage10_sdpa}")
-    w("")
-    if not rows:
-        w("`stage10.csv` has no dense variant beside SDPA.")
-        w("")
+    if not section_opening(w, "### Grouped heads, causal and dropout against SDPA {#results_stage10_sdpa}", rows,
+                           "`stage10.csv` has no dense variant beside SDPA."):
         return
     idx = {(r["variant"], sdpa_backend(r["other"])[0], r["pass"], r["dtype"], r["d"], r["N"]): r for r in rows}
     variants = sorted({r["variant"] for r in rows}, key=variant_key)
@@ -1494,11 +1503,8 @@ def stage10_window(rows, images, out, plots_made):
     """A window's time over the plain causal kernels' at the same N, beside the share of the causal
     pairs it keeps, computed from N and the window."""
     w = out.append
-    w("### A sliding window against causal {#results_stage10_window}")
-    w("")
-    if not rows:
-        w("`stage10.csv` has no window timed against the plain causal kernels.")
-        w("")
+    if not section_opening(w, "### A sliding window against causal {#results_stage10_window}", rows,
+                           "`stage10.csv` has no window timed against the plain causal kernels."):
         return
     for variant in sorted({r["variant"] for r in rows}):
         vrows = [r for r in rows if r["variant"] == variant]
@@ -1553,12 +1559,9 @@ def stage10_packed(rows, images, out, plots_made):
     """The packed batch of mixed lengths: its rate beside the dense kernel's on a uniform batch of
     the same tokens and beside SDPA's nested and padded batches; the padded batch's memory."""
     w = out.append
-    w("### The packed batch against dense, nested and padded {#results_stage10_varlen}")
-    w("")
     timed = [r for r in rows if r["kind"] in ("vs_dense", "vs_sdpa")]
-    if not timed:
-        w("`stage10.csv` has no packed batch.")
-        w("")
+    if not section_opening(w, "### The packed batch against dense, nested and padded {#results_stage10_varlen}", timed,
+                           "`stage10.csv` has no packed batch."):
         return
     # Columns: the packed kernel over the dense one (mixed lengths, then uniform ones), then each SDPA
     # backend and layout that ran at least once.
@@ -1845,6 +1848,17 @@ def read_ncu_sections(path):
     return parts
 
 
+def read_ncu_report(results_dir, *names):
+    """Every counter of the Nsight Compute reports `names` of results_dir (their parts merged, as
+    read_ncu_sections() reads them; the first file and the first part that prints a name win)."""
+    metrics = {}
+    for name in names:
+        for part in read_ncu_sections(os.path.join(results_dir, name)).values():
+            for k, v in part.items():
+                metrics.setdefault(k, v)
+    return metrics
+
+
 def count_words(n):
     """2117640202 -> "2.12 billion", 303059534 -> "303 million", 21070 -> "21 thousand"."""
     for scale, word in ((1e9, "billion"), (1e6, "million"), (1e3, "thousand")):
@@ -2010,10 +2024,7 @@ def stage09_numbers(ceilings, road09, results_dir):
     ncu_stage09_tiled_d64_metrics.txt)."""
     aliases = OrderedDict()
     for step, name in (("step0", "ncu_stage09_d64_metrics.txt"), ("step1", "ncu_stage09_tiled_d64_metrics.txt")):
-        metrics = {}
-        for part in read_ncu_sections(os.path.join(results_dir, name)).values():
-            for k, v in part.items():
-                metrics.setdefault(k, v)
+        metrics = read_ncu_report(results_dir, name)
         for key, metric, fmt in (
                 ("tensor", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "{:.1f}%"),
                 ("barrier", "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio", "{:.2f}"),
@@ -2122,11 +2133,7 @@ def stage09_later_numbers(road09_later, results_dir):
             aliases[f"s09_grid_bwd_flash_d{d}_n{n}"] = span2(v[4] for v in vals)
         aliases[f"s09_grid_fb_cudnn_d{d}"] = span2(v[3] for k, v in grid.items() if k[1] == d)
     for step in (2, 4, 5):
-        metrics = {}
-        for name in (f"ncu_stage09_step{step}_d64.txt", f"ncu_stage09_step{step}_d64_metrics.txt"):
-            for part in read_ncu_sections(os.path.join(results_dir, name)).values():
-                for k, v in part.items():
-                    metrics.setdefault(k, v)
+        metrics = read_ncu_report(results_dir, f"ncu_stage09_step{step}_d64.txt", f"ncu_stage09_step{step}_d64_metrics.txt")
         for key, metric, fmt in (
                 ("ms", "Duration", "{:.2f}"),
                 ("tensor", "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "{:.1f}%"),
@@ -2177,11 +2184,7 @@ def ncu09_side_numbers(results_dir, prefix, reports):
     and each counter of NCU09_SIDE_COUNTERS; '–' where a report or a counter is missing."""
     aliases = OrderedDict()
     for label, name in reports:
-        metrics = {}
-        for report in (name + ".txt", name + "_metrics.txt"):  # the sections (registers), then the counters
-            for part in read_ncu_sections(os.path.join(results_dir, report)).values():
-                for k, v in part.items():
-                    metrics.setdefault(k, v)
+        metrics = read_ncu_report(results_dir, name + ".txt", name + "_metrics.txt")  # sections (registers), counters
         for key, counter, fmt, scale in NCU09_SIDE_COUNTERS:
             value = None
             if counter in metrics:
