@@ -185,15 +185,32 @@ struct TunedFreshLanes {
 };
 //! [tuned_fresh_lanes]
 
-/// The features of the warp-tiled kernel at `Step` (1 to 6 of the road) and head dimension D.
+//! [tuned_dq_adds]
+/// Steps 7 and 8: step 4 with dQ_i added one float32 at a time (7, FlashAttention-2's form) or four
+/// (8, `red.global.add.v4.f32`) instead of two (WithDqAdds). Nsight Compute finds step 4's warps
+/// waiting on the queue of local and global memory instructions (`lg_throttle`, 0.30 to 0.43 per
+/// issued instruction at N = 4096) where FlashAttention-2's, which adds one value per instruction,
+/// never do (docs/results/ncu_flash09.txt); besides the spills, that queue holds the dQ additions.
+template <int D, int Width>
+struct TunedDqAdds {
+    /// the features
+    using F = WithDqAdds<typename TunedPtRegisters<D>::F, Width>;
+};
+//! [tuned_dq_adds]
+
+/// The features of the warp-tiled kernel at `Step` (1 to 8 of the road) and head dimension D.
 template <int D, int Step>
 using TiledStepFeatures = typename std::conditional_t<
     Step == 1, TunedTiled<D>,
     std::conditional_t<
         Step == 2, TunedKeys128<D>,
-        std::conditional_t<Step == 3, TunedDpPieces<D>,
-                           std::conditional_t<Step == 4, TunedPtRegisters<D>,
-                                              std::conditional_t<Step == 5, TunedPtRegisters16<D>, TunedFreshLanes<D>>>>>>::F;
+        std::conditional_t<
+            Step == 3, TunedDpPieces<D>,
+            std::conditional_t<
+                Step == 4, TunedPtRegisters<D>,
+                std::conditional_t<Step == 5, TunedPtRegisters16<D>,
+                                   std::conditional_t<Step == 6, TunedFreshLanes<D>,
+                                                      TunedDqAdds<D, Step == 7 ? 1 : 4>>>>>>>::F;
 
 //! [model_steps]
 /// What a real model's call adds (stage 10), as stage 07 takes it: grouped-query heads, a sliding
@@ -216,7 +233,7 @@ using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, true, So
 
 /// stage07::resolve_options() (InputError for Hk not dividing Hq, a bound below -1, a negative
 /// or infinite cap, a dropout p out of range: Dropout::validate()), and what this backward adds:
-/// the switches on the default main kernel only (`step`, 0 to 6, is the step that would run).
+/// the switches on the default main kernel only (`step`, 0 to 8, is the step that would run).
 inline ResolvedOptions resolve_backward_options(const Problem& p, const ModelOptions& options, int step) {
     const ResolvedOptions m = stage07::resolve_options(p, options);
     if (!m.plain() && step != kModelStep) {
@@ -272,7 +289,8 @@ Geometry tiled_geometry() {
 
 /// The geometry of the main kernel of `step` (0: warps own keys, 1: warp-tiled, 2: warp-tiled
 /// with 128-key blocks, 3: and dP^T in pieces, 4: step 2 with P^T in registers, 5: and 16-column
-/// steps, 6: step 4 with its offsets afresh in each query block) at head dimension D.
+/// steps, 6: step 4 with its offsets afresh in each query block, 7 and 8: step 4 adding dQ one or
+/// four float32 at a time) at head dimension D.
 template <int D>
 Geometry geometry_for(int step) {
     if (step == 0) {
@@ -285,7 +303,9 @@ Geometry geometry_for(int step) {
     if (step == 3) return tiled_geometry<D, TiledStepFeatures<D, 3>>();
     if (step == 4) return tiled_geometry<D, TiledStepFeatures<D, 4>>();
     if (step == 5) return tiled_geometry<D, TiledStepFeatures<D, 5>>();
-    return tiled_geometry<D, TiledStepFeatures<D, 6>>();
+    if (step == 6) return tiled_geometry<D, TiledStepFeatures<D, 6>>();
+    if (step == 7) return tiled_geometry<D, TiledStepFeatures<D, 7>>();
+    return tiled_geometry<D, TiledStepFeatures<D, 8>>();
 }
 
 /// Sizes every kernel derives from the problem and the block shape.
@@ -519,7 +539,7 @@ struct Kernel {
 };
 
 /// The main kernels run_kernels() launches, one per step of the road (attention.cu: road()).
-inline constexpr int kRoadSteps = 7;
+inline constexpr int kRoadSteps = 9;
 
 /// The earliest step of the road whose main kernel at head dimension D is the very instance step
 /// `Step` launches (Step itself when no earlier step has it): several steps change one head
@@ -579,8 +599,12 @@ void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
         launch_tiled<T, D, TiledStepFeatures<D, 4>, kDeterministic>(l, launch);
     } else if (step == 5) {
         launch_tiled<T, D, TiledStepFeatures<D, 5>, kDeterministic>(l, launch);
-    } else {
+    } else if (step == 6) {
         launch_tiled<T, D, TiledStepFeatures<D, 6>, kDeterministic>(l, launch);
+    } else if (step == 7) {
+        launch_tiled<T, D, TiledStepFeatures<D, 7>, kDeterministic>(l, launch);
+    } else {
+        launch_tiled<T, D, TiledStepFeatures<D, 8>, kDeterministic>(l, launch);
     }
     launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
 }

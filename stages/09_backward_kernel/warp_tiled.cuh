@@ -87,6 +87,18 @@ template <class F>
 struct WithFreshLanes : F {
     static constexpr bool kFreshLanes = true;  ///< offsets computed again in each query block
 };
+
+//! [dq_adds]
+/// Features F whose dQ_i additions each carry `Width` consecutive float32 of one row: 1, one
+/// `red.global.add.f32` per value (FlashAttention-2's form); 2, the default, one
+/// `red.global.add.v2.f32` per pair a lane holds; 4, `red.global.add.v4.f32` (sm_90), a lane and its
+/// neighbour lane ^ 1 first trading the pairs of the other's row, so that each holds four
+/// consecutive values of one row (two shuffles per four values, half the additions of Width 2).
+template <class F, int Width>
+struct WithDqAdds : F {
+    static constexpr int kDqAddWidth = Width;  ///< float32 per dQ addition
+    static_assert(Width == 1 || Width == 2 || Width == 4, "one, two or four float32 per addition");
+};
 //! [tiled_features]
 
 /// Whether F feeds dV and dK from registers (WithPtInRegisters) or from the shared P^T and dS^T.
@@ -102,6 +114,13 @@ inline constexpr bool kFreshLanes = false;
 /// kFreshLanes for features that say so.
 template <class F>
 inline constexpr bool kFreshLanes<F, std::void_t<decltype(F::kFreshLanes)>> = F::kFreshLanes;
+
+/// Float32 values per dQ addition: F::kDqAddWidth where F names it (WithDqAdds), else 2.
+template <class F, class = void>
+inline constexpr int kDqAddWidth = 2;
+/// kDqAddWidth for features that name it.
+template <class F>
+inline constexpr int kDqAddWidth<F, std::void_t<decltype(F::kDqAddWidth)>> = F::kDqAddWidth;
 
 /// Query columns of dP^T per piece: F::kDpColumns where F names it (WithDpPieces), else F::kBn
 /// (all the step's columns at once).
@@ -623,16 +642,49 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
         }
     }
     before_adding();
+    if constexpr (kDqAddWidth<F> == 4) {
+        //! [dq_adds_v4]
+        // Lane (g, t) holds rows g and g + 8, columns 2t, 2t + 1 of each tile; lane t ^ 1 the next
+        // (or previous) two columns. An even t keeps row g and takes its neighbour's pair of row g;
+        // an odd t keeps row g + 8 and takes its neighbour's pair of row g + 8: four consecutive
+        // values of one row each, 16-byte aligned (columns 2t or 2t - 2, a multiple of 4).
+        const bool odd = (t & 1) != 0;
+        const int hh = odd ? 1 : 0;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+        for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-        for (int nt = 0; nt < kTiles; ++nt)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                if (kRowLimit && row0 + 16 * mt + g + 8 * hh >= rows) continue;
-                float* p = dq_block + int64_t(row0 + 16 * mt + g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
-                red_global_add_v2_f32(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+            for (int nt = 0; nt < kTiles; ++nt) {
+                const float* c = acc[mt][nt];
+                const float give0 = odd ? c[0] : c[2], give1 = odd ? c[1] : c[3];
+                const float take0 = __shfl_xor_sync(0xffffffffu, give0, 1);
+                const float take1 = __shfl_xor_sync(0xffffffffu, give1, 1);
+                const int row = row0 + 16 * mt + g + 8 * hh;
+                if (kRowLimit && row >= rows) continue;
+                float* p = dq_block + int64_t(row) * D + col0 + nt * 8 + 2 * (t & ~1);
+                if (odd) {
+                    red_global_add_v4_f32(p, take0, take1, c[2], c[3]);
+                } else {
+                    red_global_add_v4_f32(p, c[0], c[1], take0, take1);
+                }
             }
+        //! [dq_adds_v4]
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < kTiles; ++nt)
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    if (kRowLimit && row0 + 16 * mt + g + 8 * hh >= rows) continue;
+                    float* p = dq_block + int64_t(row0 + 16 * mt + g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
+                    if constexpr (kDqAddWidth<F> == 1) {
+                        atomicAdd(p, acc[mt][nt][2 * hh]);  // result unused: red.global.add.f32
+                        atomicAdd(p + 1, acc[mt][nt][2 * hh + 1]);
+                    } else {
+                        red_global_add_v2_f32(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
+                    }
+                }
+    }
 }
 //! [tiled_dq]
 

@@ -107,6 +107,11 @@ inline void red_global_add_v2_f32(float* address, float x, float y) {
     atomicAdd(address, x);
     atomicAdd(address + 1, y);
 }
+inline void red_global_add_v4_f32(float* address, float x, float y, float z, float w) {
+    if ((reinterpret_cast<uintptr_t>(address) & 15u) != 0) { std::fprintf(stderr, "red.global.add.v4.f32: %p is not 16-byte aligned\n", static_cast<void*>(address)); std::abort(); }
+    red_global_add_v2_f32(address, x, y);
+    red_global_add_v2_f32(address + 2, z, w);
+}
 inline int ld_global_acquire_gpu_b32(const int* address) { return __atomic_load_n(address, __ATOMIC_ACQUIRE); }
 template <class T> inline uint32_t pack2(float lo, float hi);
 template <> inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) { return uint32_t(emu_f2bf(lo)) | (uint32_t(emu_f2bf(hi)) << 16); }

@@ -137,6 +137,19 @@ __device__ __forceinline__ void red_global_add_v2_f32(float* address, float x, f
 #endif
 }
 
+/// `red.global.add.v4.f32`: adds (x, y, z, w) to the four float32 at `address` (16-byte aligned,
+/// global memory) in one request; before sm_90, two red_global_add_v2_f32. Atomic, in no fixed
+/// order, as red_global_add_v2_f32.
+__device__ __forceinline__ void red_global_add_v4_f32(float* address, float x, float y, float z, float w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(address), "f"(x), "f"(y), "f"(z), "f"(w)
+                 : "memory");
+#else
+    red_global_add_v2_f32(address, x, y);
+    red_global_add_v2_f32(address + 2, z, w);
+#endif
+}
+
 /// `ld.global.acquire.gpu.b32`: reads a counter another block publishes. The memory operations of
 /// this thread that follow it see every write that was made visible before the counter's value
 /// was written (release/acquire at GPU scope): the reading side of a flag, whose writing side is
