@@ -1941,12 +1941,13 @@ def stage09_step_order(road09):
     return sorted({r["step"] for r in road09["rows"]}, key=lambda s: (-1 if s is None else s))
 
 
-def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_steps_quick.txt"):
+def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_steps_quick.txt", over_default=False):
     """stage09_road_table.txt, which stage 09's lesson shows: the backward alone of every main kernel
     of the record, TFLOP/s with its ratio to SDPA flash's backward and its gain over the step before,
     one block of rows per head dimension; then every point where a step was slower than the one
     before it. Nothing in it is typed: any number of steps, sizes and head dimensions. `name`: the
-    record it comes from, as the caption cites it."""
+    record it comes from, as the caption cites it. `over_default`: each step's gain over the run's
+    default main kernel instead (for steps that branch off it rather than follow one another)."""
     if not road09 or not any(r["dtype"] == dtype for r in road09["rows"]):
         lines = [f"stage 09's road: not measured yet (needs {name}: bench/gpu_session.sh quick with STEPS09)"]
     else:
@@ -1954,8 +1955,9 @@ def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_st
         cell = {(r["step"], r["d"], r["N"], r["causal"]): r for r in rows}
         steps = [s for s in stage09_step_order(road09) if any(r["step"] == s for r in rows)]
         cols = sorted({(r["N"], r["causal"]) for r in rows})
+        against = "the default main kernel" if over_default else "the step before"
         lines = [f"stage 09's road, the backward alone, {dtype}: TFLOP/s (its ratio to SDPA flash's backward) "
-                 "x its gain over the step before",
+                 f"x its gain over {against}",
                  f"{road09['gpu']}, {road09['date']}" + (f"; {road09['size_note']}" if road09["size_note"] else "")
                  + f"; from {name}"]
         width = 20
@@ -1964,7 +1966,7 @@ def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_st
         for d in sorted({r["d"] for r in rows}):
             lines.append("")
             lines.append((f"d={d}".ljust(12) + head[12:]).rstrip())
-            before = None
+            before = road09["default_step"] if over_default else None
             for step in steps:
                 cells = []
                 for n, c in cols:
@@ -1973,7 +1975,7 @@ def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_st
                         cells.append(f"{'-':<{width}}")
                         continue
                     text = f"{r['bwd']:.1f}" + (f" ({r['bwd_vs_flash']:.2f})" if r["bwd_vs_flash"] is not None else "")
-                    prev = cell.get((before, d, n, c)) if before is not None else None
+                    prev = cell.get((before, d, n, c)) if before is not None and before != step else None
                     if prev and prev["bwd"]:
                         gain = r["bwd"] / prev["bwd"]
                         text += f" x{gain:.2f}"
@@ -1982,7 +1984,7 @@ def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_st
                     cells.append(f"{text + (' BAD' if r['bad'] else ''):<{width}}")
                 label = "  default" if step is None else f"  step {step}"
                 lines.append(f"{label:<12}" + "".join(cells).rstrip())
-                if step is not None:
+                if step is not None and not over_default:
                     before = step
         lines.append("")
         lines.extend(slower)
@@ -2195,19 +2197,28 @@ def ncu09_side_numbers(results_dir, prefix, reports):
     return aliases
 
 
+def stage09_over_default_numbers(record, step, prefix, over="over_default"):
+    """One step's backward (and forward + backward) over the default main kernel it was timed beside
+    (record: read_stage09_steps()), each a span over both dtypes, both sizes, causal and not, per
+    head dimension: \\<prefix>_<over>_d64, \\<prefix>_fb_<over>_d64 (d 128 likewise), and at how
+    many points its backward was slower, \\<prefix>_slower ("3 of 16")."""
+    aliases = OrderedDict()
+    rows = [r for r in (record or {}).get("rows", []) if r["step"] == step]
+    for d in (64, 128):
+        aliases[f"{prefix}_{over}_d{d}"] = span_ratios(r["bwd_vs_default"] for r in rows if r["d"] == d)
+        aliases[f"{prefix}_fb_{over}_d{d}"] = span_ratios(r["fb_vs_default"] for r in rows if r["d"] == d)
+    slower = [r for r in rows if r["bwd_vs_default"] is not None and round(r["bwd_vs_default"], 2) < 1.0]
+    aliases[f"{prefix}_slower"] = f"{len(slower)} of {len(rows)}" if rows else "–"
+    return aliases
+
+
 def stage09_fresh_numbers(road09_fresh, results_dir):
     """The numbers of stage 09's step 6 and of its comparison with SDPA flash's kernel, which its
     lesson quotes: step 6's backward over step 4's, from their run side by side (road09_fresh:
     read_stage09_steps() of stage09_steps6_quick.txt), each a span over both dtypes, both sizes,
     causal and not; Nsight Compute's counters of step 4 beside step 6 (ncu_stage09_step6.txt's
     reports) and of step 4 beside SDPA flash's backward kernel (ncu_flash09.txt's)."""
-    aliases = OrderedDict()
-    rows = [r for r in (road09_fresh or {}).get("rows", []) if r["step"] == 6]
-    for d in (64, 128):
-        aliases[f"s09_road6_s6_over_s4_d{d}"] = span_ratios(r["bwd_vs_default"] for r in rows if r["d"] == d)
-        aliases[f"s09_road6_s6_fb_over_s4_d{d}"] = span_ratios(r["fb_vs_default"] for r in rows if r["d"] == d)
-    slower = [r for r in rows if r["bwd_vs_default"] is not None and round(r["bwd_vs_default"], 2) < 1.0]
-    aliases["s09_road6_s6_slower"] = f"{len(slower)} of {len(rows)}" if rows else "–"
+    aliases = stage09_over_default_numbers(road09_fresh, 6, "s09_road6_s6", "over_s4")
     aliases.update(ncu09_side_numbers(results_dir, "s09_fresh", [
         ("s4_d64", "ncu_stage09_step4_beside6_d64"), ("s6_d64", "ncu_stage09_step6_d64"),
         ("s4_d128", "ncu_stage09_step4_beside6_d128"), ("s6_d128", "ncu_stage09_step6_d128")]))
@@ -2252,7 +2263,7 @@ def stage10_numbers(results_dir):
     return aliases
 
 
-def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None, road09_fresh=None):
+def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None, road09_fresh=None, road09_adds=None):
     """The numbers the lessons quote in their prose, as Doxygen aliases (\\s07_gain_swizzle,
     \\ceiling_mma_bf16 and the like) computed from docs/results/: the ceilings of mma_ceiling.jsonl
     and wgmma_ceiling.jsonl (one alias per quantity, for every lesson and the main page), stage 07's
@@ -2402,6 +2413,8 @@ def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None,
     aliases.update(stage09_numbers(ceilings, road09, results_dir))
     aliases.update(stage09_later_numbers(road09_later, results_dir))
     aliases.update(stage09_fresh_numbers(road09_fresh, results_dir))
+    for step in (7, 8):
+        aliases.update(stage09_over_default_numbers(road09_adds, step, f"s09_road78_s{step}"))
     aliases.update(stage10_numbers(results_dir))
     with open(path, "w", encoding="utf-8") as f:
         f.write("# Written by docs/make_results.py from docs/results/: the numbers the lessons quote.\n")
@@ -2482,6 +2495,8 @@ def main():
     road09_later = read_stage09_steps(os.path.join(results_dir, "stage09_steps4_quick.txt"))
     # Step 6 (offsets afresh), timed in a run of its own beside step 4, the default.
     road09_fresh = read_stage09_steps(os.path.join(results_dir, "stage09_steps6_quick.txt"))
+    # Steps 7 and 8 (dQ added one float32 or four at a time), timed beside step 4, the default.
+    road09_adds = read_stage09_steps(os.path.join(results_dir, "stage09_steps78_quick.txt"))
     stage10 = read_stage10(os.path.join(results_dir, "stage10.csv"), notes)
     first_contact = read_first_contact(os.path.join(results_dir, "stage11_first_contact.txt"))
     # The second record (steps 4 to 8 added) times the same shapes again: its runs replace the first's.
@@ -2523,8 +2538,10 @@ def main():
                            name="docs/results/stage09_steps4_quick.txt")
         stage09_road_table(road09_fresh, os.path.join(args.lesson_tables, "stage09_road6_table.txt"),
                            name="docs/results/stage09_steps6_quick.txt")
+        stage09_road_table(road09_adds, os.path.join(args.lesson_tables, "stage09_road78_table.txt"),
+                           name="docs/results/stage09_steps78_quick.txt", over_default=True)
         lesson_numbers(gpu, road, results_dir, os.path.join(args.lesson_tables, "lesson_numbers.doxy"), road09,
-                       road09_later, road09_fresh)
+                       road09_later, road09_fresh, road09_adds)
 
     plots = []
     meta = read_gpu_meta(args.gpu_csv)

@@ -418,9 +418,10 @@ const std::vector<RoadStep>& road() {
                           "of once before the loop and spilled: no spills at d = 32, 64, 128, but more instructions "
                           "(slower than step 4 on the H100)"},
         {"scalar dQ adds", "step 4 adding dQ_i one float32 per red.global.add (FlashAttention-2's form) instead of "
-                           "pairs"},
+                           "pairs (a fifth slower than step 4 on the H100)"},
         {"dQ adds of four", "step 4 adding dQ_i four float32 per red.global.add.v4 (sm_90), neighbouring lanes "
-                            "trading pairs first: half the additions"},
+                            "trading pairs first: half the additions, spills gone at d = 64 (no faster than step 4 "
+                            "on the H100)"},
     };
     // One name per main kernel that run_kernels() (launch.cuh) can launch.
     if (steps.size() != size_t(kRoadSteps)) throw std::logic_error("stage 09: road() and kRoadSteps disagree");
