@@ -395,9 +395,26 @@ __global__ void __launch_bounds__(kPrePostThreads) backward_preprocess_kernel(co
 }
 //! [preprocess]
 
+//! [dq_tile_offset]
+/// Where feature `col` of row `row` of one head's dQ accumulator is, in floats from the head's
+/// first row: row by row (row D + col), or, kDqTiled (WithDqTiles), in tiles of 8 rows by 8 features,
+/// a tile row-major inside and the tiles of 8 rows side by side: the 8 features from `col` & ~7 of
+/// row `row` are still 8 consecutive floats, and a head (Nq_padded rows, a multiple of 8) takes the
+/// same room.
+template <int D, bool kDqTiled>
+__host__ __device__ __forceinline__ int64_t dq_tile_offset(int64_t row, int col) {
+    if constexpr (kDqTiled) {
+        return (row & ~int64_t(7)) * D + (col & ~7) * 8 + (row & 7) * 8 + (col & 7);
+    } else {
+        return row * D + col;
+    }
+}
+//! [dq_tile_offset]
+
 //! [postprocess]
 /// dQ = scale * accumulator, rounded to T: one thread per 16-byte chunk of dq (grid-stride).
-template <class T, int D>
+/// kDqTiled: the accumulator is in 8 x 8 tiles (dq_tile_offset()).
+template <class T, int D, bool kDqTiled = false>
 __global__ void __launch_bounds__(kPrePostThreads) backward_postprocess_kernel(const PostprocessArgs<T> a) {
     constexpr int kChunks = D / 8;
     const int64_t units = a.rows * kChunks;
@@ -406,7 +423,9 @@ __global__ void __launch_bounds__(kPrePostThreads) backward_postprocess_kernel(c
         const int chunk = int(u % kChunks);
         const int bh = int(row / a.seq_q), n = int(row % a.seq_q);
         const int b = bh / a.heads, h = bh % a.heads;
-        const float4* src = reinterpret_cast<const float4*>(a.dq_accum + (int64_t(bh) * a.seq_q_padded + n) * D + chunk * 8);
+        const float* head = a.dq_accum + int64_t(bh) * a.seq_q_padded * D;
+        const float4* src = reinterpret_cast<const float4*>(
+            kDqTiled ? head + dq_tile_offset<D, true>(n, chunk * 8) : a.dq_accum + (int64_t(bh) * a.seq_q_padded + n) * D + chunk * 8);
         const float4 x = src[0], y = src[1];
         const float s = a.scale;
         uint4 out;

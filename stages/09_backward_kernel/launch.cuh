@@ -200,7 +200,18 @@ struct TunedDqAdds {
 };
 //! [tuned_dq_adds]
 
-/// The features of the warp-tiled kernel at `Step` (1 to 8 of the road) and head dimension D.
+//! [tuned_dq_tiles]
+/// Steps 9 and 10: step 4 (9) and step 8 (10) with the dQ accumulator in 8 x 8 tiles (WithDqTiles):
+/// each `red` of a warp then lands on whole 128-byte lines (two for a pair per lane, four for four)
+/// instead of eight rows' 32-byte pieces.
+template <int D, int Width>
+struct TunedDqTiles {
+    /// the features
+    using F = WithDqTiles<std::conditional_t<Width == 2, typename TunedPtRegisters<D>::F, typename TunedDqAdds<D, Width>::F>>;
+};
+//! [tuned_dq_tiles]
+
+/// The features of the warp-tiled kernel at `Step` (1 to 10 of the road) and head dimension D.
 template <int D, int Step>
 using TiledStepFeatures = typename std::conditional_t<
     Step == 1, TunedTiled<D>,
@@ -210,9 +221,11 @@ using TiledStepFeatures = typename std::conditional_t<
             Step == 3, TunedDpPieces<D>,
             std::conditional_t<
                 Step == 4, TunedPtRegisters<D>,
-                std::conditional_t<Step == 5, TunedPtRegisters16<D>,
-                                   std::conditional_t<Step == 6, TunedFreshLanes<D>,
-                                                      TunedDqAdds<D, Step == 7 ? 1 : 4>>>>>>>::F;
+                std::conditional_t<
+                    Step == 5, TunedPtRegisters16<D>,
+                    std::conditional_t<Step == 6, TunedFreshLanes<D>,
+                                       std::conditional_t<Step == 7 || Step == 8, TunedDqAdds<D, Step == 7 ? 1 : 4>,
+                                                          TunedDqTiles<D, Step == 9 ? 2 : 4>>>>>>>>::F;
 
 //! [model_steps]
 /// What a real model's call adds (stage 10), as stage 07 takes it: grouped-query heads, a sliding
@@ -235,7 +248,7 @@ using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, true, So
 
 /// stage07::resolve_options() (InputError for Hk not dividing Hq, a bound below -1, a negative
 /// or infinite cap, a dropout p out of range: Dropout::validate()), and what this backward adds:
-/// the switches on the default main kernel only (`step`, 0 to 8, is the step that would run).
+/// the switches on the default main kernel only (`step`, 0 to kRoadSteps - 1, is the step that would run).
 inline ResolvedOptions resolve_backward_options(const Problem& p, const ModelOptions& options, int step) {
     const ResolvedOptions m = stage07::resolve_options(p, options);
     if (!m.plain() && step != kModelStep) {
@@ -307,7 +320,9 @@ Geometry geometry_for(int step) {
     if (step == 5) return tiled_geometry<D, TiledStepFeatures<D, 5>>();
     if (step == 6) return tiled_geometry<D, TiledStepFeatures<D, 6>>();
     if (step == 7) return tiled_geometry<D, TiledStepFeatures<D, 7>>();
-    return tiled_geometry<D, TiledStepFeatures<D, 8>>();
+    if (step == 8) return tiled_geometry<D, TiledStepFeatures<D, 8>>();
+    if (step == 9) return tiled_geometry<D, TiledStepFeatures<D, 9>>();
+    return tiled_geometry<D, TiledStepFeatures<D, 10>>();
 }
 
 /// Sizes every kernel derives from the problem and the block shape.
@@ -541,7 +556,7 @@ struct Kernel {
 };
 
 /// The main kernels run_kernels() launches, one per step of the road (attention.cu: road()).
-inline constexpr int kRoadSteps = 9;
+inline constexpr int kRoadSteps = 11;
 
 /// The earliest step of the road whose main kernel at head dimension D is the very instance step
 /// `Step` launches (Step itself when no earlier step has it): several steps change one head
@@ -569,6 +584,20 @@ template <int D>
 int same_kernel_as(int step) {
     static constexpr std::array<int, kRoadSteps> kTable = steps_with_kernel<D>(std::make_integer_sequence<int, kRoadSteps>{});
     return kTable[size_t(step)];
+}
+
+/// Whether the main kernel of `step` at head dimension D stores the dQ accumulator in tiles
+/// (kDqTiles of its features; step 0's kernel never does).
+template <int D, int... Steps>
+bool step_has_dq_tiles(int step, std::integer_sequence<int, Steps...>) {
+    static constexpr std::array<bool, sizeof...(Steps)> kTable = {(Steps > 0 && kDqTiles<TiledStepFeatures<D, Steps>>)...};
+    return kTable[size_t(step)];
+}
+
+/// step_has_dq_tiles() over the whole road.
+template <int D>
+bool step_has_dq_tiles(int step) {
+    return step_has_dq_tiles<D>(step, std::make_integer_sequence<int, kRoadSteps>{});
 }
 
 /// The warp-tiled main kernel with features F, through `launch` (see run_kernels).
@@ -605,10 +634,20 @@ void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
         launch_tiled<T, D, TiledStepFeatures<D, 6>, kDeterministic>(l, launch);
     } else if (step == 7) {
         launch_tiled<T, D, TiledStepFeatures<D, 7>, kDeterministic>(l, launch);
-    } else {
+    } else if (step == 8) {
         launch_tiled<T, D, TiledStepFeatures<D, 8>, kDeterministic>(l, launch);
+    } else if (step == 9) {
+        launch_tiled<T, D, TiledStepFeatures<D, 9>, kDeterministic>(l, launch);
+    } else {
+        launch_tiled<T, D, TiledStepFeatures<D, 10>, kDeterministic>(l, launch);
     }
-    launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
+    if (step_has_dq_tiles<D>(step)) {  // the accumulator in 8 x 8 tiles (WithDqTiles)
+        launch(Kernel<backward_postprocess_kernel<T, D, true>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads,
+               size_t(0), l.post);
+    } else {
+        launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads,
+               size_t(0), l.post);
+    }
 }
 //! [run]
 

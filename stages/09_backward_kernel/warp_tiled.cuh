@@ -99,6 +99,20 @@ struct WithDqAdds : F {
     static constexpr int kDqAddWidth = Width;  ///< float32 per dQ addition
     static_assert(Width == 1 || Width == 2 || Width == 4, "one, two or four float32 per addition");
 };
+//! [dq_adds]
+
+//! [dq_tiles]
+/// Features F whose float32 dQ accumulator is stored in tiles of 8 rows by 8 features
+/// (dq_tile_offset(), kernel.cuh) instead of row by row: the eight rows a warp's addition touches
+/// (lanes g = 0 ... 7) are then one tile, 256 bytes side by side, where in rows they are eight
+/// 32-byte pieces of eight 128-byte lines. The postprocessing kernel reads the tiles back
+/// (backward_postprocess_kernel with kDqTiled). Dense problems only: a packed batch's sequences
+/// start on any row, and their rows would not fall into whole tiles.
+template <class F>
+struct WithDqTiles : F {
+    static constexpr bool kDqTiles = true;  ///< dQ accumulator in 8 x 8 tiles
+};
+//! [dq_tiles]
 //! [tiled_features]
 
 /// Whether F feeds dV and dK from registers (WithPtInRegisters) or from the shared P^T and dS^T.
@@ -114,6 +128,13 @@ inline constexpr bool kFreshLanes = false;
 /// kFreshLanes for features that say so.
 template <class F>
 inline constexpr bool kFreshLanes<F, std::void_t<decltype(F::kFreshLanes)>> = F::kFreshLanes;
+
+/// Whether F stores the dQ accumulator in 8 x 8 tiles (WithDqTiles).
+template <class F, class = void>
+inline constexpr bool kDqTiles = false;
+/// kDqTiles for features that say so.
+template <class F>
+inline constexpr bool kDqTiles<F, std::void_t<decltype(F::kDqTiles)>> = F::kDqTiles;
 
 /// Float32 values per dQ addition: F::kDqAddWidth where F names it (WithDqAdds), else 2.
 template <class F, class = void>
@@ -613,6 +634,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                                          int col0, int lane, BeforeAdding&& before_adding, int rows = 0) {
     using S = TiledShape<T, D, F>;
     constexpr int kTiles = S::kDqCols / 8;
+    static_assert(!(kDqTiles<F> && kRowLimit), "the dQ tiles need whole tiles of rows: dense problems only (WithDqTiles)");
     lane = fresh<F>(lane);  // WithFreshLanes: this phase's addresses from here
     const int g = lane / 4, t = lane % 4;
     const uint32_t ds_a = smem_address(dst_tile) + k_lane_bytes<TileLayout<F::kBr, true>>(lane);
@@ -660,7 +682,12 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                 const float take1 = __shfl_xor_sync(0xffffffffu, give1, 1);
                 const int row = row0 + 16 * mt + g + 8 * hh;
                 if (kRowLimit && row >= rows) continue;
-                float* p = dq_block + int64_t(row) * D + col0 + nt * 8 + 2 * (t & ~1);
+                float* p;
+                if constexpr (kDqTiles<F>) {  // dq_tile_offset(), with row0 and col0 multiples of 8
+                    p = dq_block + int64_t(row0 + 16 * mt + 8 * hh) * D + (col0 + nt * 8) * 8 + 8 * g + 2 * (t & ~1);
+                } else {
+                    p = dq_block + int64_t(row) * D + col0 + nt * 8 + 2 * (t & ~1);
+                }
                 if (odd) {
                     red_global_add_v4_f32(p, take0, take1, c[2], c[3]);
                 } else {
@@ -676,7 +703,12 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
                     if (kRowLimit && row0 + 16 * mt + g + 8 * hh >= rows) continue;
-                    float* p = dq_block + int64_t(row0 + 16 * mt + g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
+                    float* p;
+                    if constexpr (kDqTiles<F>) {  // dq_tile_offset(), with row0 and col0 multiples of 8
+                        p = dq_block + int64_t(row0 + 16 * mt + 8 * hh) * D + (col0 + nt * 8) * 8 + 8 * g + 2 * t;
+                    } else {
+                        p = dq_block + int64_t(row0 + 16 * mt + g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
+                    }
                     if constexpr (kDqAddWidth<F> == 1) {
                         atomicAdd(p, acc[mt][nt][2 * hh]);  // result unused: red.global.add.f32
                         atomicAdd(p + 1, acc[mt][nt][2 * hh + 1]);
