@@ -755,6 +755,10 @@ NCU07_METRICS=(
     smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
     smsp__average_warps_issue_stalled_no_instruction_per_issue_active.ratio
     smsp__average_warps_issue_stalled_branch_resolving_per_issue_active.ratio
+    smsp__inst_executed_op_global_red.sum
+    l1tex__t_requests_pipe_lsu_mem_global_op_red.sum
+    l1tex__t_sectors_pipe_lsu_mem_global_op_red.sum
+    lts__t_sectors_srcunit_tex_op_red.sum
 )
 
 # The counters the lesson quotes for the road's ldmatrix and swizzle steps.
@@ -934,6 +938,10 @@ instance09() {
         4:*) shape="[^<]*WithPtInRegisters<[^<]*TiledFeatures<[^>]*, \\(int\\)32, \\(int\\)1>" ;;
         5:*) shape="[^<]*WithPtInRegisters<[^<]*TiledFeatures<[^>]*, \\(int\\)16, \\(int\\)1>" ;;
         6:*) shape="[^<]*WithFreshLanes<" ;;
+        7:*) shape="[^<]*WithDqAdds<.*>, \\(int\\)1>" ;;
+        8:*) shape="[^<]*WithDqAdds<.*>, \\(int\\)4>" ;;
+        9:*) shape="[^<]*WithDqTiles<[^<]*(WithPtInRegisters|TiledFeatures)<" ;;
+        10:*) shape="[^<]*WithDqTiles<[^<]*WithDqAdds<" ;;
     esac
     echo "$KERNEL09_TILED<[^,]*, \\(int\\)$d, $shape.*$ATOMIC09"
 }
@@ -948,7 +956,7 @@ step_ncu09at() {
         record "-- step $s, d=$d"
         grep -E "$KERNEL09_TILED|Duration|Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts" \
             "$RESULTS/ncu_stage09_step${s}_d$d.txt" | head -20 | tee -a "$LOGS/summary.txt"
-        grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
+        grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|local_op|registers|stalled_(barrier|long|short|mio|math|wait|lg)|_red" \
             "$RESULTS/ncu_stage09_step${s}_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
     done
 }

@@ -242,17 +242,23 @@ def sdpa_backward_plan(args):
     return [(name, t) for t in args.dtypes for name in ("flash", "cudnn")] if "09" in args.stages else []
 
 
+def sdpa_backends():
+    """SDPA's backends by the names the course gives them (flash, cudnn, efficient, math)."""
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+
+
 def sdpa_setup():
     """What every SDPA run needs: the backends and dtypes by name, and the buffer whose overwrite
     flushes the L2 (four times its size) before each timed run."""
     import torch
-    from torch.nn.attention import SDPBackend
 
     # A backend pinned to a dtype it lacks warns before it raises; the raise is recorded.
     warnings.filterwarnings("ignore", message=".*(kernel not used|runtime disabled|Expected query, key).*")
     torch.manual_seed(1234)
-    backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-                "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+    backends = sdpa_backends()
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     torch.backends.cuda.matmul.allow_tf32 = False  # the math backend in true float32
     torch.backends.cudnn.allow_tf32 = False

@@ -24,10 +24,11 @@ def main():
 
     import torch
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention import sdpa_kernel
 
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-               "efficient": SDPBackend.EFFICIENT_ATTENTION}[args.backend]
+    from sdpa_compare import sdpa_backends  # the same names as every comparison of the course
+
+    backend = sdpa_backends()[args.backend]
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     shape = (args.tokens // args.seq, args.width // args.head_dim, args.seq, args.head_dim)
     torch.manual_seed(0)
