@@ -115,6 +115,9 @@ inline constexpr bool kSoftcap<F, std::void_t<decltype(F::kSoftcap)>> = F::kSoft
 template <class F>
 struct Packed : F {
     static constexpr bool kVarlen = true;  ///< a packed batch
+    /// The dQ accumulator in rows even where F keeps it in tiles (WithDqTiles): a sequence starts
+    /// on any row of the packed batch, so its rows do not fall into whole tiles of 8.
+    static constexpr bool kDqTiles = false;
 };
 /// Whether F runs on a packed batch (Packed).
 template <class F, class = void>

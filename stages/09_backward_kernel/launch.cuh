@@ -600,6 +600,14 @@ bool step_has_dq_tiles(int step) {
     return step_has_dq_tiles<D>(step, std::make_integer_sequence<int, kRoadSteps>{});
 }
 
+/// The postprocessing kernel (dQ rounded to T) for an accumulator in rows or, kDqTiled, in 8 x 8
+/// tiles (the main kernel's kDqTiles), through `launch` (see run_kernels).
+template <class T, int D, bool kDqTiled, class Launch>
+void launch_postprocess(const Launches<T>& l, Launch& launch) {
+    launch(Kernel<backward_postprocess_kernel<T, D, kDqTiled>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads,
+           size_t(0), l.post);
+}
+
 /// The warp-tiled main kernel with features F, through `launch` (see run_kernels).
 template <class T, int D, class F, bool kDeterministic, class Launch>
 void launch_tiled(const Launches<T>& l, Launch& launch) {
@@ -642,11 +650,9 @@ void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
         launch_tiled<T, D, TiledStepFeatures<D, 10>, kDeterministic>(l, launch);
     }
     if (step_has_dq_tiles<D>(step)) {  // the accumulator in 8 x 8 tiles (WithDqTiles)
-        launch(Kernel<backward_postprocess_kernel<T, D, true>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads,
-               size_t(0), l.post);
+        launch_postprocess<T, D, true>(l, launch);
     } else {
-        launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads,
-               size_t(0), l.post);
+        launch_postprocess<T, D, false>(l, launch);
     }
 }
 //! [run]
@@ -665,9 +671,12 @@ void launch_dkdv_reduce(const Launches<T>& l, Launch& launch) {
 template <class T, int D, bool kDeterministic, class Launch>
 void run_model_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
     launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
-    with_model_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
-    launch_dkdv_reduce<T, D>(l, launch);
-    launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
+    with_model_features<D>(options, [&](auto features) {
+        using F = decltype(features);
+        launch_tiled<T, D, F, kDeterministic>(l, launch);
+        launch_dkdv_reduce<T, D>(l, launch);
+        launch_postprocess<T, D, kDqTiles<F>>(l, launch);
+    });
 }
 
 //! [varlen_launches]
@@ -735,9 +744,12 @@ Launches<T> make_varlen_launches(const VarlenProblem& vp, const ResolvedOptions&
 template <class T, int D, bool kDeterministic, class Launch>
 void run_varlen_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
     launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
-    stage09::with_varlen_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
-    launch_dkdv_reduce<T, D>(l, launch);
-    launch(Kernel<backward_postprocess_kernel<T, D>>{}, "backward_postprocess_kernel", l.post_blocks, kPrePostThreads, size_t(0), l.post);
+    stage09::with_varlen_features<D>(options, [&](auto features) {
+        using F = decltype(features);
+        launch_tiled<T, D, F, kDeterministic>(l, launch);
+        launch_dkdv_reduce<T, D>(l, launch);
+        launch_postprocess<T, D, kDqTiles<F>>(l, launch);  // false: Packed keeps the rows
+    });
 }
 
 }  // namespace fa::stage09
