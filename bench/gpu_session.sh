@@ -23,7 +23,7 @@
 #              road, the number of steps read from stage11_hopper_kernel --help; what the tool
 #              says about an instruction it does not support is recorded in the summary;
 #              SANITIZE11_STEPS="1 3" picks steps, SANITIZE09_STEPS="0 2" stage 09's main kernels
-#              (default: all seven), SANITIZE_TOOLS="memcheck racecheck" tools; 07m adds stage 07's
+#              (default: every step its --help names), SANITIZE_TOOLS="memcheck racecheck" tools; 07m adds stage 07's
 #              kernels with stage 10's switches, through test_stage07's cases of them: packed
 #              batches, grouped heads, windows, the soft cap, dropout; 09m stage 09's through
 #              test_stage09's: grouped heads, windows, the soft cap, packed batches, dropout;
@@ -366,10 +366,12 @@ step_sanitize() {
                 # shellcheck disable=SC2206  # a list of doctest filters without spaces
                 [ -n "${SANITIZE09M_CASES:-}" ] && cases=($SANITIZE09M_CASES) ;;
             09) exe=$STAGE09 cases=()
-                local c
-                local s9
+                local c s9 steps09 last09
+                last09=$(stage09_last_step)
+                steps09=${SANITIZE09_STEPS:-$(seq 0 "${last09:-0}")}
+                record "stage 09: road steps ${steps09//$'\n'/ } (of 0 to ${last09:-?}, from $(basename "$STAGE09") --help)"
                 for c in "${sanitize_cases09[@]}"; do
-                    for s9 in ${SANITIZE09_STEPS:-0 1 2 3 4 5}; do cases+=("$c --step $s9"); done
+                    for s9 in $steps09; do cases+=("$c --step $s9"); done
                 done ;;
             11) exe=$STAGE11 cases=()
                 local last c s
@@ -597,6 +599,12 @@ step_split09() {
     grep -E "^== |^stage10 " "$out" | tee -a "$LOGS/summary.txt"
 }
 
+# The last step of stage 09's road, from the range its --help gives --step ("[0 - N]"); empty when
+# the help does not say.
+stage09_last_step() {
+    "$STAGE09" --help 2>/dev/null | sed -n 's/.*--step INT:INT in \[0 - \([0-9][0-9]*\)\].*/\1/p' | head -1
+}
+
 # Every step of stage 09's road in one run: the default main kernel (rows stage09) with every other
 # step beside it (--steps09, the steps read from stage09_backward_kernel --help), bf16, d 64/128,
 # N 4096/16384, causal and not, ROUNDS rounds of ROAD09_REPEAT timed runs (default 10): one record
@@ -605,7 +613,7 @@ step_road09() {
     local steps=() default last s
     # "--step INT:INT in [0 - 6]  which step of the road runs (default: step 4):"
     default=$("$STAGE09" --help 2>/dev/null | sed -n 's/.*--step .*(default: step \([0-9][0-9]*\)).*/\1/p' | head -1)
-    last=$("$STAGE09" --help 2>/dev/null | sed -n 's/.*--step INT:INT in \[0 - \([0-9][0-9]*\)\].*/\1/p' | head -1)
+    last=$(stage09_last_step)
     for s in $(seq 0 "${last:--1}"); do [ "$s" = "$default" ] || steps+=("$s"); done
     note "road09: stage 09's road in one run, default step ${default:-?} beside steps ${steps[*]:-?}, bf16"
     if [ -z "$default" ] || [ ${#steps[@]} -eq 0 ]; then
