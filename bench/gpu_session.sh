@@ -67,6 +67,8 @@
 #              N 4096/16384, each group of query heads split over S blocks (FA_STAGE09_GROUP_SPLIT:
 #              1, 2, 4, 8 where S divides the group, and 0, the rule), ROUNDS rounds interleaved:
 #              split09.txt
+#   ncuvarlen09  stage 09's backward on a packed batch of equal lengths beside the dense kernel on
+#              the same tokens, Nsight Compute, bf16, causal, d 64/128: ncu_varlen09.txt
 #   road09     stage 09's whole road in one run: the default main kernel with every other step beside it
 #              (the steps read from stage09_backward_kernel --help), bf16, d 64/128, N 4096/16384,
 #              causal and not, beside SDPA flash and cuDNN, ROUNDS rounds of ROAD09_REPEAT (10) timed
@@ -1069,6 +1071,34 @@ step_ncuflash09() {
         python3 bench/ncu_side_by_side.py "${cols[@]}"
     } >"$RESULTS/ncu_flash09.txt"
     tee -a "$LOGS/summary.txt" <"$RESULTS/ncu_flash09.txt"
+}
+
+# Stage 09's backward on a packed batch of equal lengths beside the dense kernel on the same tokens
+# (the gap issue 18 names: packed / dense on a uniform batch), under the same counters: bench_gpu
+# --varlen07 with NCUVARLEN_LENGTHS (default four of 4096: B N = 16384, causal in each sequence),
+# bf16, d NCUVARLEN_DIMS (64 128), atomic dQ: ncu_stage09_packed_d<d>, ncu_stage09_dense_d<d> and
+# the table ncu_varlen09.txt.
+step_ncuvarlen09() {
+    local lengths=${NCUVARLEN_LENGTHS:-4096,4096,4096,4096} d cols=()
+    note "ncuvarlen09: stage 09's backward (atomic dQ) on the packed batch $lengths beside the dense kernel, bf16, causal"
+    for d in ${NCUVARLEN_DIMS:-64 128}; do
+        # The packed rows run before the sweep: the first Packed launch is the packed batch's, the
+        # first plain step-4 launch the dense batch's (stage10_dense_uniform).
+        NCU_METRICS=NCUDROP_METRICS NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<.*Packed<.*$ATOMIC09" \
+            "ncu_stage09_packed_d$d" --stages 07 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal yes --varlen07 "$lengths"
+        NCU_METRICS=NCUDROP_METRICS NCU_NAME_BASE=demangled ncu_one "$(instance09 4 "$d")" \
+            "ncu_stage09_dense_d$d" --stages 07 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal yes --varlen07 "$lengths"
+        for r in "$RESULTS/ncu_stage09_packed_d$d.txt" "$RESULTS/ncu_stage09_dense_d$d.txt"; do
+            record "-- d=$d, $(basename "$r" .txt): $(grep -m1 -E '\(([0-9]+), ([0-9]+), ([0-9]+)\)x\(' "$r" | sed 's/^ *//' | cut -c1-160)"
+            grep -E "Registers Per|Achieved Occupancy" "$r" | head -2 | tee -a "$LOGS/summary.txt"
+        done
+        cols+=("packed_d$d=$RESULTS/ncu_stage09_packed_d${d}_metrics.txt" "dense_d$d=$RESULTS/ncu_stage09_dense_d${d}_metrics.txt")
+    done
+    {
+        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 09's backward on a packed batch ($lengths) beside the dense kernel on the same tokens (gpu_session.sh ncuvarlen09), bf16, causal, one launch each"
+        python3 bench/ncu_side_by_side.py "${cols[@]}"
+    } >"$RESULTS/ncu_varlen09.txt"
+    tee -a "$LOGS/summary.txt" <"$RESULTS/ncu_varlen09.txt"
 }
 
 # What explains each step of stage 05's road: DRAM and L2 traffic, global-load efficiency,
