@@ -115,9 +115,6 @@ inline constexpr bool kSoftcap<F, std::void_t<decltype(F::kSoftcap)>> = F::kSoft
 template <class F>
 struct Packed : F {
     static constexpr bool kVarlen = true;  ///< a packed batch
-    /// The dQ accumulator in rows even where F keeps it in tiles (WithDqTiles): a sequence starts
-    /// on any row of the packed batch, so its rows do not fall into whole tiles of 8.
-    static constexpr bool kDqTiles = false;
 };
 /// Whether F runs on a packed batch (Packed).
 template <class F, class = void>
@@ -218,6 +215,9 @@ struct Args {
     float* dv_partial;             ///< S > 1: [S, B*Hk, Nk, d] float32 dV of each split
     int64_t partial_split_stride;  ///< S > 1: floats of one split, B Hk Nk d
     int64_t partial_head_stride;   ///< S > 1: floats of one K/V head, Nk d (packed: total_k d)
+    /// kPacked with the dQ accumulator in tiles (WithDqTiles): the block's sequence's first packed
+    /// row (sequence_args()); its rows fall into the tiles from this row's place in its tile on.
+    int q_row0;
 };
 
 /// What the preprocessing kernel reads and writes.
@@ -1045,6 +1045,7 @@ __device__ __forceinline__ Args<T> sequence_args(const Args<T>& a) {
     s.lse_log2 = a.lse_log2 + q_begin;
     s.delta = a.delta + q_begin;
     s.dq_accum = a.dq_accum + int64_t(q_begin) * D;
+    s.q_row0 = q_begin;
     if (a.turns != nullptr) s.turns = a.turns + q_begin;
     if constexpr (kGroupSplit<F, kDeterministic>) {  // the sequence's rows of each K/V head's partials
         s.dk_partial = a.dk_partial + int64_t(k_begin) * D;

@@ -748,7 +748,7 @@ void run_varlen_kernels(const Launches<T>& l, const ResolvedOptions& options, La
         using F = decltype(features);
         launch_tiled<T, D, F, kDeterministic>(l, launch);
         launch_dkdv_reduce<T, D>(l, launch);
-        launch_postprocess<T, D, kDqTiles<F>>(l, launch);  // false: Packed keeps the rows
+        launch_postprocess<T, D, kDqTiles<F>>(l, launch);
     });
 }
 

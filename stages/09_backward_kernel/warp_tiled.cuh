@@ -106,8 +106,9 @@ struct WithDqAdds : F {
 /// (dq_tile_offset(), kernel.cuh) instead of row by row: the eight rows a warp's addition touches
 /// (lanes g = 0 ... 7) are then one tile, 256 bytes side by side, where in rows they are eight
 /// 32-byte pieces of eight 128-byte lines. The postprocessing kernel reads the tiles back
-/// (backward_postprocess_kernel with kDqTiled). Dense problems only: a packed batch's sequences
-/// start on any row, and their rows would not fall into whole tiles.
+/// (backward_postprocess_kernel with kDqTiled). A packed batch's sequence starts on any row: its
+/// rows fall into the tiles of the packed rows from that row's place on (Args::q_row0), so that
+/// one addition spans at most two tiles.
 template <class F>
 struct WithDqTiles : F {
     static constexpr bool kDqTiles = true;  ///< dQ accumulator in 8 x 8 tiles
@@ -629,12 +630,14 @@ __device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccu
 ///
 /// kRowLimit (packed batches): only the first `rows` rows of the query block are added, the
 /// others being another sequence's.
+///
+/// kDqTiles<F> (WithDqTiles): `dq_block` is the first row of a tile of 8 and the query block's
+/// rows start `shift` rows into it (0 for dense problems; a packed sequence starts on any row).
 template <class T, int D, class F, bool kRowLimit = false, class BeforeAdding>
 __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_t* k_tile, float* dq_block, int row0,
-                                         int col0, int lane, BeforeAdding&& before_adding, int rows = 0) {
+                                         int col0, int lane, BeforeAdding&& before_adding, int rows = 0, int shift = 0) {
     using S = TiledShape<T, D, F>;
     constexpr int kTiles = S::kDqCols / 8;
-    static_assert(!(kDqTiles<F> && kRowLimit), "the dQ tiles need whole tiles of rows: dense problems only (WithDqTiles)");
     lane = fresh<F>(lane);  // WithFreshLanes: this phase's addresses from here
     const int g = lane / 4, t = lane % 4;
     const uint32_t ds_a = smem_address(dst_tile) + k_lane_bytes<TileLayout<F::kBr, true>>(lane);
@@ -683,7 +686,9 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                 const int row = row0 + 16 * mt + g + 8 * hh;
                 if (kRowLimit && row >= rows) continue;
                 float* p;
-                if constexpr (kDqTiles<F>) {  // dq_tile_offset(), with row0 and col0 multiples of 8
+                if constexpr (kDqTiles<F> && kRowLimit) {  // rows shifted into their tiles
+                    p = dq_block + dq_tile_offset<D, true>(shift + row, col0 + nt * 8 + 2 * (t & ~1));
+                } else if constexpr (kDqTiles<F>) {  // dq_tile_offset(), with row0 and col0 multiples of 8
                     p = dq_block + int64_t(row0 + 16 * mt + 8 * hh) * D + (col0 + nt * 8) * 8 + 8 * g + 2 * (t & ~1);
                 } else {
                     p = dq_block + int64_t(row) * D + col0 + nt * 8 + 2 * (t & ~1);
@@ -704,7 +709,9 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                 for (int hh = 0; hh < 2; ++hh) {
                     if (kRowLimit && row0 + 16 * mt + g + 8 * hh >= rows) continue;
                     float* p;
-                    if constexpr (kDqTiles<F>) {  // dq_tile_offset(), with row0 and col0 multiples of 8
+                    if constexpr (kDqTiles<F> && kRowLimit) {  // rows shifted into their tiles
+                        p = dq_block + dq_tile_offset<D, true>(shift + row0 + 16 * mt + g + 8 * hh, col0 + nt * 8 + 2 * t);
+                    } else if constexpr (kDqTiles<F>) {  // dq_tile_offset(), with row0 and col0 multiples of 8
                         p = dq_block + int64_t(row0 + 16 * mt + 8 * hh) * D + (col0 + nt * 8) * 8 + 8 * g + 2 * t;
                     } else {
                         p = dq_block + int64_t(row0 + 16 * mt + g + 8 * hh) * D + col0 + nt * 8 + 2 * t;
@@ -803,12 +810,15 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
         }
         // dQ_i's products, then the additions; the deterministic mode waits for its turn between
         // the two, holding its products in registers.
-        detail::tiled_dq<T, D, F, kPacked<F>>(dst_tile, k_tile, w.dq + int64_t(q0) * D, here.dq_row0, here.dq_col0, here.lane, [&] {
+        // A packed sequence's rows in tiles (WithDqTiles) start q_row0 % 8 rows into a tile.
+        const int shift = kPacked<F> && kDqTiles<F> ? a.q_row0 & 7 : 0;
+        detail::tiled_dq<T, D, F, kPacked<F>>(dst_tile, k_tile, w.dq + int64_t(q0 - shift) * D, here.dq_row0, here.dq_col0,
+                                              here.lane, [&] {
             if constexpr (kDeterministic) {
                 detail::wait_for_turn<T, F::kBr, F::kBc, kWindow<F>, kPacked<F>>(a, w.bh, i, w.j);
                 __syncthreads();  // the turn thread 0 acquired, before every thread's dQ_i additions
             }
-        }, a.seq_q - q0);
+        }, a.seq_q - q0, shift);
         if constexpr (kDeterministic) detail::pass_turn<kPacked<F>, F::kBr>(a, w.bh, i);
     };
     if constexpr (kModel) {
