@@ -1060,17 +1060,32 @@ step_ncuflash09() {
             --stages 09 --dtypes bf16 --sizes "$n" --head-dims "$d" --causal no
         NCU_METRICS=NCUDROP_METRICS ncu_command flash_bwd_dq_dk_dv "ncu_flash_bwd_d$d" \
             python3 bench/sdpa_once.py --backend flash --dtype bf16 --seq "$n" --head-dim "$d"
-        for r in "$RESULTS/ncu_stage09_ours_d$d.txt" "$RESULTS/ncu_flash_bwd_d$d.txt"; do
-            record "-- d=$d, $(basename "$r" .txt): $(grep -m1 -E '\(([0-9]+), ([0-9]+), ([0-9]+)\)x\(' "$r" | sed 's/^ *//' | cut -c1-160)"
-            grep -E "Registers Per|Dynamic Shared Memory Per|Static Shared Memory Per|Achieved Occupancy" "$r" | head -4 | tee -a "$LOGS/summary.txt"
-        done
+        record_ncu_reports "$RESULTS/ncu_stage09_ours_d$d.txt" "$RESULTS/ncu_flash_bwd_d$d.txt"
         cols+=("ours_d$d=$RESULTS/ncu_stage09_ours_d${d}_metrics.txt" "flash_d$d=$RESULTS/ncu_flash_bwd_d${d}_metrics.txt")
     done
+    side_by_side_table "stage 09's default backward kernel beside SDPA flash's (gpu_session.sh ncuflash09), bf16, N $n, non-causal, B N = 16384, H d = 2048, one launch each" \
+        "$RESULTS/ncu_flash09.txt" "${cols[@]}"
+}
+
+# The launch (grid, block) and the occupancy lines of each Nsight Compute report of "$@", in the summary.
+record_ncu_reports() {
+    local r
+    for r in "$@"; do
+        record "-- $(basename "$r" .txt): $(grep -m1 -E '\(([0-9]+), ([0-9]+), ([0-9]+)\)x\(' "$r" | sed 's/^ *//' | cut -c1-160)"
+        grep -E "Registers Per|Dynamic Shared Memory Per|Static Shared Memory Per|Achieved Occupancy" "$r" | head -4 | tee -a "$LOGS/summary.txt"
+    done
+}
+
+# bench/ncu_side_by_side.py of the counters "label=path" of "$@" (after $1 and $2) into $2, headed
+# by the GPU, the date and $1; and into the summary.
+side_by_side_table() {
+    local head=$1 out=$2
+    shift 2
     {
-        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 09's default backward kernel beside SDPA flash's (gpu_session.sh ncuflash09), bf16, N $n, non-causal, B N = 16384, H d = 2048, one launch each"
-        python3 bench/ncu_side_by_side.py "${cols[@]}"
-    } >"$RESULTS/ncu_flash09.txt"
-    tee -a "$LOGS/summary.txt" <"$RESULTS/ncu_flash09.txt"
+        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): $head"
+        python3 bench/ncu_side_by_side.py "$@"
+    } >"$out"
+    tee -a "$LOGS/summary.txt" <"$out"
 }
 
 # Stage 09's backward on a packed batch of equal lengths beside the dense kernel on the same tokens
@@ -1088,17 +1103,11 @@ step_ncuvarlen09() {
             "ncu_stage09_packed_d$d" --stages 07 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal yes --varlen07 "$lengths"
         NCU_METRICS=NCUDROP_METRICS NCU_NAME_BASE=demangled ncu_one "$(instance09 4 "$d")" \
             "ncu_stage09_dense_d$d" --stages 07 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal yes --varlen07 "$lengths"
-        for r in "$RESULTS/ncu_stage09_packed_d$d.txt" "$RESULTS/ncu_stage09_dense_d$d.txt"; do
-            record "-- d=$d, $(basename "$r" .txt): $(grep -m1 -E '\(([0-9]+), ([0-9]+), ([0-9]+)\)x\(' "$r" | sed 's/^ *//' | cut -c1-160)"
-            grep -E "Registers Per|Achieved Occupancy" "$r" | head -2 | tee -a "$LOGS/summary.txt"
-        done
+        record_ncu_reports "$RESULTS/ncu_stage09_packed_d$d.txt" "$RESULTS/ncu_stage09_dense_d$d.txt"
         cols+=("packed_d$d=$RESULTS/ncu_stage09_packed_d${d}_metrics.txt" "dense_d$d=$RESULTS/ncu_stage09_dense_d${d}_metrics.txt")
     done
-    {
-        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 09's backward on a packed batch ($lengths) beside the dense kernel on the same tokens (gpu_session.sh ncuvarlen09), bf16, causal, one launch each"
-        python3 bench/ncu_side_by_side.py "${cols[@]}"
-    } >"$RESULTS/ncu_varlen09.txt"
-    tee -a "$LOGS/summary.txt" <"$RESULTS/ncu_varlen09.txt"
+    side_by_side_table "stage 09's backward on a packed batch ($lengths) beside the dense kernel on the same tokens (gpu_session.sh ncuvarlen09), bf16, causal, one launch each" \
+        "$RESULTS/ncu_varlen09.txt" "${cols[@]}"
 }
 
 # What explains each step of stage 05's road: DRAM and L2 traffic, global-load efficiency,
