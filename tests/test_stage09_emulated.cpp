@@ -307,7 +307,7 @@ TEST_CASE("emulated stage 09: every main kernel matches the float64 gradients an
 }
 
 TEST_CASE("stage 09: which steps of the road run an earlier step's kernel") {
-    // Steps 2 and 3 change d = 128 only, steps 4 and 5 d = 32 and 64 only; steps 6, 7 and 8 are
+    // Steps 2 and 3 change d = 128 only, steps 4 and 5 d = 32 and 64 only; steps 6 to 10 are
     // kernels of their own at every d (launch.cuh).
     for (int step = 0; step < kRoadSteps; ++step) {
         const int at32 = same_kernel_as<32>(step), at64 = same_kernel_as<64>(step), at128 = same_kernel_as<128>(step);

@@ -400,17 +400,13 @@ __global__ void __launch_bounds__(kPrePostThreads) backward_preprocess_kernel(co
 
 //! [dq_tile_offset]
 /// Where feature `col` of row `row` of one head's dQ accumulator is, in floats from the head's
-/// first row: row by row (row D + col), or, kDqTiled (WithDqTiles), in tiles of 8 rows by 8 features,
-/// a tile row-major inside and the tiles of 8 rows side by side: the 8 features from `col` & ~7 of
+/// first row, when it is kept in tiles of 8 rows by 8 features (WithDqTiles; otherwise row D + col):
+/// a tile row-major inside and the tiles of 8 rows side by side. The 8 features from `col` & ~7 of
 /// row `row` are still 8 consecutive floats, and a head (Nq_padded rows, a multiple of 8) takes the
 /// same room.
-template <int D, bool kDqTiled>
+template <int D>
 __host__ __device__ __forceinline__ int64_t dq_tile_offset(int64_t row, int col) {
-    if constexpr (kDqTiled) {
-        return (row & ~int64_t(7)) * D + (col & ~7) * 8 + (row & 7) * 8 + (col & 7);
-    } else {
-        return row * D + col;
-    }
+    return (row & ~int64_t(7)) * D + (col & ~7) * 8 + (row & 7) * 8 + (col & 7);
 }
 //! [dq_tile_offset]
 
@@ -428,7 +424,7 @@ __global__ void __launch_bounds__(kPrePostThreads) backward_postprocess_kernel(c
         const int b = bh / a.heads, h = bh % a.heads;
         const float* head = a.dq_accum + int64_t(bh) * a.seq_q_padded * D;
         const float4* src = reinterpret_cast<const float4*>(
-            kDqTiled ? head + dq_tile_offset<D, true>(n, chunk * 8) : a.dq_accum + (int64_t(bh) * a.seq_q_padded + n) * D + chunk * 8);
+            kDqTiled ? head + dq_tile_offset<D>(n, chunk * 8) : a.dq_accum + (int64_t(bh) * a.seq_q_padded + n) * D + chunk * 8);
         const float4 x = src[0], y = src[1];
         const float s = a.scale;
         uint4 out;

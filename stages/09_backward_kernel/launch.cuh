@@ -227,6 +227,19 @@ using TiledStepFeatures = typename std::conditional_t<
                                        std::conditional_t<Step == 7 || Step == 8, TunedDqAdds<D, Step == 7 ? 1 : 4>,
                                                           TunedDqTiles<D, Step == 9 ? 2 : 4>>>>>>>>::F;
 
+/// The main kernels run_kernels() launches, one per step of the road (attention.cu: road()).
+inline constexpr int kRoadSteps = 11;
+
+/// `run(TiledStepFeatures<D, step>{})` for a step of the warp-tiled kernel (1 to kRoadSteps - 1;
+/// the last for any larger step): the one place a step number becomes a kernel's features.
+template <int D, int Step = 1, class Run>
+decltype(auto) with_tiled_step(int step, Run&& run) {
+    if constexpr (Step + 1 < kRoadSteps) {
+        if (step != Step) return with_tiled_step<D, Step + 1>(step, run);
+    }
+    return run(TiledStepFeatures<D, Step>{});
+}
+
 //! [model_steps]
 /// What a real model's call adds (stage 10), as stage 07 takes it: grouped-query heads, a sliding
 /// window and the soft cap (stage07::ModelOptions, checked and resolved by stage07::resolve_options).
@@ -302,10 +315,8 @@ Geometry tiled_geometry() {
     return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kKeyWarps, false, S::kSmemBytes, S::kThreads, kPtInRegisters<F>};
 }
 
-/// The geometry of the main kernel of `step` (0: warps own keys, 1: warp-tiled, 2: warp-tiled
-/// with 128-key blocks, 3: and dP^T in pieces, 4: step 2 with P^T in registers, 5: and 16-column
-/// steps, 6: step 4 with its offsets afresh in each query block, 7 and 8: step 4 adding dQ one or
-/// four float32 at a time) at head dimension D.
+/// The geometry of the main kernel of `step` (0: warps own keys; 1 to kRoadSteps - 1: the
+/// warp-tiled kernel with TiledStepFeatures) at head dimension D.
 template <int D>
 Geometry geometry_for(int step) {
     if (step == 0) {
@@ -313,16 +324,7 @@ Geometry geometry_for(int step) {
         using S = Shape<__nv_bfloat16, D, F>;
         return {F::kBr, F::kBc, F::kWarps, F::kBn, F::kWarps, F::kKVInRegisters, S::kSmemBytes, S::kThreads};
     }
-    if (step == 1) return tiled_geometry<D, TiledStepFeatures<D, 1>>();
-    if (step == 2) return tiled_geometry<D, TiledStepFeatures<D, 2>>();
-    if (step == 3) return tiled_geometry<D, TiledStepFeatures<D, 3>>();
-    if (step == 4) return tiled_geometry<D, TiledStepFeatures<D, 4>>();
-    if (step == 5) return tiled_geometry<D, TiledStepFeatures<D, 5>>();
-    if (step == 6) return tiled_geometry<D, TiledStepFeatures<D, 6>>();
-    if (step == 7) return tiled_geometry<D, TiledStepFeatures<D, 7>>();
-    if (step == 8) return tiled_geometry<D, TiledStepFeatures<D, 8>>();
-    if (step == 9) return tiled_geometry<D, TiledStepFeatures<D, 9>>();
-    return tiled_geometry<D, TiledStepFeatures<D, 10>>();
+    return with_tiled_step<D>(step, [](auto features) { return tiled_geometry<D, decltype(features)>(); });
 }
 
 /// Sizes every kernel derives from the problem and the block shape.
@@ -555,8 +557,6 @@ struct Kernel {
     static constexpr auto value = kKernel;  ///< the kernel
 };
 
-/// The main kernels run_kernels() launches, one per step of the road (attention.cu: road()).
-inline constexpr int kRoadSteps = 11;
 
 /// The earliest step of the road whose main kernel at head dimension D is the very instance step
 /// `Step` launches (Step itself when no earlier step has it): several steps change one head
@@ -586,20 +586,6 @@ int same_kernel_as(int step) {
     return kTable[size_t(step)];
 }
 
-/// Whether the main kernel of `step` at head dimension D stores the dQ accumulator in tiles
-/// (kDqTiles of its features; step 0's kernel never does).
-template <int D, int... Steps>
-bool step_has_dq_tiles(int step, std::integer_sequence<int, Steps...>) {
-    static constexpr std::array<bool, sizeof...(Steps)> kTable = {(Steps > 0 && kDqTiles<TiledStepFeatures<D, Steps>>)...};
-    return kTable[size_t(step)];
-}
-
-/// step_has_dq_tiles() over the whole road.
-template <int D>
-bool step_has_dq_tiles(int step) {
-    return step_has_dq_tiles<D>(step, std::make_integer_sequence<int, kRoadSteps>{});
-}
-
 /// The postprocessing kernel (dQ rounded to T) for an accumulator in rows or, kDqTiled, in 8 x 8
 /// tiles (the main kernel's kDqTiles), through `launch` (see run_kernels).
 template <class T, int D, bool kDqTiled, class Launch>
@@ -608,12 +594,25 @@ void launch_postprocess(const Launches<T>& l, Launch& launch) {
            size_t(0), l.post);
 }
 
-/// The warp-tiled main kernel with features F, through `launch` (see run_kernels).
+/// The group split's fourth kernel (S > 1: the partial dK and dV added and rounded), after the
+/// main kernel; nothing for S = 1.
+template <class T, int D, class Launch>
+void launch_dkdv_reduce(const Launches<T>& l, Launch& launch) {
+    if (l.reduce_blocks == 0) return;
+    launch(Kernel<backward_dkdv_reduce_kernel<T, D>>{}, "backward_dkdv_reduce_kernel", l.reduce_blocks, kPrePostThreads,
+           size_t(0), l.reduce);
+}
+
+/// The warp-tiled main kernel with features F and what follows it, through `launch` (see
+/// run_kernels): the group split's reduction (S > 1) and the postprocessing kernel that reads F's
+/// accumulator (in rows, or in tiles: kDqTiles).
 template <class T, int D, class F, bool kDeterministic, class Launch>
 void launch_tiled(const Launches<T>& l, Launch& launch) {
     using S = TiledShape<T, D, F>;
     launch(Kernel<flash_backward_tiled_kernel<T, D, F, kDeterministic>>{}, "flash_backward_tiled_kernel", l.main_blocks,
            S::kThreads, S::kSmemBytes, l.main);
+    launch_dkdv_reduce<T, D>(l, launch);
+    launch_postprocess<T, D, kDqTiles<F>>(l, launch);
 }
 
 //! [run]
@@ -628,55 +627,19 @@ void run_kernels(const Launches<T>& l, int step, Launch&& launch) {
         using S = Shape<T, D, F>;
         launch(Kernel<flash_backward_kernel<T, D, F, kDeterministic>>{}, "flash_backward_kernel", l.main_blocks, S::kThreads,
                S::kSmemBytes, l.main);
-    } else if (step == 1) {
-        launch_tiled<T, D, TiledStepFeatures<D, 1>, kDeterministic>(l, launch);
-    } else if (step == 2) {
-        launch_tiled<T, D, TiledStepFeatures<D, 2>, kDeterministic>(l, launch);
-    } else if (step == 3) {
-        launch_tiled<T, D, TiledStepFeatures<D, 3>, kDeterministic>(l, launch);
-    } else if (step == 4) {
-        launch_tiled<T, D, TiledStepFeatures<D, 4>, kDeterministic>(l, launch);
-    } else if (step == 5) {
-        launch_tiled<T, D, TiledStepFeatures<D, 5>, kDeterministic>(l, launch);
-    } else if (step == 6) {
-        launch_tiled<T, D, TiledStepFeatures<D, 6>, kDeterministic>(l, launch);
-    } else if (step == 7) {
-        launch_tiled<T, D, TiledStepFeatures<D, 7>, kDeterministic>(l, launch);
-    } else if (step == 8) {
-        launch_tiled<T, D, TiledStepFeatures<D, 8>, kDeterministic>(l, launch);
-    } else if (step == 9) {
-        launch_tiled<T, D, TiledStepFeatures<D, 9>, kDeterministic>(l, launch);
-    } else {
-        launch_tiled<T, D, TiledStepFeatures<D, 10>, kDeterministic>(l, launch);
-    }
-    if (step_has_dq_tiles<D>(step)) {  // the accumulator in 8 x 8 tiles (WithDqTiles)
-        launch_postprocess<T, D, true>(l, launch);
-    } else {
         launch_postprocess<T, D, false>(l, launch);
+        return;
     }
+    with_tiled_step<D>(step, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
 }
 //! [run]
-
-/// The group split's fourth kernel (S > 1: the partial dK and dV added and rounded), after the
-/// main kernel; nothing for S = 1.
-template <class T, int D, class Launch>
-void launch_dkdv_reduce(const Launches<T>& l, Launch& launch) {
-    if (l.reduce_blocks == 0) return;
-    launch(Kernel<backward_dkdv_reduce_kernel<T, D>>{}, "backward_dkdv_reduce_kernel", l.reduce_blocks, kPrePostThreads,
-           size_t(0), l.reduce);
-}
 
 /// run_kernels() with stage 10's options: the default main kernel with the features
 /// with_model_features() picks for `options` (launches made by make_launches() with the same options).
 template <class T, int D, bool kDeterministic, class Launch>
 void run_model_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
     launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
-    with_model_features<D>(options, [&](auto features) {
-        using F = decltype(features);
-        launch_tiled<T, D, F, kDeterministic>(l, launch);
-        launch_dkdv_reduce<T, D>(l, launch);
-        launch_postprocess<T, D, kDqTiles<F>>(l, launch);
-    });
+    with_model_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
 }
 
 //! [varlen_launches]
@@ -744,12 +707,7 @@ Launches<T> make_varlen_launches(const VarlenProblem& vp, const ResolvedOptions&
 template <class T, int D, bool kDeterministic, class Launch>
 void run_varlen_kernels(const Launches<T>& l, const ResolvedOptions& options, Launch&& launch) {
     launch(Kernel<backward_preprocess_kernel<T, D>>{}, "backward_preprocess_kernel", l.pre_blocks, kPrePostThreads, size_t(0), l.pre);
-    stage09::with_varlen_features<D>(options, [&](auto features) {
-        using F = decltype(features);
-        launch_tiled<T, D, F, kDeterministic>(l, launch);
-        launch_dkdv_reduce<T, D>(l, launch);
-        launch_postprocess<T, D, kDqTiles<F>>(l, launch);
-    });
+    stage09::with_varlen_features<D>(options, [&](auto features) { launch_tiled<T, D, decltype(features), kDeterministic>(l, launch); });
 }
 
 }  // namespace fa::stage09

@@ -687,7 +687,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                 if (kRowLimit && row >= rows) continue;
                 float* p;
                 if constexpr (kDqTiles<F> && kRowLimit) {  // rows shifted into their tiles
-                    p = dq_block + dq_tile_offset<D, true>(shift + row, col0 + nt * 8 + 2 * (t & ~1));
+                    p = dq_block + dq_tile_offset<D>(shift + row, col0 + nt * 8 + 2 * (t & ~1));
                 } else if constexpr (kDqTiles<F>) {  // dq_tile_offset(), with row0 and col0 multiples of 8
                     p = dq_block + int64_t(row0 + 16 * mt + 8 * hh) * D + (col0 + nt * 8) * 8 + 8 * g + 2 * (t & ~1);
                 } else {
@@ -710,7 +710,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                     if (kRowLimit && row0 + 16 * mt + g + 8 * hh >= rows) continue;
                     float* p;
                     if constexpr (kDqTiles<F> && kRowLimit) {  // rows shifted into their tiles
-                        p = dq_block + dq_tile_offset<D, true>(shift + row0 + 16 * mt + g + 8 * hh, col0 + nt * 8 + 2 * t);
+                        p = dq_block + dq_tile_offset<D>(shift + row0 + 16 * mt + g + 8 * hh, col0 + nt * 8 + 2 * t);
                     } else if constexpr (kDqTiles<F>) {  // dq_tile_offset(), with row0 and col0 multiples of 8
                         p = dq_block + int64_t(row0 + 16 * mt + 8 * hh) * D + (col0 + nt * 8) * 8 + 8 * g + 2 * t;
                     } else {
