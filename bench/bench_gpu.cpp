@@ -19,7 +19,9 @@
 // fa::attention_flops_fwd_bwd (3.5 times). One stage 09 workspace per shape, grown by an untimed
 // call of each mode, so no timed call allocates. --steps09 adds other main kernels of stage 09's
 // road: rows "stage09_step<i>" (backward with atomic dQ, and fwd+bwd) and
-// "stage09_step<i>_deterministic" (backward with deterministic dQ), each step with its own guard.
+// "stage09_step<i>_deterministic" (backward with deterministic dQ), each step with its own guard;
+// with --steps09-backward-only each of those steps times its backward with atomic dQ alone (one
+// row "stage09_step<i>", the one a road table needs) and still runs its guard.
 //
 // Stage 10's switches (--model07 GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]], repeatable; --varlen07
 // lengths) run once per shape in the same types: stage 07's final kernel with each point's
@@ -712,6 +714,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> step11_args;
     bool road05 = false;
     std::vector<int> steps09;
+    bool steps09_backward_only = false;
     std::vector<std::string> model07_args;
     std::string causal_mode = "both";
     int64_t tokens = 16384, width = 2048;
@@ -746,8 +749,11 @@ int main(int argc, char** argv) {
     app.add_option("--steps09", steps09,
                    "with stage 09: main kernels of its road (see stage09 --help) timed beside the default one, rows "
                    "stage09_step<i> (backward with atomic dQ, fwd+bwd) and stage09_step<i>_deterministic (backward with "
-                   "deterministic dQ), each checked by the guard")
+                   "deterministic dQ; --steps09-backward-only: the first alone), each checked by the guard")
         ->check(CLI::Range(0, int(fa::stage09::road().size()) - 1));
+    app.add_flag("--steps09-backward-only", steps09_backward_only,
+                 "with --steps09: time each of those steps' backward with atomic dQ alone (rows stage09_step<i>, pass "
+                 "backward), without its fwd+bwd and deterministic rows; the guard still runs on each step");
     app.add_option("--model07", model07_args,
                    "stage 10's switches: stage 07's final kernel with them and, with stage 09 among --stages, stage 09's "
                    "backward with them (backward alone and fwd+bwd), beside the plain causal kernels at each point "
@@ -858,7 +864,7 @@ int main(int argc, char** argv) {
         std::printf("stage 09   main kernel: step %d (%s)", fa::stage09::kDefaultStep,
                     fa::stage09::road()[size_t(fa::stage09::kDefaultStep)].name.c_str());
         for (int s : steps09) std::printf("; beside it step %d (%s)", s, fa::stage09::road()[size_t(s)].name.c_str());
-        std::printf("\n");
+        std::printf("%s\n", !steps09.empty() && steps09_backward_only ? "; those steps: the backward with atomic dQ alone" : "");
     }
 
     const auto stage06_with = [](fa::stage06::Schedule schedule) -> fa::cuda::DeviceAttentionFn {
@@ -874,9 +880,12 @@ int main(int argc, char** argv) {
         };
     };
     std::vector<Record> records;
+    // Rows of each --steps09 step at a point: the backward with atomic dQ, the pair and the
+    // deterministic backward, or the first alone (--steps09-backward-only).
+    const size_t rows_per_step09 = steps09_backward_only ? 1 : 3;
     size_t points = sizes.size() * head_dims.size() * causal_values.size() *
                     ((has05 ? (road05 ? size_t(fa::stage05::final_step()) + 1 : 1) : 0) + (has06 ? 1 : 0) + (has07 ? dtypes.size() * steps07.size() : 0) +
-                     (has09 ? dtypes.size() * (4 + 3 * steps09.size()) : 0) + (has11 ? dtypes.size() * steps11.size() : 0));
+                     (has09 ? dtypes.size() * (4 + rows_per_step09 * steps09.size()) : 0) + (has11 ? dtypes.size() * steps11.size() : 0));
     size_t done = 0;
     bool any_bad = false;
     std::set<std::string> skipped;  // (stage, dtype, step, d) already reported as unsupported
@@ -924,7 +933,8 @@ int main(int argc, char** argv) {
 
     // Stage 09 at one point in one 16-bit type (`in`: stage 07's HalfTensors, `g`: HalfBackward of
     // the same type): four rows (the forward, the backward with atomic and with deterministic dQ
-    // additions, the pair), then the guard, whose verdict both backward rows carry.
+    // additions, the pair), then the guard, whose verdict both backward rows carry. A point it
+    // refuses is also one where the --steps09 rows (stage09_steps) are not timed.
     const auto stage09_points = [&](const fa::Problem& p, const std::string& t, const auto& in, const auto& g,
                                     fa::stage09::Workspace& workspace, float* scratch) {
         using T = typename std::decay_t<decltype(g)>::value_type;
@@ -941,7 +951,7 @@ int main(int argc, char** argv) {
                 backward(false, stream);
                 backward(true, stream);
                 for (int s : steps09) backward_step(s, true, stream);
-            }, 4)) {
+            }, 4 + rows_per_step09 * steps09.size())) {
             return false;
         }
         const auto point = [&](const std::string& impl, const std::string& pass, const std::string& label,
@@ -978,8 +988,9 @@ int main(int argc, char** argv) {
     };
 
     // Other main kernels of stage 09 (--steps09) at the same point: the backward with atomic dQ, the
-    // fwd+bwd pair and the backward with deterministic dQ (rows stage09_step<i>_deterministic),
-    // then the guard run on that kernel alone.
+    // fwd+bwd pair and the backward with deterministic dQ (rows stage09_step<i>_deterministic), or
+    // the first alone with --steps09-backward-only; then the guard run on that kernel alone, which
+    // runs both dQ modes either way.
     const auto stage09_steps = [&](const fa::Problem& p, const std::string& t, const auto& in, const auto& g,
                                    fa::stage09::Workspace& workspace, float* scratch) {
         using T = typename std::decay_t<decltype(g)>::value_type;
@@ -1002,11 +1013,11 @@ int main(int argc, char** argv) {
                 return records.size() - 1;
             };
             const size_t bwd = point("backward", [&](cudaStream_t stream) { backward(false, stream); });
-            point("fwd+bwd", [&](cudaStream_t stream) {
-                forward(stream);
-                backward(false, stream);
-            });
-            {
+            if (!steps09_backward_only) {
+                point("fwd+bwd", [&](cudaStream_t stream) {
+                    forward(stream);
+                    backward(false, stream);
+                });
                 Record r = make_record(impl + "_deterministic", t, p,
                                        fa::cuda::time_on_gpu([&](cudaStream_t stream) { backward(true, stream); }, warmup, repeat),
                                        "backward");

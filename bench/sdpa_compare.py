@@ -190,6 +190,8 @@ def run_bench_gpu(args, ceiling, out_json, out_csv, wgmma=None):
             cmd += ["--mma-ceiling-tflops", f"{ceiling:.1f}"]
     if "09" in args.stages and args.steps09:
         cmd += ["--steps09", *map(str, args.steps09)]
+        if args.steps09_backward_only:
+            cmd += ["--steps09-backward-only"]
     if "11" in args.stages:
         if args.steps11:
             cmd += ["--steps11", *args.steps11]
@@ -521,7 +523,8 @@ def print_round_ratios(args, round_rows, gpu_name, date):
     """Per point and dtype, each ratio the targets name as its median over the rounds with min and
     max (each ratio taken between the two timings of one round); then the worst median. Stage 09's
     ratios are of the forward + backward pair and of the backward alone, for the default main kernel
-    and for each other one timed (--steps09: rows stage09_step<i>)."""
+    and for each other one timed (--steps09: rows stage09_step<i>; a step timed without its pair,
+    --steps09-backward-only, has the backward's ratio alone)."""
     # (what is compared, its pass, the rows of each round indexed for that pass)
     by_pass = {p: [index(r, p) for r in round_rows] for p in ("forward", "fwd+bwd", "backward")}
     pairs = []
@@ -530,11 +533,13 @@ def print_round_ratios(args, round_rows, gpu_name, date):
     if "11" in args.stages:
         pairs += [("stage11", "sdpa_cudnn", "forward"), ("stage11", "sdpa_flash", "forward"), ("stage11", "stage07", "forward")]
     if "09" in args.stages:
-        steps09 = sorted({k[0] for i in by_pass["fwd+bwd"] for k in i
-                          if k[0].startswith("stage09_step") and not k[0].endswith("_deterministic")})
+        # each step's rows of each pass (--steps09-backward-only: no fwd+bwd rows, and no pair's ratio)
+        steps09 = {p: {k[0] for i in by_pass[p] for k in i
+                       if k[0].startswith("stage09_step") and not k[0].endswith("_deterministic")}
+                   for p in ("fwd+bwd", "backward")}
         pairs += [("stage09", "sdpa_flash", "fwd+bwd"), ("stage09", "sdpa_cudnn", "fwd+bwd"), ("stage09", "sdpa_flash", "backward")]
-        for impl in steps09:
-            pairs += [(impl, "sdpa_flash", "fwd+bwd"), (impl, "sdpa_flash", "backward")]
+        for impl in sorted(steps09["fwd+bwd"] | steps09["backward"]):
+            pairs += [(impl, "sdpa_flash", p) for p in ("fwd+bwd", "backward") if impl in steps09[p]]
     short = {"stage07": "07", "stage11": "11", "stage09": "09", "sdpa_flash": "flash", "sdpa_cudnn": "cudnn"}
     tag = {"forward": "", "fwd+bwd": " f+b", "backward": " bwd"}
 
@@ -691,14 +696,22 @@ def print_stage09_tables(args, rows, gpu_name, date):
 
 def print_stage09_step_tables(args, fwd_bwd, bwd):
     """Other main kernels of stage 09 (bench_gpu --steps09: rows stage09_step<i>) beside the default
-    one and SDPA flash, one table per step and dtype."""
+    one and SDPA flash, one table per step and dtype. A step timed by its backward alone (bench_gpu
+    --steps09-backward-only: no fwd+bwd row, no deterministic row) keeps every column, "-" where
+    its row is missing: docs/make_results.py (read_stage09_steps) reads these tables by their
+    column count."""
     steps = sorted({k[0] for k in list(fwd_bwd) + list(bwd)
                     if k[0].startswith("stage09_step") and not k[0].endswith("_deterministic")})
     for impl in steps:
         for t in args.dtypes:
+            if not any(k[:2] == (impl, t) for k in list(fwd_bwd) + list(bwd)):
+                continue  # not timed in this dtype: no table
+            backward_only = not any(k[:2] == (impl, t) for k in fwd_bwd) and not any(
+                k[:2] == (impl + "_deterministic", t) for k in bwd)
             print()
             print(f"{impl} in {t} beside the default main kernel (stage09) and SDPA flash, TFLOP/s; "
-                  "its backward's time with atomic and deterministic dQ")
+                  + ("its backward alone, with atomic dQ (no pair, no deterministic backward timed)" if backward_only
+                     else "its backward's time with atomic and deterministic dQ"))
             print(f"{'d':>4} {'N':>6} {'causal':>7} {'f+b':>7} {'/09':>7} {'/flash':>7} {'bwd':>7} {'/09':>7} {'/flash':>7} "
                   f"{'bwd ms':>8} {'det ms':>8} {'det/at':>7}")
             for d in args.head_dims:
@@ -1262,6 +1275,9 @@ def main():
                         help="stage 11 steps (bench_gpu --steps11): numbers, all or road; several give road11.csv")
     parser.add_argument("--steps09", type=int, nargs="+", default=[],
                         help="stage 09 main kernels timed beside the default one (bench_gpu --steps09)")
+    parser.add_argument("--steps09-backward-only", action="store_true",
+                        help="with --steps09: time those steps' backward with atomic dQ alone, without their fwd+bwd and "
+                             "deterministic rows (bench_gpu --steps09-backward-only; their tables show '-' there)")
     parser.add_argument("--model07", nargs="+", default=[], metavar="SPEC",
                         help="with stage 10: bench_gpu's --model07 points, GROUP/LEFT/RIGHT[/SOFTCAP[/DROPOUT]] (e.g. 8/-1/0 "
                         "4/-1/0 1/4095/0 1/-1/0/0/0.1); SDPA runs those it has (grouped heads, dropout, causal)")

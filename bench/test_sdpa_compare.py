@@ -3,8 +3,9 @@
 comparisons and tables on synthetic rows of three rounds as bench_gpu and the SDPA side write them
 (grouped heads beside three backends, a window beside the plain causal kernels, dropout whose
 backward stage 09 refuses, the packed batch beside the uniform one and SDPA's nested and padded
-batches); and ncu_side_by_side.py's reading of Nsight Compute's units. Run: python3
-bench/test_sdpa_compare.py"""
+batches); stage 09's tables and ratios when --steps09 steps have their backward alone, and
+docs/make_results.py's reading of those tables; and ncu_side_by_side.py's reading of Nsight
+Compute's units. Run: python3 bench/test_sdpa_compare.py"""
 import contextlib
 import csv
 import doctest
@@ -114,6 +115,133 @@ class Stage10Tables(unittest.TestCase):
         self.assertEqual(sc.stage10_comparisons([row("stage07", 1.0)], [[row("stage07", 1.0)]]), [])
         with contextlib.redirect_stdout(io.StringIO()):
             sc.print_stage10_tables([], [], "Test GPU", "2026-11-25")
+
+
+# ----------------------------------------------------------------------------- stage 09's road (--steps09)
+def stage09_round(k, full_steps=(5,), backward_only_steps=(3,), d=64):
+    """The stage 09 rows of round k as bench_gpu and the SDPA side write them at one point: the
+    default main kernel's four rows, SDPA flash and cuDNN's backward and pair, each step of
+    `full_steps` with its three rows (backward, fwd+bwd, deterministic backward) and each of
+    `backward_only_steps` with its backward alone (bench_gpu --steps09-backward-only)."""
+    rows = [row("stage07", 1.0, d=d), row("stage09", 1.0, d=d), row("stage09", 2.0, "backward", d=d),
+            row("stage09_deterministic", 2.2, "backward", d=d), row("stage09", 3.0, "fwd+bwd", d=d)]
+    for name, slower in (("flash", 1.2), ("cudnn", 0.9)):
+        rows += [row(f"sdpa_{name}", slower + 0.01 * k, d=d), row(f"sdpa_{name}", 2.0 * slower + 0.01 * k, "backward", d=d),
+                 row(f"sdpa_{name}", 3.0 * slower + 0.01 * k, "fwd+bwd", d=d)]
+    for s in full_steps:
+        rows += [row(f"stage09_step{s}", 4.0, "backward", d=d, step=s, step_name="full", check="ok"),
+                 row(f"stage09_step{s}", 5.0, "fwd+bwd", d=d, step=s, step_name="full"),
+                 row(f"stage09_step{s}_deterministic", 4.4, "backward", d=d, step=s, step_name="full", check="ok")]
+    for s in backward_only_steps:
+        rows.append(row(f"stage09_step{s}", 2.4, "backward", d=d, step=s, step_name="backward only", check="ok"))
+    return rows
+
+
+class Stage09StepsBackwardOnly(unittest.TestCase):
+    """stage 09's tables and ratios over rounds when some --steps09 steps have their backward with
+    atomic dQ alone (no fwd+bwd row, no deterministic row): their tables keep every column with "-"
+    where a row is missing, the ratios over rounds keep the backward's, and nothing raises."""
+
+    def setUp(self):
+        self.args = types.SimpleNamespace(stages=["07", "09"], dtypes=["bf16"], head_dims=[64], sizes=[16384], causal="yes",
+                                          steps09=[3, 5], steps09_backward_only=True)
+        self.rounds = [stage09_round(k) for k in range(3)]
+        self.rows = sc.median_rows(self.rounds)
+
+    def tables(self, fn, *args):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            fn(self.args, *args, "Test GPU", "2026-11-25")
+        return out.getvalue().splitlines()
+
+    @staticmethod
+    def table_of(lines, impl):
+        """The heading and first row of `impl`'s table."""
+        at = next(i for i, x in enumerate(lines) if x.startswith(impl + " in bf16"))
+        return lines[at], lines[at + 1].split(), lines[at + 2].split()
+
+    def test_step_tables(self):
+        lines = self.tables(sc.print_stage09_tables, self.rows)
+        title, head, cells = self.table_of(lines, "stage09_step3")
+        self.assertIn("its backward alone", title)
+        heads = ["d", "N", "causal", "f+b", "/09", "/flash", "bwd", "/09", "/flash", "bwd", "ms", "det", "ms", "det/at"]
+        self.assertEqual(head, heads)
+        self.assertEqual(cells, ["64", "16384", "True", "-", "-", "-", "%.1f" % (1e12 / 2.4e-3 * 1e-12),
+                                 "0.83", "1.00", "2.400", "-", "-"])  # 2.0 / 2.4 ms; flash's middle round, 2.41 ms
+        title, head, cells = self.table_of(lines, "stage09_step5")  # a step timed in full
+        self.assertIn("atomic and deterministic dQ", title)
+        self.assertEqual(head, heads)
+        self.assertEqual(cells[-3:], ["4.000", "4.400", "1.10"])
+        self.assertNotIn("-", cells)
+
+    def test_road_table_of_make_results(self):
+        """docs/make_results.py reads the road's record (these tables) by column count and builds the
+        lesson's road table from each step's backward: the backward-only step is in it."""
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
+        try:
+            import make_results as mr
+        finally:
+            sys.path.pop(0)
+        lines = self.tables(sc.print_stage09_tables, self.rows)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "stage09_sweep_table.txt")
+            with open(path, "w") as f:
+                f.write("\n".join(lines) + "\n")
+            road = mr.read_stage09_steps(path)
+            table = mr.stage09_road_table(road, os.path.join(tmp, "road.txt"))
+        got = {r["step"]: r for r in road["rows"]}
+        self.assertEqual(set(got), {None, 3, 5})
+        self.assertAlmostEqual(got[3]["bwd"], round(1e12 / 2.4e-3 * 1e-12, 1))
+        self.assertIsNone(got[3]["fb"])
+        self.assertIsNone(got[3]["det_ms"])
+        self.assertTrue(any(x.startswith("  step 3") and "%.1f" % got[3]["bwd"] in x for x in table))
+
+    def test_no_step_rows_of_a_dtype(self):
+        self.args.dtypes = ["bf16", "fp16"]  # no fp16 rows at all: no fp16 step table, no error
+        lines = self.tables(sc.print_stage09_tables, self.rows)
+        self.assertFalse(any(x.startswith("stage09_step3 in fp16") for x in lines))
+        self.assertTrue(any(x.startswith("stage09_step3 in bf16") for x in lines))
+
+    def test_ratios_over_rounds(self):
+        lines = self.tables(sc.print_round_ratios, [[dict(r) for r in rows] for rows in self.rounds])
+        heads = " ".join(x for x in lines if x.startswith("dtype"))
+        self.assertIn("09s3/flash bwd", heads)
+        self.assertNotIn("09s3/flash f+b", heads)
+        self.assertIn("09s5/flash f+b", heads)
+        worst = next(x for x in lines if x.startswith("worst median stage09_step3 / sdpa_flash (backward)"))
+        self.assertIn("1.00 [1.00, 1.01]", worst)  # flash 2.40, 2.41, 2.42 ms over ours 2.40
+        self.assertFalse(any(x.startswith("worst median stage09_step3 / sdpa_flash (fwd+bwd)") for x in lines))
+
+    def test_every_step_backward_only(self):
+        self.rows = sc.median_rows([stage09_round(k, full_steps=()) for k in range(3)])
+        lines = self.tables(sc.print_stage09_tables, self.rows)
+        self.assertEqual(sum(x.startswith("stage09_step") for x in lines), 1)
+
+    def test_flag_passed_to_bench_gpu(self):
+        calls = []
+
+        def run(cmd):
+            calls.append(cmd)
+            with open(cmd[cmd.index("--json") + 1], "w") as f:
+                f.write("{}")
+            return types.SimpleNamespace(returncode=0)
+
+        args = types.SimpleNamespace(bench_exe="bench_gpu", sizes=[4096], head_dims=[64], causal="yes", tokens=16384, width=2048,
+                                     repeat=1, warmup=0, dtypes=["bf16"], model07=[], varlen07=[], steps=[], steps11=[],
+                                     check=True, stages=["07", "09"], steps09=[0, 1], steps09_backward_only=True)
+        with tempfile.TemporaryDirectory() as tmp, unittest.mock.patch.object(sc.subprocess, "run", run), \
+                contextlib.redirect_stdout(io.StringIO()):
+            out = os.path.join(tmp, "bench_gpu.json")
+            sc.run_bench_gpu(args, None, out, os.path.join(tmp, "bench_gpu.csv"))
+            args.steps09_backward_only = False
+            sc.run_bench_gpu(args, None, out, os.path.join(tmp, "bench_gpu.csv"))
+            args.steps09, args.steps09_backward_only = [], True  # no steps: nothing to pass it with
+            sc.run_bench_gpu(args, None, out, os.path.join(tmp, "bench_gpu.csv"))
+        self.assertEqual(calls[0][calls[0].index("--steps09"):][:4], ["--steps09", "0", "1", "--steps09-backward-only"])
+        self.assertIn("--steps09", calls[1])
+        self.assertNotIn("--steps09-backward-only", calls[1])
+        self.assertNotIn("--steps09", calls[2])
+        self.assertNotIn("--steps09-backward-only", calls[2])
 
 
 # ----------------------------------------------------------------------------- the SDPA side, on a stand-in for torch
