@@ -69,10 +69,14 @@
 #              split09.txt
 #   ncuvarlen09  stage 09's backward on a packed batch of equal lengths beside the dense kernel on
 #              the same tokens, Nsight Compute, bf16, causal, d 64/128: ncu_varlen09.txt
-#   road09     stage 09's whole road in one run: the default main kernel with every other step beside it
-#              (the steps read from stage09_backward_kernel --help), bf16, d 64/128, N 4096/16384,
-#              causal and not, beside SDPA flash and cuDNN, ROUNDS rounds of ROAD09_REPEAT (10) timed
-#              runs: road09/stage09_sweep_table.txt, the record of the lesson's road table
+#   road09     stage 09's whole road in one run: the default main kernel (forward, backward with
+#              both dQ modes, the pair) with every other step beside it (the steps read from
+#              stage09_backward_kernel --help), those timed by their backward with atomic dQ alone
+#              (--steps09-backward-only, the one the road table uses; each still checked by the
+#              guard), bf16, d 64/128, N 4096/16384, causal and not, beside SDPA flash and cuDNN,
+#              ROUNDS rounds of ROAD09_REPEAT (10) timed runs: road09/stage09_sweep_table.txt, the
+#              record of the lesson's road table. Give it a 600 s device call of its own: build in
+#              an earlier call (bench_gpu and stage09_backward_kernel, about 260 s)
 #   timing     SDPA flash's bf16 forward timed four ways in one process (bench/timing_check.py: the
 #              course's events, Triton's do_bench, each run on an idle GPU, a CUDA graph), d 64/128,
 #              N 1024/4096/16384, causal and not, ROUNDS rounds: timing_check.txt
@@ -610,7 +614,12 @@ stage09_last_step() {
 # Every step of stage 09's road in one run: the default main kernel (rows stage09) with every other
 # step beside it (--steps09, the steps read from stage09_backward_kernel --help), bf16, d 64/128,
 # N 4096/16384, causal and not, ROUNDS rounds of ROAD09_REPEAT timed runs (default 10): one record
-# for the lesson's road table (road09/stage09_sweep_table.txt and ratios_over_rounds.txt).
+# for the lesson's road table (road09/stage09_sweep_table.txt and ratios_over_rounds.txt). The other
+# steps time their backward with atomic dQ alone (--steps09-backward-only: the road table's
+# figure; the guard still checks each), not the pair and the deterministic backward as well: three
+# rows a step made one round about 300 s on an H200 (2026-11-26), and three rounds did not fit in a
+# 600 s call. With the flag a round is not yet timed: run the build step in an earlier call (about
+# 260 s) and leave road09 a call of its own.
 step_road09() {
     local steps=() default last s
     # "--step INT:INT in [0 - 6]  which step of the road runs (default: step 4):"
@@ -624,7 +633,7 @@ step_road09() {
         return 0
     fi
     compare road09 "$RESULTS/road09" --stages 07 09 --dtypes bf16 --sizes 4096 16384 --repeat "${ROAD09_REPEAT:-10}" \
-        --warmup 2 --steps09 "${steps[@]}"
+        --warmup 2 --steps09 "${steps[@]}" --steps09-backward-only
 }
 
 step_timing() {
@@ -899,7 +908,7 @@ step_ncu09() {
         grep -E "hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|ldgsts|local_op|registers|stalled_(barrier|long|short|mio|math|wait)" \
             "$RESULTS/ncu_stage09_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
         # How the backward's time splits between its three kernels: the first launch of each.
-        # (the default main kernel is the warp-tiled one, step 4)
+        # (the default main kernel is the warp-tiled one, stage09_backward_kernel --help names its step)
         timeout 300 ncu --clock-control none -k "regex:backward_preprocess_kernel|$KERNEL09_TILED|backward_postprocess_kernel" \
             --launch-count 3 --metrics gpu__time_duration.sum \
             "$BUILD/bench/bench_gpu" --stages 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no --repeat 1 --warmup 0 \

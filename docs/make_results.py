@@ -2085,6 +2085,38 @@ def stage09_numbers(ceilings, road09, results_dir):
     return aliases
 
 
+def stage09_grid_numbers(results_dir, name, prefix):
+    """Stage 09's default main kernel on the grid's other sizes (N 512, 1024, 2048 and 8192), from a
+    ratios-over-rounds record of docs/results/ (`name`: bench/sdpa_compare.py's medians over
+    rounds): forward + backward and the backward alone over SDPA flash's, each a span over bf16 and
+    fp16, causal and not, \\<prefix>_fb_flash_d64_n512 and \\<prefix>_bwd_flash_d64_n512 (every d and
+    N likewise); over cuDNN's pair, \\<prefix>_fb_cudnn_d64; the record's GPU and date,
+    \\<prefix>_gpu and \\<prefix>_date ("–" without data)."""
+    aliases = OrderedDict()
+    grid, gpu, date = {}, "–", "–"
+    try:
+        with open(os.path.join(results_dir, name), encoding="utf-8") as f:
+            for line in f:
+                head = re.match(r"^(.+?), (\d{4}-\d{2}-\d{2}): ratios over", line)
+                if head and gpu == "–":
+                    gpu, date = head.group(1).strip(), head.group(2)
+                m = re.match(r"^\s*(bf16|fp16)\s+(\d+)\s+(\d+)\s+(True|False)\s+(.*)$", line)
+                medians = re.findall(r"([\d.]+) \[", m.group(5)) if m else []
+                if len(medians) >= 5:
+                    key = (m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) == "True")
+                    grid.setdefault(key, [float(x) for x in medians[:5]])
+    except OSError:
+        pass
+    for d in (64, 128):
+        for n in (512, 1024, 2048, 8192):
+            vals = [v for k, v in grid.items() if k[1] == d and k[2] == n]
+            aliases[f"{prefix}_fb_flash_d{d}_n{n}"] = span_ratios(v[2] for v in vals)
+            aliases[f"{prefix}_bwd_flash_d{d}_n{n}"] = span_ratios(v[4] for v in vals)
+        aliases[f"{prefix}_fb_cudnn_d{d}"] = span_ratios(v[3] for k, v in grid.items() if k[1] == d)
+    aliases[f"{prefix}_gpu"], aliases[f"{prefix}_date"] = gpu, date
+    return aliases
+
+
 def stage09_later_numbers(road09_later, results_dir):
     """The numbers of stage 09's later steps (4 and 5), which its lesson quotes: their record
     (road09_later: read_stage09_steps() of stage09_steps4_quick.txt, steps 4 and 5 beside step 2 in
@@ -2117,23 +2149,7 @@ def stage09_later_numbers(road09_later, results_dir):
     aliases["s09_road4_s4_fb_below"] = f"{len(below)} of {len(fb)}" if fb else "–"
     # The default main kernel (step 4) on the rest of the grid, N 512, 1024, 2048 and 8192, in a run
     # of its own (stage09_grid_step4_ratios_over_rounds.txt: medians over three rounds).
-    grid = {}
-    try:
-        with open(os.path.join(results_dir, "stage09_grid_step4_ratios_over_rounds.txt"), encoding="utf-8") as f:
-            for line in f:
-                m = re.match(r"^\s*(bf16|fp16)\s+(\d+)\s+(\d+)\s+(True|False)\s+(.*)$", line)
-                medians = re.findall(r"([\d.]+) \[", m.group(5)) if m else []
-                if len(medians) >= 5:
-                    key = (m.group(1), int(m.group(2)), int(m.group(3)), m.group(4) == "True")
-                    grid.setdefault(key, [float(x) for x in medians[:5]])
-    except OSError:
-        pass
-    for d in (64, 128):
-        for n in (512, 1024, 2048, 8192):
-            vals = [v for k, v in grid.items() if k[1] == d and k[2] == n]
-            aliases[f"s09_grid_fb_flash_d{d}_n{n}"] = span2(v[2] for v in vals)
-            aliases[f"s09_grid_bwd_flash_d{d}_n{n}"] = span2(v[4] for v in vals)
-        aliases[f"s09_grid_fb_cudnn_d{d}"] = span2(v[3] for k, v in grid.items() if k[1] == d)
+    aliases.update(stage09_grid_numbers(results_dir, "stage09_grid_step4_ratios_over_rounds.txt", "s09_grid"))
     for step in (2, 4, 5):
         metrics = read_ncu_report(results_dir, f"ncu_stage09_step{step}_d64.txt", f"ncu_stage09_step{step}_d64_metrics.txt")
         for key, metric, fmt in (
@@ -2173,6 +2189,8 @@ NCU09_SIDE_COUNTERS = (
     ("mio", "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio", "{:.2f}", 1.0),
     ("lg", "smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio", "{:.2f}", 1.0),
     ("long", "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio", "{:.2f}", 1.0),
+    ("red_m", "smsp__inst_executed_op_global_red.sum", "{:.1f}", 1e-6),
+    ("red_sectors_m", "l1tex__t_sectors_pipe_lsu_mem_global_op_red.sum", "{:.0f}", 1e-6),
 )
 
 # What ncu may print a counter in, to the unit NCU09_SIDE_COUNTERS gives it (None: a scale by unit).
@@ -2228,6 +2246,32 @@ def stage09_fresh_numbers(road09_fresh, results_dir):
     return aliases
 
 
+def stage09_tiles_numbers(road09_tiles, results_dir):
+    """The numbers of stage 09's steps 9 and 10 (the dQ accumulator in tiles), which its lesson
+    quotes: their record (road09_tiles: read_stage09_steps() of stage09_steps910_quick.txt, steps 9
+    and 10 beside step 4, the default of then, in one run), each over step 4
+    (stage09_over_default_numbers) and over SDPA flash, \\s09_road910_s9_bwd_flash_d64 and
+    _fb_flash_d64 (d 128 likewise), and the deterministic mode's time over the atomic one,
+    \\s09_road910_s9_det; step 9, the default since, on the grid's other sizes
+    (stage09_grid_step9_ratios_over_rounds.txt: \\s09_grid9_*); Nsight Compute's counters of step 4
+    beside step 9 (ncu_stage09_step4_beside9_d64 and ncu_stage09_step9_d64, d 128 likewise:
+    \\s09_tiles_s4_d64_lg and the like)."""
+    aliases = OrderedDict()
+    for step in (9, 10):
+        prefix = f"s09_road910_s{step}"
+        aliases.update(stage09_over_default_numbers(road09_tiles, step, prefix))
+        rows = [r for r in (road09_tiles or {}).get("rows", []) if r["step"] == step]
+        for d in (64, 128):
+            aliases[f"{prefix}_bwd_flash_d{d}"] = span_ratios(r["bwd_vs_flash"] for r in rows if r["d"] == d)
+            aliases[f"{prefix}_fb_flash_d{d}"] = span_ratios(r["fb_vs_flash"] for r in rows if r["d"] == d)
+        aliases[f"{prefix}_det"] = span_ratios(r["det_vs_atomic"] for r in rows)
+    aliases.update(stage09_grid_numbers(results_dir, "stage09_grid_step9_ratios_over_rounds.txt", "s09_grid9"))
+    aliases.update(ncu09_side_numbers(results_dir, "s09_tiles", [
+        ("s4_d64", "ncu_stage09_step4_beside9_d64"), ("s9_d64", "ncu_stage09_step9_d64"),
+        ("s4_d128", "ncu_stage09_step4_beside9_d128"), ("s9_d128", "ncu_stage09_step9_d128")]))
+    return aliases
+
+
 def stage10_numbers(results_dir):
     """The numbers stage 10's lesson quotes, from stage10.csv (bench/sdpa_compare.py --stages 10, run
     by bench/gpu_session.sh stage10: each ratio's median over rounds): each a span over both dtypes,
@@ -2263,7 +2307,8 @@ def stage10_numbers(results_dir):
     return aliases
 
 
-def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None, road09_fresh=None, road09_adds=None):
+def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None, road09_fresh=None, road09_adds=None,
+                   road09_tiles=None):
     """The numbers the lessons quote in their prose, as Doxygen aliases (\\s07_gain_swizzle,
     \\ceiling_mma_bf16 and the like) computed from docs/results/: the ceilings of mma_ceiling.jsonl
     and wgmma_ceiling.jsonl (one alias per quantity, for every lesson and the main page), stage 07's
@@ -2415,6 +2460,7 @@ def lesson_numbers(gpu, road, results_dir, path, road09=None, road09_later=None,
     aliases.update(stage09_fresh_numbers(road09_fresh, results_dir))
     for step in (7, 8):
         aliases.update(stage09_over_default_numbers(road09_adds, step, f"s09_road78_s{step}"))
+    aliases.update(stage09_tiles_numbers(road09_tiles, results_dir))
     aliases.update(stage10_numbers(results_dir))
     with open(path, "w", encoding="utf-8") as f:
         f.write("# Written by docs/make_results.py from docs/results/: the numbers the lessons quote.\n")
@@ -2497,6 +2543,8 @@ def main():
     road09_fresh = read_stage09_steps(os.path.join(results_dir, "stage09_steps6_quick.txt"))
     # Steps 7 and 8 (dQ added one float32 or four at a time), timed beside step 4, the default.
     road09_adds = read_stage09_steps(os.path.join(results_dir, "stage09_steps78_quick.txt"))
+    # Steps 9 and 10 (the dQ accumulator in tiles), timed beside step 4, the default of then.
+    road09_tiles = read_stage09_steps(os.path.join(results_dir, "stage09_steps910_quick.txt"))
     stage10 = read_stage10(os.path.join(results_dir, "stage10.csv"), notes)
     first_contact = read_first_contact(os.path.join(results_dir, "stage11_first_contact.txt"))
     # The second record (steps 4 to 8 added) times the same shapes again: its runs replace the first's.
@@ -2540,8 +2588,10 @@ def main():
                            name="docs/results/stage09_steps6_quick.txt")
         stage09_road_table(road09_adds, os.path.join(args.lesson_tables, "stage09_road78_table.txt"),
                            name="docs/results/stage09_steps78_quick.txt", over_default=True)
+        stage09_road_table(road09_tiles, os.path.join(args.lesson_tables, "stage09_road910_table.txt"),
+                           name="docs/results/stage09_steps910_quick.txt", over_default=True)
         lesson_numbers(gpu, road, results_dir, os.path.join(args.lesson_tables, "lesson_numbers.doxy"), road09,
-                       road09_later, road09_fresh, road09_adds)
+                       road09_later, road09_fresh, road09_adds, road09_tiles)
 
     plots = []
     meta = read_gpu_meta(args.gpu_csv)

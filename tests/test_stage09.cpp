@@ -512,11 +512,11 @@ TEST_CASE("stage 09 refuses stage 10's options it cannot apply, naming what is a
     o.kv_heads = 3;  // does not divide 4
     CHECK(message(o).find("--heads 4 is not a multiple of --kv-heads 3") != std::string::npos);
     o.kv_heads = 2;
-    CHECK(message(o, 0).find("default main kernel only (--step 4), not on step 0") != std::string::npos);
+    CHECK(message(o, 0).find("default main kernel only (--step " + std::to_string(stage09::kDefaultStep) + "), not on step 0") != std::string::npos);
     // k and v with Hq heads where Hk = 2 is asked for: the shapes are named.
     CHECK(message(o).find("k must be (B, Hk, Nk, d) = (1, 2, 64, 64); got (1, 4, 64, 64)") != std::string::npos);
     o.kv_heads = 4, o.dropout.p = 0.1;  // dropout runs on the default main kernel, and on it alone
-    CHECK(message(o, 3).find("dropout run on the default main kernel only (--step 4), not on step 3") != std::string::npos);
+    CHECK(message(o, 3).find("dropout run on the default main kernel only (--step " + std::to_string(stage09::kDefaultStep) + "), not on step 3") != std::string::npos);
     o.dropout.p = 1.0;
     CHECK(message(o).find("--dropout 1 is outside [0, 1)") != std::string::npos);
     o.kv_heads = 2, o.dropout.p = 0.0;

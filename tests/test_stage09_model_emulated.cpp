@@ -475,7 +475,7 @@ TEST_CASE("stage 09: stage 10's options it cannot apply are refused with InputEr
     CHECK(message(o) == "(no error)");
     CHECK(resolve_backward_options(p, o, kModelStep).kv_group == 2);
     // The switches run on the default main kernel only; plain options run on any step.
-    CHECK(message(o, 2).find("default main kernel only (--step 4), not on step 2") != std::string::npos);
+    CHECK(message(o, 2).find("default main kernel only (--step " + std::to_string(kModelStep) + "), not on step 2") != std::string::npos);
     CHECK(message(ModelOptions{}, 0) == "(no error)");
     o.window = Window{-2, 0};
     CHECK(message(o).find("--window -2,0") != std::string::npos);
@@ -486,7 +486,7 @@ TEST_CASE("stage 09: stage 10's options it cannot apply are refused with InputEr
     o.dropout.p = 0.999;
     CHECK(message(o).find("--dropout 0.999 would drop every entry") != std::string::npos);
     o.dropout.p = 0.1;  // dropout runs on the default main kernel, and on it alone
-    CHECK(message(o, 3).find("dropout run on the default main kernel only (--step 4), not on step 3") != std::string::npos);
+    CHECK(message(o, 3).find("dropout run on the default main kernel only (--step " + std::to_string(kModelStep) + "), not on step 3") != std::string::npos);
     const ResolvedOptions m = resolve_backward_options(p, o, kModelStep);
     CHECK(m.left == 10);
     CHECK(m.right == 3);

@@ -36,14 +36,14 @@
 /// **Does not handle yet:** head dimensions other than 32, 64 and 128; Hopper's own instructions
 /// (TMA, wgmma); dQ written without a float32 accumulator in global memory.
 ///
-/// **Measured:** on an NVIDIA H100 80GB HBM3, 2026-11-25, B * N = 16384 tokens, H * d = 2048,
-/// bf16 and fp16, causal and not, three rounds each ours then SDPA (docs/results/
-/// stage09_steps4_quick.txt and stage09_grid_step4_ratios_over_rounds.txt), the default main kernel
-/// (step 4) with stage 07's forward against SDPA flash's pair: 1.00 to 1.26 at d = 64 and 0.97 to
-/// 1.25 at d = 128 over N 512 to 16384: ahead at short sequences, behind from N = 8192 in the
-/// backward alone (0.93 to 0.96 at d = 128, down to 0.95 at d = 64 without the mask) and in the
-/// pair at d = 128 (down to 0.97); against cuDNN's pair about 0.6 to 0.8. The
-/// deterministic mode costs 1.23 to 1.38 times the atomic one. The lesson page
+/// **Measured:** on an NVIDIA H100 80GB HBM3, 2026-11-26, B * N = 16384 tokens, H * d = 2048,
+/// bf16 and fp16, N 4096 and 16384, causal and not, three rounds each ours then SDPA
+/// (docs/results/stage09_steps910_quick.txt), the default main kernel (step 9) against SDPA flash:
+/// the backward 1.06 to 1.18 at d = 64 and 1.03 to 1.17 at d = 128, with stage 07's forward against
+/// flash's pair 1.05 to 1.15; 1.09 to 1.12 times step 4's backward, the default before it. On N 512
+/// to 8192 (an NVIDIA H200, the same day, docs/results/stage09_grid_step9_ratios_over_rounds.txt)
+/// the backward 1.05 to 1.38 and the pair 1.04 to 1.33; against cuDNN's pair 0.59 to 0.82. The
+/// deterministic mode costs 1.24 to 1.43 times the atomic one. The lesson page
 /// (stages/09_backward_kernel/README.md) has the tables, the profiles and the road.
 #pragma once
 
@@ -83,12 +83,12 @@ struct Options {
 /// dV and dK fed from the registers of P^T and dS^T, and that in 16-column steps.
 const std::vector<RoadStep>& road();
 
-/// The main kernel that runs when none is named: the fastest measured, step 4 (the warp-tiled kernel
-/// with 128-key blocks, dV and dK fed from registers at d = 32 and 64; at d = 128 it is step 2's
-/// kernel). On the H100 (2026-11-25, bf16 and fp16, N 4096 and 16384, causal and not, three
-/// rounds) step 4's forward + backward against SDPA flash's pair was 1.00-1.08 at d = 64 where step
-/// 2's was 0.94-1.02 (docs/results/stage09_steps4_quick.txt). The lesson's road table has the figures.
-inline constexpr int kDefaultStep = 4;
+/// The main kernel that runs when none is named: the fastest measured, step 9 (step 4's kernel, the
+/// warp-tiled one with 128-key blocks and dV and dK fed from registers at d = 32 and 64, with its
+/// float32 dQ accumulator stored in 8 x 8 tiles). On the H100 (2026-11-26, bf16 and fp16, N 4096
+/// and 16384, causal and not, three rounds) its backward was 1.09-1.12 times step 4's and 1.03-1.18
+/// times SDPA flash's (docs/results/stage09_steps910_quick.txt). The lesson's road tables have the figures.
+inline constexpr int kDefaultStep = 9;
 
 /// Device memory the backward needs besides its inputs and outputs. A caller that runs the
 /// backward often (a benchmark, a training loop) keeps one and passes it to every call, so that
