@@ -633,6 +633,9 @@ __device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccu
 ///
 /// kDqTiles<F> (WithDqTiles): `dq_block` is the first row of a tile of 8 and the query block's
 /// rows start `shift` rows into it (0 for dense problems; a packed sequence starts on any row).
+/// row0 and col0 are multiples of 8, so that a lane's place in its tile, worked out once from g, t
+/// and the shift (`lane_tile`), moves by whole tiles from one addition to the next: + 8 rows is
+/// 8 D floats, + 8 features 64.
 template <class T, int D, class F, bool kRowLimit = false, class BeforeAdding>
 __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_t* k_tile, float* dq_block, int row0,
                                          int col0, int lane, BeforeAdding&& before_adding, int rows = 0, int shift = 0) {
@@ -675,6 +678,8 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
         // values of one row each, 16-byte aligned (columns 2t or 2t - 2, a multiple of 4).
         const bool odd = (t & 1) != 0;
         const int hh = odd ? 1 : 0;
+        // Packed, in tiles: the lane's first row g + 8 hh, shifted, as dq_tile_offset() places it.
+        const int lane_tile = kDqTiles<F> && kRowLimit ? int(dq_tile_offset<D>(shift + g + 8 * hh, col0 + 2 * (t & ~1))) : 0;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -687,7 +692,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                 if (kRowLimit && row >= rows) continue;
                 float* p;
                 if constexpr (kDqTiles<F> && kRowLimit) {  // rows shifted into their tiles
-                    p = dq_block + dq_tile_offset<D>(shift + row, col0 + nt * 8 + 2 * (t & ~1));
+                    p = dq_block + lane_tile + int64_t(row0 + 16 * mt) * D + nt * 64;
                 } else if constexpr (kDqTiles<F>) {  // dq_tile_offset(), with row0 and col0 multiples of 8
                     p = dq_block + int64_t(row0 + 16 * mt + 8 * hh) * D + (col0 + nt * 8) * 8 + 8 * g + 2 * (t & ~1);
                 } else {
@@ -701,6 +706,8 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
             }
         //! [dq_adds_v4]
     } else {
+        // Packed, in tiles: the lane's first row g, shifted, as dq_tile_offset() places it.
+        const int lane_tile = kDqTiles<F> && kRowLimit ? int(dq_tile_offset<D>(shift + g, col0 + 2 * t)) : 0;
 #pragma unroll
         for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -710,7 +717,7 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                     if (kRowLimit && row0 + 16 * mt + g + 8 * hh >= rows) continue;
                     float* p;
                     if constexpr (kDqTiles<F> && kRowLimit) {  // rows shifted into their tiles
-                        p = dq_block + dq_tile_offset<D>(shift + row0 + 16 * mt + g + 8 * hh, col0 + nt * 8 + 2 * t);
+                        p = dq_block + lane_tile + int64_t(row0 + 16 * mt + 8 * hh) * D + nt * 64;
                     } else if constexpr (kDqTiles<F>) {  // dq_tile_offset(), with row0 and col0 multiples of 8
                         p = dq_block + int64_t(row0 + 16 * mt + 8 * hh) * D + (col0 + nt * 8) * 8 + 8 * g + 2 * t;
                     } else {
