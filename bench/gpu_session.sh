@@ -75,7 +75,9 @@
 #              (--steps09-backward-only, the one the road table uses; each still checked by the
 #              guard), bf16, d 64/128, N 4096/16384, causal and not, beside SDPA flash and cuDNN,
 #              ROUNDS rounds of ROAD09_REPEAT (10) timed runs: road09/stage09_sweep_table.txt, the
-#              record of the lesson's road table. Give it a 600 s device call of its own: build in
+#              record of the lesson's road table (kept as docs/results/stage09_road09.txt, with the
+#              two lines of its command and its default step that the other stage09_steps*_quick.txt
+#              records open with). Give it a 600 s device call of its own: build in
 #              an earlier call (bench_gpu and stage09_backward_kernel, about 260 s)
 #   timing     SDPA flash's bf16 forward timed four ways in one process (bench/timing_check.py: the
 #              course's events, Triton's do_bench, each run on an idle GPU, a CUDA graph), d 64/128,

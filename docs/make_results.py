@@ -1941,26 +1941,35 @@ def stage09_step_order(road09):
     return sorted({r["step"] for r in road09["rows"]}, key=lambda s: (-1 if s is None else s))
 
 
-def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_steps_quick.txt", over_default=False):
+# The step each main kernel of stage 09's road changes (attention.cu's road(): "step 4 with ..."):
+# the whole road's table gives each step's gain over that one.
+STAGE09_ROAD_BASE = {1: 0, 2: 1, 3: 2, 4: 2, 5: 4, 6: 4, 7: 4, 8: 4, 9: 4, 10: 8}
+
+
+def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_steps_quick.txt", over_default=False,
+                       base=None, how="bench/gpu_session.sh quick with STEPS09"):
     """stage09_road_table.txt, which stage 09's lesson shows: the backward alone of every main kernel
     of the record, TFLOP/s with its ratio to SDPA flash's backward and its gain over the step before,
     one block of rows per head dimension; then every point where a step was slower than the one
     before it. Nothing in it is typed: any number of steps, sizes and head dimensions. `name`: the
     record it comes from, as the caption cites it. `over_default`: each step's gain over the run's
-    default main kernel instead (for steps that branch off it rather than follow one another)."""
+    default main kernel instead (for steps that branch off it rather than follow one another). `base`:
+    each step's gain over the step it changes instead (STAGE09_ROAD_BASE), marked "/s<base>". `how`:
+    the command that writes the record, named while it is missing."""
     if not road09 or not any(r["dtype"] == dtype for r in road09["rows"]):
-        lines = [f"stage 09's road: not measured yet (needs {name}: bench/gpu_session.sh quick with STEPS09)"]
+        lines = [f"stage 09's road: not measured yet (needs {name}: {how})"]
     else:
         rows = [r for r in road09["rows"] if r["dtype"] == dtype]
         cell = {(r["step"], r["d"], r["N"], r["causal"]): r for r in rows}
         steps = [s for s in stage09_step_order(road09) if any(r["step"] == s for r in rows)]
         cols = sorted({(r["N"], r["causal"]) for r in rows})
-        against = "the default main kernel" if over_default else "the step before"
+        against = ("the default main kernel" if over_default else
+                   "the step it changes (/s<step>)" if base else "the step before")
         lines = [f"stage 09's road, the backward alone, {dtype}: TFLOP/s (its ratio to SDPA flash's backward) "
                  f"x its gain over {against}",
                  f"{road09['gpu']}, {road09['date']}" + (f"; {road09['size_note']}" if road09["size_note"] else "")
                  + f"; from {name}"]
-        width = 20
+        width = 24 if base else 20
         head = f"{'':<12}" + "".join(f"{f'N={n}' + (' causal' if c else ''):<{width}}" for n, c in cols)
         slower = []
         for d in sorted({r["d"] for r in rows}):
@@ -1975,12 +1984,15 @@ def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_st
                         cells.append(f"{'-':<{width}}")
                         continue
                     text = f"{r['bwd']:.1f}" + (f" ({r['bwd_vs_flash']:.2f})" if r["bwd_vs_flash"] is not None else "")
+                    if base is not None:
+                        before = base.get(step)
                     prev = cell.get((before, d, n, c)) if before is not None and before != step else None
                     if prev and prev["bwd"]:
                         gain = r["bwd"] / prev["bwd"]
-                        text += f" x{gain:.2f}"
+                        text += f" x{gain:.2f}" + (f"/s{before}" if base is not None else "")
                         if round(gain, 2) < 1.0:
-                            slower.append(f"  slower: step {step} x{gain:.2f} at d={d} N={n} {'causal' if c else 'non-causal'}")
+                            slower.append(f"  slower: step {step} x{gain:.2f}" + (f" of step {before}" if base is not None else "")
+                                          + f" at d={d} N={n} {'causal' if c else 'non-causal'}")
                     cells.append(f"{text + (' BAD' if r['bad'] else ''):<{width}}")
                 label = "  default" if step is None else f"  step {step}"
                 lines.append(f"{label:<12}" + "".join(cells).rstrip())
@@ -2545,6 +2557,8 @@ def main():
     road09_adds = read_stage09_steps(os.path.join(results_dir, "stage09_steps78_quick.txt"))
     # Steps 9 and 10 (the dQ accumulator in tiles), timed beside step 4, the default of then.
     road09_tiles = read_stage09_steps(os.path.join(results_dir, "stage09_steps910_quick.txt"))
+    # The whole road in one run (bench/gpu_session.sh road09): every step beside the default.
+    road09_one = read_stage09_steps(os.path.join(results_dir, "stage09_road09.txt"))
     stage10 = read_stage10(os.path.join(results_dir, "stage10.csv"), notes)
     first_contact = read_first_contact(os.path.join(results_dir, "stage11_first_contact.txt"))
     # The second record (steps 4 to 8 added) times the same shapes again: its runs replace the first's.
@@ -2590,6 +2604,9 @@ def main():
                            name="docs/results/stage09_steps78_quick.txt", over_default=True)
         stage09_road_table(road09_tiles, os.path.join(args.lesson_tables, "stage09_road910_table.txt"),
                            name="docs/results/stage09_steps910_quick.txt", over_default=True)
+        stage09_road_table(road09_one, os.path.join(args.lesson_tables, "stage09_road_all_table.txt"),
+                           name="docs/results/stage09_road09.txt", base=STAGE09_ROAD_BASE,
+                           how="bench/gpu_session.sh road09")
         lesson_numbers(gpu, road, results_dir, os.path.join(args.lesson_tables, "lesson_numbers.doxy"), road09,
                        road09_later, road09_fresh, road09_adds, road09_tiles)
 
