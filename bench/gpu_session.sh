@@ -613,6 +613,12 @@ stage09_last_step() {
     "$STAGE09" --help 2>/dev/null | sed -n 's/.*--step INT:INT in \[0 - \([0-9][0-9]*\)\].*/\1/p' | head -1
 }
 
+# The default main kernel's step, as stage09_backward_kernel --help names it:
+# "--step INT:INT in [0 - 10]  which step of the road runs (default: step 9):"
+stage09_default_step() {
+    "$STAGE09" --help 2>/dev/null | sed -n 's/.*--step .*(default: step \([0-9][0-9]*\)).*/\1/p' | head -1
+}
+
 # Every step of stage 09's road in one run: the default main kernel (rows stage09) with every other
 # step beside it (--steps09, the steps read from stage09_backward_kernel --help), bf16, d 64/128,
 # N 4096/16384, causal and not, ROUNDS rounds of ROAD09_REPEAT timed runs (default 10): one record
@@ -624,8 +630,7 @@ stage09_last_step() {
 # 260 s) and leave road09 a call of its own.
 step_road09() {
     local steps=() default last s
-    # "--step INT:INT in [0 - 6]  which step of the road runs (default: step 4):"
-    default=$("$STAGE09" --help 2>/dev/null | sed -n 's/.*--step .*(default: step \([0-9][0-9]*\)).*/\1/p' | head -1)
+    default=$(stage09_default_step)
     last=$(stage09_last_step)
     for s in $(seq 0 "${last:--1}"); do [ "$s" = "$default" ] || steps+=("$s"); done
     note "road09: stage 09's road in one run, default step ${default:-?} beside steps ${steps[*]:-?}, bf16"
@@ -1105,14 +1110,20 @@ side_by_side_table() {
 # bf16, d NCUVARLEN_DIMS (64 128), atomic dQ: ncu_stage09_packed_d<d>, ncu_stage09_dense_d<d> and
 # the table ncu_varlen09.txt.
 step_ncuvarlen09() {
-    local lengths=${NCUVARLEN_LENGTHS:-4096,4096,4096,4096} d cols=()
-    note "ncuvarlen09: stage 09's backward (atomic dQ) on the packed batch $lengths beside the dense kernel, bf16, causal"
+    local lengths=${NCUVARLEN_LENGTHS:-4096,4096,4096,4096} d cols=() default
+    default=$(stage09_default_step)
+    note "ncuvarlen09: stage 09's backward (atomic dQ) on the packed batch $lengths beside the dense kernel (step ${default:-?}), bf16, causal"
+    if [ -z "$default" ]; then
+        record "FAIL  ncuvarlen09: could not read the default step from $STAGE09 --help"
+        status=1
+        return 0
+    fi
     for d in ${NCUVARLEN_DIMS:-64 128}; do
         # The packed rows run before the sweep: the first Packed launch is the packed batch's, the
-        # first plain step-4 launch the dense batch's (stage10_dense_uniform).
+        # first plain launch of the default step the dense batch's (stage10_dense_uniform).
         NCU_METRICS=NCUDROP_METRICS NCU_NAME_BASE=demangled ncu_one "$KERNEL09_TILED<.*Packed<.*$ATOMIC09" \
             "ncu_stage09_packed_d$d" --stages 07 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal yes --varlen07 "$lengths"
-        NCU_METRICS=NCUDROP_METRICS NCU_NAME_BASE=demangled ncu_one "$(instance09 4 "$d")" \
+        NCU_METRICS=NCUDROP_METRICS NCU_NAME_BASE=demangled ncu_one "$(instance09 "$default" "$d")" \
             "ncu_stage09_dense_d$d" --stages 07 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal yes --varlen07 "$lengths"
         record_ncu_reports "$RESULTS/ncu_stage09_packed_d$d.txt" "$RESULTS/ncu_stage09_dense_d$d.txt"
         cols+=("packed_d$d=$RESULTS/ncu_stage09_packed_d${d}_metrics.txt" "dense_d$d=$RESULTS/ncu_stage09_dense_d${d}_metrics.txt")

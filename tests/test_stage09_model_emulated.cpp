@@ -134,7 +134,7 @@ Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData
     const Counts counted = counts(rows, geo, 1);
     std::vector<float> workspace(size_t(workspace_floats(rows, geo, 1, m.kv_group, split)), 12345.0f);
     std::vector<int> turns(size_t(counted.batch_heads * counted.seq_q_padded), 777);
-    const std::vector<int32_t> schedule = kv_schedule(vp, geo.bc, deterministic);
+    const std::vector<int32_t> schedule = kv_schedule(vp, m, geo.br, geo.bc, deterministic, packed_longest_first(vp, m, deterministic));
     const std::vector<uint16_t> q16 = emu::to_bits<T>(data.q), k16 = emu::to_bits<T>(data.k), v16 = emu::to_bits<T>(data.v),
                                 o16 = emu::to_bits<T>(data.o), do16 = emu::to_bits<T>(data.dout);
     std::vector<uint16_t> dq16(data.q.size(), 0xffff), dk16(data.k.size(), 0xffff), dv16(data.v.size(), 0xffff);
@@ -244,6 +244,63 @@ TEST_CASE("stage 09: under a window, key block j visits query block i iff i is i
                             }
                         }
                     }
+}
+
+TEST_CASE("stage 09: a packed call's schedule holds every key block once, longest loop first, in order, or last block first (deterministic)") {
+    // kv_schedule(): longest first, the kernel runs its entries in order with the heads innermost,
+    // so the order is the launch order; the deterministic mode's blocks wait for smaller numbers.
+    const std::vector<int64_t> lengths_q = {700, 0, 37, 1200, 1, 300, 129}, lengths_k = {700, 5, 37, 900, 1, 300, 0};
+    const Window windows[] = {{-1, -1}, {-1, 0}, {100, 0}, {20, 300}};
+    for (const Window window : windows)
+        for (const int br : {64, 128}) {
+            VarlenProblem vp;
+            vp.cu_seqlens_q = cu_seqlens_from_lengths(lengths_q), vp.cu_seqlens_k = cu_seqlens_from_lengths(lengths_k);
+            vp.total_q = vp.cu_seqlens_q.back(), vp.total_k = vp.cu_seqlens_k.back();
+            vp.window = window;
+            const ResolvedOptions m = resolve_varlen_backward(vp, MaxSeqlens{vp.max_seq_q(), vp.max_seq_k()});
+            const int bc = 128;
+            const auto visits = [&](int32_t b, int32_t j) {
+                int begin, end;
+                window_query_blocks(j, br, bc, int(vp.seq_q(b)), int(vp.seq_k(b)), m.left, m.right, begin, end);
+                return end - begin;
+            };
+            std::vector<std::pair<int32_t, int32_t>> all;  // every (sequence, key block), in order
+            for (int32_t b = 0; b < int32_t(vp.batch()); ++b)
+                for (int32_t j = 0; j * bc < vp.seq_k(b); ++j) all.emplace_back(b, j);
+            INFO("window (" << window.left << ", " << window.right << ") Br=" << br);
+            CHECK(packed_longest_first(vp, m, false));  // the lengths differ
+            CHECK_FALSE(packed_longest_first(vp, m, true));
+            for (const int order : {0, 1, 2}) {  // longest first, sequence order, deterministic
+                const bool deterministic = order == 2;
+                const std::vector<int32_t> s = kv_schedule(vp, m, br, bc, deterministic, order == 0);
+                REQUIRE(s.size() == 2 * all.size());
+                std::vector<std::pair<int32_t, int32_t>> entries;
+                for (size_t e = 0; e < all.size(); ++e) entries.emplace_back(s[2 * e], s[2 * e + 1]);
+                for (size_t e = 0; e + 1 < entries.size(); ++e) {
+                    const auto [b, j] = entries[e];
+                    const auto [b2, j2] = entries[e + 1];
+                    if (deterministic) {  // sequence by sequence, each one's last key block first
+                        CHECK((b2 > b || (b2 == b && j2 == j - 1)));
+                    } else if (order == 1) {  // sequence by sequence, first key block first
+                        CHECK((b2 > b || (b2 == b && j2 == j + 1)));
+                    } else {  // most query blocks first; ties in sequence and key block order
+                        CHECK(visits(b, j) >= visits(b2, j2));
+                        if (visits(b, j) == visits(b2, j2)) CHECK(std::make_pair(b, j) < std::make_pair(b2, j2));
+                    }
+                }
+                std::sort(entries.begin(), entries.end());
+                CHECK(entries == all);
+            }
+        }
+    // Equal lengths keep the blocks head by head (their heads' Q and dO shared in L2), unless
+    // grouped heads see a window (the dense grid's rule).
+    VarlenProblem vp;
+    vp.cu_seqlens_q = vp.cu_seqlens_k = cu_seqlens_from_lengths({300, 300, 300});
+    vp.total_q = vp.total_k = 900;
+    vp.window = Window::causal();
+    CHECK_FALSE(packed_longest_first(vp, resolve_varlen_backward(vp, MaxSeqlens{300, 300}), false));
+    vp.heads_q = 4, vp.heads_k = 2;
+    CHECK(packed_longest_first(vp, resolve_varlen_backward(vp, MaxSeqlens{300, 300}), false));
 }
 
 TEST_CASE("emulated stage 09: grouped-query heads, windows and the soft cap match the float64 gradients and K, V repeated per query head") {

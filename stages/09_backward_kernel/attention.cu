@@ -214,7 +214,7 @@ void run_varlen_for_d(const VarlenProblem& vp, const ResolvedOptions& m, View4<c
     const Geometry geo = geometry(D, kDefaultStep);
     const Problem rows = varlen_rows_problem(vp);
     const Counts c = stage09::counts(rows, geo, 1);
-    const std::vector<int32_t> schedule = kv_schedule(vp, geo.bc, deterministic);
+    const std::vector<int32_t> schedule = kv_schedule(vp, m, geo.br, geo.bc, deterministic, packed_longest_first(vp, m, deterministic));
     const int64_t entries = int64_t(schedule.size() / 2);
     if (entries * (vp.heads_q / m.kv_group) >= (int64_t(1) << 31)) {
         throw InputError("stage 09: the packed problem needs more than 2^31 thread blocks");

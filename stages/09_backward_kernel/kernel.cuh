@@ -194,9 +194,10 @@ struct Args {
     const int* cu_seqlens_k;  ///< kPacked: (B+1) and key rows [cu_seqlens_k[b], cu_seqlens_k[b+1])
     const int* kv_schedule;   ///< kPacked: (entries, 2) block e of a K/V head works on key block [2e+1] of sequence [2e]
     int schedule_entries;     ///< kPacked: blocks per K/V head
-    /// Dense grids with stage 10's switches, atomic dQ: 1 when the blocks go key block by key
-    /// block across the heads (block e works on key block e / (B Hk) of K/V head e % (B Hk)), so
-    /// that under a causal mask or a window the longest loops start first; 0 head by head.
+    /// Grids with stage 10's switches, atomic dQ: 1 when the blocks go key block by key block
+    /// across the heads (dense: block e works on key block e / (B Hk) of K/V head e % (B Hk);
+    /// packed: entry e / Hk of the schedule, sorted longest loop first, schedule_entry()), so that
+    /// the longest loops start first; 0 head by head.
     int key_blocks_outer;
     // Dropout (kDropout): score (b, h, i, j) is kept iff its byte of Philox4x32-10 is at least the
     // threshold, with b the batch entry or packed sequence, h the query head, i and j counted
@@ -1015,6 +1016,36 @@ __device__ __forceinline__ int first_query_head(int h_kv, int group, int group_s
 }
 //! [group_split]
 
+//! [packed_order]
+/// The K/V heads of `a` (Hq / Hk with grouped heads, Hq otherwise).
+template <class F, class T>
+__device__ __forceinline__ int kv_heads_of(const Args<T>& a) {
+    return a.heads / (kGroupedHeads<F> ? a.kv_group : 1);
+}
+
+/// The entry of the packed schedule this block works on, and (packed_kv_head()) its K/V head
+/// (kPacked). With a.key_blocks_outer (atomic dQ; the host's packed_longest_first()) the grid
+/// goes entry by entry, the K/V heads innermost: base block e Hk + h_kv, over a schedule the host
+/// sorted longest loop first (kv_schedule()), so that the first wave holds the longest key blocks
+/// of every head and every sequence. Otherwise head by head, base block h_kv E + e: the blocks
+/// running at once share their head's Q and dO in L2, and in the deterministic mode a block waits
+/// only for blocks of its own head with smaller numbers, as in the dense grid.
+template <class F, bool kDeterministic, class T>
+__device__ __forceinline__ int schedule_entry(const Args<T>& a) {
+    const unsigned base = base_block<F, kDeterministic>(a.group_split);
+    if (!kDeterministic && a.key_blocks_outer) return int(base / unsigned(kv_heads_of<F>(a)));
+    return int(base % unsigned(a.schedule_entries));
+}
+
+/// The K/V head (b Hk + h_kv with b = 0: a packed batch is one batch entry) of this packed block.
+template <class F, bool kDeterministic, class T>
+__device__ __forceinline__ int packed_kv_head(const Args<T>& a) {
+    const unsigned base = base_block<F, kDeterministic>(a.group_split);
+    if (!kDeterministic && a.key_blocks_outer) return int(base % unsigned(kv_heads_of<F>(a)));
+    return int(base / unsigned(a.schedule_entries));
+}
+//! [packed_order]
+
 //! [model_varlen_block]
 /// The arguments of a packed batch (kPacked) as this block sees them: its sequence b (entry
 /// base_block() mod E of the schedule) alone, as a dense batch of one. Every pointer starts at the
@@ -1026,7 +1057,7 @@ __device__ __forceinline__ int first_query_head(int h_kv, int group, int group_s
 template <class F, int D, bool kDeterministic, class T>
 __device__ __forceinline__ Args<T> sequence_args(const Args<T>& a) {
     Args<T> s = a;
-    const int b = a.kv_schedule[2 * int(base_block<F, kDeterministic>(a.group_split) % unsigned(a.schedule_entries))];
+    const int b = a.kv_schedule[2 * schedule_entry<F, kDeterministic>(a)];
     const int q_begin = a.cu_seqlens_q[b], k_begin = a.cu_seqlens_k[b];
     s.seq_q = a.cu_seqlens_q[b + 1] - q_begin;
     s.seq_k = a.cu_seqlens_k[b + 1] - k_begin;
@@ -1086,8 +1117,9 @@ __device__ __forceinline__ BlockView<T> for_query_head(const Args<T>& a, BlockVi
 /// read (G = Hq / Hk, kGroupedHeads; G = 1 otherwise); it starts at the first query head of its
 /// split of the group (the group split: block base S + s takes the G / S heads from h_kv G + s G / S;
 /// S = 1 without it, base = blockIdx).
-/// Packed (kPacked, `a` the block's sequence_args()): base block h_kv E + e, entry e of the schedule.
-/// With a.key_blocks_outer (atomic dQ) the grid goes key block by key block instead: base block
+/// Packed (kPacked, `a` the block's sequence_args()): entry e of the schedule for K/V head h_kv,
+/// base block e Hk + h_kv (a.key_blocks_outer) or h_kv E + e: schedule_entry().
+/// A dense grid with a.key_blocks_outer (atomic dQ) goes key block by key block instead: base block
 /// j (B Hk) + b Hk + h_kv, so that the first wave holds the key blocks with the most query blocks
 /// to visit of every head (grouped heads make a block's loop G times longer and the blocks G
 /// times fewer: head by head, the long loops of the last heads would start when the first wave
@@ -1099,9 +1131,9 @@ __device__ __forceinline__ BlockView<T> model_block_view(const Args<T>& a) {
     const unsigned base = base_block<F, kDeterministic>(a.group_split);
     BlockView<T> w;
     int bh_kv;
-    if constexpr (kPacked<F>) {  // entry e of the schedule, for K/V head base / entries
-        bh_kv = int(base / unsigned(a.schedule_entries));
-        w.j = a.kv_schedule[2 * int(base % unsigned(a.schedule_entries)) + 1];
+    if constexpr (kPacked<F>) {  // entry e of the schedule, for its K/V head (schedule_entry())
+        bh_kv = packed_kv_head<F, kDeterministic>(a);
+        w.j = a.kv_schedule[2 * schedule_entry<F, kDeterministic>(a) + 1];
     } else if (!kDeterministic && a.key_blocks_outer) {  // the longest loops first, across all heads
         const unsigned base_grid = gridDim.x / unsigned(kGroupSplit<F, kDeterministic> ? a.group_split : 1);
         const unsigned heads_of_grid = base_grid / unsigned(a.k_blocks);  // B Hk

@@ -402,6 +402,13 @@ inline int group_split_from_environment() {
     return int(n);
 }
 
+/// FA_STAGE09_BLOCK_ORDER=heads: the blocks head by head whatever the rules of make_launches()
+/// and packed_longest_first() say, to measure what the order gains (bench/gpu_session.sh order09).
+inline bool block_order_heads() {
+    const char* order = std::getenv("FA_STAGE09_BLOCK_ORDER");
+    return order != nullptr && std::string(order) == "heads";
+}
+
 /// Floats of the group split's partial sums: S float32 copies of dK and of dV, (B Hk Nk) rows of
 /// d each (Hk = Hq / `kv_group`; packed: B = 1, Nk = total_k); none for S = 1.
 inline int64_t partial_floats(const Problem& problem, int kv_group, int group_split) {
@@ -496,9 +503,7 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
     // Grouped heads under a causal mask or a window: the longest loops first (the deterministic
     // mode keeps its order, which its turns need). FA_STAGE09_BLOCK_ORDER=heads keeps the blocks
     // head by head, to measure the difference (bench/gpu_session.sh stage10).
-    const char* order = std::getenv("FA_STAGE09_BLOCK_ORDER");
-    a.key_blocks_outer = m.kv_group > 1 && (a.causal || m.left >= 0 || m.right >= 0) &&
-                         !(order != nullptr && std::string(order) == "heads");
+    a.key_blocks_outer = m.kv_group > 1 && (a.causal || m.left >= 0 || m.right >= 0) && !block_order_heads();
     // The group split (group_split(); its override FA_STAGE09_GROUP_SPLIT is read by the callers,
     // which size the workspace with it): S blocks per block of the grid above, block base S + s,
     // so that the order above holds for the base blocks. Atomic dQ only: the deterministic mode's
@@ -658,20 +663,61 @@ decltype(auto) with_varlen_features(const ResolvedOptions& options, Run&& run) {
     return with_dropout_if<VarlenStep<D, false>>(options, run);
 }
 
+//! [kv_schedule]
 /// The blocks of one K/V head of a packed call, as the main kernel's schedule: entry e is
 /// (sequence, key block), 2 ints, one entry per key block of `bc` keys of every sequence that has
-/// keys (a sequence with keys but no queries still writes dK = dV = 0). The key blocks of one
-/// sequence are neighbours, the last one first in the deterministic mode (`last_first`): the
-/// blocks a block waits for then have smaller numbers, as in the dense grid
-/// (key_block_of_this_block); otherwise the first (under a causal window the longest loops) first.
-inline std::vector<int32_t> kv_schedule(const VarlenProblem& vp, int bc, bool last_first) {
-    std::vector<int32_t> schedule;
+/// keys (a sequence with keys but no queries still writes dK = dV = 0), sequence by sequence.
+/// With `longest_first` (packed_longest_first(); atomic dQ) the entries are sorted longest loop
+/// first instead: by the query blocks of `br` rows the key block visits under the window
+/// (window_query_blocks(), each sequence bottom-right aligned; causal is (-1, 0)), most first,
+/// ties in sequence and key block order; the kernel then runs entry by entry with the heads
+/// innermost (schedule_entry()), so the long sequences' first key blocks of every head start in
+/// the first wave and the short loops fill the end of the run. In the deterministic mode
+/// (`deterministic`) the key blocks of one sequence are neighbours, the last one first: the blocks
+/// a block waits for then have smaller numbers, as in the dense grid (key_block_of_this_block).
+inline std::vector<int32_t> kv_schedule(const VarlenProblem& vp, const ResolvedOptions& m, int br, int bc,
+                                        bool deterministic, bool longest_first) {
+    struct Entry {
+        int32_t seq, block, query_blocks;
+    };
+    std::vector<Entry> entries;
     for (int64_t b = 0; b < vp.batch(); ++b) {
-        const int blocks = int(ceil_div(vp.seq_k(b), bc));
-        for (int n = 0; n < blocks; ++n) schedule.insert(schedule.end(), {int32_t(b), int32_t(last_first ? blocks - 1 - n : n)});
+        const int nq = int(vp.seq_q(b)), nk = int(vp.seq_k(b)), blocks = int(ceil_div(nk, bc));
+        for (int n = 0; n < blocks; ++n) {
+            const int j = deterministic ? blocks - 1 - n : n;
+            int begin, end;
+            window_query_blocks(j, br, bc, nq, nk, m.left, m.right, begin, end);
+            entries.push_back({int32_t(b), int32_t(j), int32_t(end - begin)});
+        }
     }
+    if (longest_first && !deterministic) {
+        std::stable_sort(entries.begin(), entries.end(),
+                         [](const Entry& x, const Entry& y) { return x.query_blocks > y.query_blocks; });
+    }
+    std::vector<int32_t> schedule;
+    schedule.reserve(2 * entries.size());
+    for (const Entry& e : entries) schedule.insert(schedule.end(), {e.seq, e.block});
     return schedule;
 }
+
+/// Whether a packed call's blocks go entry by entry, longest loop first (kv_schedule(),
+/// schedule_entry()) rather than head by head: with atomic dQ, when the sequences differ in
+/// length, or with grouped heads under a causal mask or a window (the dense grid's rule,
+/// make_launches()). Head by head, the blocks running at once share their head's Q and dO in L2;
+/// entry by entry, they read every head's. Equal lengths keep that locality, and lose little at
+/// the end of the run, since every head ends with the same short loops. Mixed lengths put the
+/// longest sequence's first key blocks of the last heads at the end of a head-by-head run, where
+/// they run alone. Stage 10's lesson measures both orders on both kinds of batch
+/// (docs/results/stage10_packed_order.txt). FA_STAGE09_BLOCK_ORDER=heads: head by head always.
+inline bool packed_longest_first(const VarlenProblem& vp, const ResolvedOptions& m, bool deterministic) {
+    if (deterministic || block_order_heads()) return false;
+    if (m.kv_group > 1 && (m.left >= 0 || m.right >= 0)) return true;
+    for (int64_t b = 1; b < vp.batch(); ++b) {
+        if (vp.seq_q(b) != vp.seq_q(0) || vp.seq_k(b) != vp.seq_k(0)) return true;
+    }
+    return false;
+}
+//! [kv_schedule]
 
 /// The problem the preprocessing and postprocessing kernels see for a packed call: one batch
 /// entry of Hq heads and total_q rows (they work row by row, whatever sequence a row is in).
@@ -700,6 +746,7 @@ Launches<T> make_varlen_launches(const VarlenProblem& vp, const ResolvedOptions&
     l.main.causal = false;  // the window of each sequence masks
     l.main.cu_seqlens_q = cu_seqlens_q, l.main.cu_seqlens_k = cu_seqlens_k;
     l.main.kv_schedule = schedule, l.main.schedule_entries = int(entries);
+    l.main.key_blocks_outer = packed_longest_first(vp, m, turns != nullptr);  // as kv_schedule() sorted
     l.main_blocks = (vp.heads_q / m.kv_group) * entries * group_split;
     return l;
 }

@@ -796,8 +796,7 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
         // of one) and h, the query head `w` is on now.
         detail::DropoutSite site{};
         if constexpr (kDropout<F>) {
-            const unsigned base = detail::base_block<F, kDeterministic>(a.group_split);
-            site.sequence = uint32_t(kPacked<F> ? a.kv_schedule[2 * int(base % unsigned(a.schedule_entries))] : w.b);
+            site.sequence = uint32_t(kPacked<F> ? a.kv_schedule[2 * detail::schedule_entry<F, kDeterministic>(a)] : w.b);
             site.head = uint32_t(w.bh % a.heads);
         }
 #pragma unroll 1
