@@ -1971,7 +1971,7 @@ def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_st
                  + f"; from {name}"]
         width = 24 if base else 20
         head = f"{'':<12}" + "".join(f"{f'N={n}' + (' causal' if c else ''):<{width}}" for n, c in cols)
-        slower = []
+        slower = {}  # (d, step, the step it was compared with): [(gain, column)] where it was slower
         for d in sorted({r["d"] for r in rows}):
             lines.append("")
             lines.append((f"d={d}".ljust(12) + head[12:]).rstrip())
@@ -1991,15 +1991,19 @@ def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_st
                         gain = r["bwd"] / prev["bwd"]
                         text += f" x{gain:.2f}" + (f"/s{before}" if base is not None else "")
                         if round(gain, 2) < 1.0:
-                            slower.append(f"  slower: step {step} x{gain:.2f}" + (f" of step {before}" if base is not None else "")
-                                          + f" at d={d} N={n} {'causal' if c else 'non-causal'}")
+                            slower.setdefault((d, step, before), []).append((gain, f"N={n}" + (" causal" if c else "")))
                     cells.append(f"{text + (' BAD' if r['bad'] else ''):<{width}}")
                 label = "  default" if step is None else f"  step {step}"
                 lines.append(f"{label:<12}" + "".join(cells).rstrip())
                 if step is not None and not over_default:
                     before = step
         lines.append("")
-        lines.extend(slower)
+        for (d, step, before), points in slower.items():  # one line per step and head dimension
+            gains = sorted(g for g, _ in points)
+            span = f"x{gains[0]:.2f}" + (f" to x{gains[-1]:.2f}" if f"{gains[-1]:.2f}" != f"{gains[0]:.2f}" else "")
+            where = "every column" if len(points) == len(cols) else ", ".join(col for _, col in points)
+            lines.append(f"  slower: step {step} {span}" + (f" of step {before}" if base is not None else "")
+                         + f" at d={d}: {where}")
         default = road09["default_step"]
         lines.append("  steps by number only: the record does not name them (stage09_backward_kernel --help does)")
         if default is None:
