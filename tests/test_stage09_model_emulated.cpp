@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -310,7 +311,9 @@ TEST_CASE("emulated stage 09: grouped-query heads, windows and the soft cap matc
 namespace {
 
 // Packed case `c` (inputs drawn with `seed`) in both dQ modes against the float64 gradients; the
-// two modes' dK and dV are the same bits.
+// two modes' dK and dV are the same bits. The cases' lengths differ, so with atomic dQ the blocks
+// go entry by entry (packed_longest_first()); once more head by head (FA_STAGE09_BLOCK_ORDER=heads,
+// the order of equal lengths), whose dK and dV must be the same bits too.
 void check_varlen_case(const test::VarlenCase& c, uint64_t seed) {
     const test::BackwardModelData data = test::backward_data(c.problem(), c.precision, InputKind::Normal, seed);
     test::ModelGradients by_mode[2];
@@ -323,6 +326,12 @@ void check_varlen_case(const test::VarlenCase& c, uint64_t seed) {
     INFO(data.vp.describe());
     CHECK(by_mode[0].dk == by_mode[1].dk);
     CHECK(by_mode[0].dv == by_mode[1].dv);
+    ::setenv("FA_STAGE09_BLOCK_ORDER", "heads", 1);
+    const Run heads = run_varlen_case(c, data, false);
+    ::unsetenv("FA_STAGE09_BLOCK_ORDER");
+    test::check_backward_gradients(c.precision, data, heads.grads, "packed, atomic, head by head");
+    CHECK(heads.grads.dk == by_mode[1].dk);
+    CHECK(heads.grads.dv == by_mode[1].dv);
 }
 
 }  // namespace
