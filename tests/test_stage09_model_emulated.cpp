@@ -135,7 +135,8 @@ Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData
     const Counts counted = counts(rows, geo, 1);
     std::vector<float> workspace(size_t(workspace_floats(rows, geo, 1, m.kv_group, split)), 12345.0f);
     std::vector<int> turns(size_t(counted.batch_heads * counted.seq_q_padded), 777);
-    const std::vector<int32_t> schedule = kv_schedule(vp, m, geo.br, geo.bc, deterministic, packed_longest_first(vp, m, deterministic));
+    const bool longest_first = packed_longest_first(vp, m, deterministic);
+    const std::vector<int32_t> schedule = kv_schedule(vp, m, geo.br, geo.bc, deterministic, longest_first);
     const std::vector<uint16_t> q16 = emu::to_bits<T>(data.q), k16 = emu::to_bits<T>(data.k), v16 = emu::to_bits<T>(data.v),
                                 o16 = emu::to_bits<T>(data.o), do16 = emu::to_bits<T>(data.dout);
     std::vector<uint16_t> dq16(data.q.size(), 0xffff), dk16(data.k.size(), 0xffff), dv16(data.v.size(), 0xffff);
@@ -151,7 +152,7 @@ Run run_varlen_emulated(const test::VarlenCase& c, const test::BackwardModelData
         in(o16, vp.total_q, vp.heads_q), lv, in(do16, vp.total_q, vp.heads_q), out(dq16, vp.total_q, vp.heads_q),
         out(dk16, vp.total_k, vp.heads_k), out(dv16, vp.total_k, vp.heads_k), workspace.data(),
         deterministic ? turns.data() : nullptr, geo, vp.cu_seqlens_q.data(), vp.cu_seqlens_k.data(), schedule.data(),
-        int64_t(schedule.size() / 2), split);
+        int64_t(schedule.size() / 2), longest_first, split);
     if (deterministic) {
         run_varlen_kernels<T, D, true>(launches, m, EmulatedLaunch{});
     } else {

@@ -214,7 +214,8 @@ void run_varlen_for_d(const VarlenProblem& vp, const ResolvedOptions& m, View4<c
     const Geometry geo = geometry(D, kDefaultStep);
     const Problem rows = varlen_rows_problem(vp);
     const Counts c = stage09::counts(rows, geo, 1);
-    const std::vector<int32_t> schedule = kv_schedule(vp, m, geo.br, geo.bc, deterministic, packed_longest_first(vp, m, deterministic));
+    const bool longest_first = packed_longest_first(vp, m, deterministic);
+    const std::vector<int32_t> schedule = kv_schedule(vp, m, geo.br, geo.bc, deterministic, longest_first);
     const int64_t entries = int64_t(schedule.size() / 2);
     if (entries * (vp.heads_q / m.kv_group) >= (int64_t(1) << 31)) {
         throw InputError("stage 09: the packed problem needs more than 2^31 thread blocks");
@@ -237,7 +238,7 @@ void run_varlen_for_d(const VarlenProblem& vp, const ResolvedOptions& m, View4<c
     const Launches<T> launches =
         make_varlen_launches<T, D>(vp, m, q, k, v, o, lse, dout, dq, dk, dv, ws.floats.data(),
                                    deterministic ? ws.turns.data() : nullptr, geo, arrays.cu_seqlens_q,
-                                   arrays.cu_seqlens_k, arrays.schedule, entries, split);
+                                   arrays.cu_seqlens_k, arrays.schedule, entries, longest_first, split);
     const auto launch = [&](auto kernel, const char* name, int64_t blocks, int threads, size_t smem, const auto& args) {
         if (blocks == 0) return;  // no rows (postprocessing) or no keys (the main kernel)
         if (smem > 0) cuda::allow_dynamic_shared_memory<decltype(kernel)::value>(smem);

@@ -1127,7 +1127,7 @@ __device__ __forceinline__ BlockView<T> for_query_head(const Args<T>& a, BlockVi
 template <class T, int D, class F, bool kDeterministic>
 __device__ __forceinline__ BlockView<T> model_block_view(const Args<T>& a) {
     const int group = kGroupedHeads<F> ? a.kv_group : 1;
-    const int kv_heads = a.heads / group;
+    const int kv_heads = kv_heads_of<F>(a);
     const unsigned base = base_block<F, kDeterministic>(a.group_split);
     BlockView<T> w;
     int bh_kv;

@@ -732,21 +732,23 @@ inline Problem varlen_rows_problem(const VarlenProblem& vp) {
 /// of padding rows more per head (a sequence's last query block may run that far past the packed
 /// rows), a turn counter per padded row (`turns`: Hq seq_q_padded ints, all zeroed by the
 /// preprocessing kernel, which counts them as one-row blocks), and the packed arrays: cu_seqlens
-/// and the schedule of `entries` entries (kv_schedule()), all on the device. The window of `m`
-/// is resolved against the longest sequences (resolve_varlen()).
+/// and the schedule of `entries` entries (kv_schedule()), all on the device; `longest_first`: the
+/// schedule is sorted longest loop first, and the blocks go entry by entry (packed_longest_first(),
+/// the value kv_schedule() was given). The window of `m` is resolved against the longest sequences
+/// (resolve_varlen()).
 template <class T, int D>
 Launches<T> make_varlen_launches(const VarlenProblem& vp, const ResolvedOptions& m, View4<const T> q, View4<const T> k,
                                  View4<const T> v, View4<const T> o, View3<const float> lse, View4<const T> dout,
                                  View4<T> dq, View4<T> dk, View4<T> dv, float* workspace, int* turns, const Geometry& geo,
                                  const int32_t* cu_seqlens_q, const int32_t* cu_seqlens_k, const int32_t* schedule,
-                                 int64_t entries, int group_split = 1) {
+                                 int64_t entries, bool longest_first, int group_split = 1) {
     Launches<T> l =
         make_launches<T, D>(varlen_rows_problem(vp), m, q, k, v, o, lse, dout, dq, dk, dv, workspace, turns, geo, 1, group_split);
     l.pre.br = 1;  // zero every row's counter
     l.main.causal = false;  // the window of each sequence masks
     l.main.cu_seqlens_q = cu_seqlens_q, l.main.cu_seqlens_k = cu_seqlens_k;
     l.main.kv_schedule = schedule, l.main.schedule_entries = int(entries);
-    l.main.key_blocks_outer = packed_longest_first(vp, m, turns != nullptr);  // as kv_schedule() sorted
+    l.main.key_blocks_outer = longest_first;
     l.main_blocks = (vp.heads_q / m.kv_group) * entries * group_split;
     return l;
 }
