@@ -74,11 +74,11 @@
 #              stage09_backward_kernel --help), those timed by their backward with atomic dQ alone
 #              (--steps09-backward-only, the one the road table uses; each still checked by the
 #              guard), bf16, d 64/128, N 4096/16384, causal and not, beside SDPA flash and cuDNN,
-#              ROUNDS rounds of ROAD09_REPEAT (10) timed runs: road09/stage09_sweep_table.txt, the
-#              record of the lesson's road table (kept as docs/results/stage09_road09.txt, with the
-#              two lines of its command and its default step that the other stage09_steps*_quick.txt
-#              records open with). Give it a 600 s device call of its own: build in
-#              an earlier call (bench_gpu and stage09_backward_kernel, about 260 s)
+#              ROUNDS rounds of ROAD09_REPEAT (10) timed runs: road09/stage09_road09.txt, the
+#              record of the lesson's road table (copy it to docs/results/), the sweep's table
+#              opened by the two lines of its command and its default step, as the other
+#              stage09_steps*_quick.txt records are. Three rounds took 396 s on an H200: give it a
+#              600 s device call of its own, the build in an earlier call (about 210-260 s)
 #   timing     SDPA flash's bf16 forward timed four ways in one process (bench/timing_check.py: the
 #              course's events, Triton's do_bench, each run on an idle GPU, a CUDA graph), d 64/128,
 #              N 1024/4096/16384, causal and not, ROUNDS rounds: timing_check.txt
@@ -626,8 +626,8 @@ stage09_default_step() {
 # steps time their backward with atomic dQ alone (--steps09-backward-only: the road table's
 # figure; the guard still checks each), not the pair and the deterministic backward as well: three
 # rows a step made one round about 300 s on an H200 (2026-11-26), and three rounds did not fit in a
-# 600 s call. With the flag a round is not yet timed: run the build step in an earlier call (about
-# 260 s) and leave road09 a call of its own.
+# 600 s call; with the flag three rounds took 396 s: run the build step in an earlier call and leave
+# road09 a call of its own. road09/stage09_road09.txt is the record docs/results/ keeps.
 step_road09() {
     local steps=() default last s
     default=$(stage09_default_step)
@@ -641,6 +641,14 @@ step_road09() {
     fi
     compare road09 "$RESULTS/road09" --stages 07 09 --dtypes bf16 --sizes 4096 16384 --repeat "${ROAD09_REPEAT:-10}" \
         --warmup 2 --steps09 "${steps[@]}" --steps09-backward-only
+    [ -f "$RESULTS/road09/stage09_sweep_table.txt" ] || return 0
+    {
+        echo "bench/gpu_session.sh road09 (${ROUNDS:-3} rounds, each ours then SDPA); B*N = 16384, H*d = 2048."
+        echo "In this run the default main kernel (rows stage09) was step $default; the step tables give every other" \
+            "step beside it (/09), each timed by its backward with atomic dQ alone."
+        cat "$RESULTS/road09/stage09_sweep_table.txt"
+    } >"$RESULTS/road09/stage09_road09.txt"
+    record "road09: the record is road09/stage09_road09.txt (docs/results/stage09_road09.txt)"
 }
 
 step_timing() {
