@@ -93,6 +93,12 @@
 #              first across groups of heads) with several L2 budgets per group (GROUP11_MIB, MiB, the
 #              largest meaning every head in one group), bf16, d 64/128, N 1024/4096/16384 as in the
 #              sweep (B*N = 16384, H*d = 2048) and B 1, H 16, N 4096: groups11/groups11_table.txt
+#   timeline11 stage 11's instrumented build: one thread block's marks (stages/11_hopper_kernel/timeline.hpp)
+#              at steps TIMELINE11_STEPS (3 4 5 8) for the shapes TIMELINE11_SHAPES ("d:N:causal" as in
+#              the road's sweep, B*N = 16384, H*d = 2048; default 128:4096:0 64:4096:0 128:1024:0
+#              64:1024:1), bf16, each timed beside its plain build; docs/make_timeline.py draws them and
+#              tabulates where each warpgroup's time went: timeline11/stage11_timeline_*.json (copy them
+#              to docs/results/), timeline11/timeline.svg, timeline11/timeline_table.txt
 #   ncu        Nsight Compute on the stage 05 kernel
 #   ncu05road  Nsight Compute on every step of stage 05's road, d 64, N 2048: memory throughput,
 #              bank conflicts, occupancy, registers, instructions: ncu_stage05_road.txt
@@ -162,7 +168,8 @@ build_targets() {
                 targets+=(stage05_shared_memory_kernel stage06_causal_masking stage07_pipelined_fused_kernel stage09_backward_kernel
                     test_stage07 stage10_real_models) ;;
             ceiling) targets+=(mma_ceiling) ;;
-            test11) targets+=(test_hopper_layouts make_npy_inputs) ;;
+            test11) targets+=(test_hopper_layouts test_stage11_schedule make_npy_inputs) ;;
+            timeline11) targets+=(stage11_hopper_kernel) ;;
             road | road05 | road11 | groups11 | switches07 | stage10 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncu11)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
@@ -505,6 +512,26 @@ print(f"best budget: {name(best)}")
 open(os.path.join(sys.argv[1], "best_mib.txt"), "w").write(f"{best}\n")
 PY
     tee -a "$LOGS/summary.txt" <"$dir/groups11_table.txt"
+}
+
+step_timeline11() {
+    note "timeline11: stage 11's instrumented build, one block's marks, bf16, steps ${TIMELINE11_STEPS:-3 4 5 8}"
+    local dir="$RESULTS/timeline11" shape d n causal step name flag
+    mkdir -p "$dir"
+    for shape in ${TIMELINE11_SHAPES:-128:4096:0 64:4096:0 128:1024:0 64:1024:1}; do
+        IFS=: read -r d n causal <<<"$shape"
+        flag=() && name="d${d}_n${n}"
+        [ "$causal" = 1 ] && flag=(--causal) && name="${name}_causal"
+        for step in ${TIMELINE11_STEPS:-3 4 5 8}; do
+            "$STAGE11" --batch $((16384 / n)) --heads $((2048 / d)) --seq-q "$n" --seq-k "$n" --head-dim "$d" "${flag[@]}" \
+                --step "$step" --bench --repeat 20 --warmup 3 --reference never \
+                --timeline "$dir/stage11_timeline_${name}_step$step.json" >>"$LOGS/timeline11.log" 2>&1 || status=1
+        done
+        python3 docs/make_timeline.py --out "$dir/timeline_$name.svg" --table "$dir/timeline_table_$name.txt" \
+            "$dir"/stage11_timeline_"${name}"_step*.json >>"$LOGS/timeline11.log" 2>&1 || status=1
+        tee -a "$LOGS/summary.txt" <"$dir/timeline_table_$name.txt"
+    done
+    grep -E "^timeline:|FAIL|error" "$LOGS/timeline11.log" | tee -a "$LOGS/summary.txt"
 }
 
 step_road05() {
@@ -1234,7 +1261,7 @@ trap 'kill "$packer" 2>/dev/null' EXIT
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 switches07 stage10 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncuflash09 ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncuflash09 ncu11 lessons"
         status=2
         continue
     fi

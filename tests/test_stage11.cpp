@@ -1,8 +1,10 @@
 // Stage 11 (the Hopper kernel, bf16 and fp16) against the float64 reference and stage 07 by the
 // low-precision rule; every step of the road; the awkward sizes; rows that see no key; any scale.
 // Exits 77 (skipped) without a Hopper GPU.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -10,7 +12,12 @@
 
 #include "../stages/07_pipelined_fused_kernel/attention.cuh"
 #include "../stages/11_hopper_kernel/attention.cuh"
+#include "../stages/11_hopper_kernel/timeline.hpp"
+#include "fa/cuda/buffer.hpp"
+#include "fa/cuda/check.hpp"
 #include "fa/cuda/device.hpp"
+#include "fa/cuda/half.hpp"
+#include "fa/cuda/tensors.hpp"
 #include "fa/error.hpp"
 #include "fa/precision.hpp"
 #include "fa/reference.hpp"
@@ -241,6 +248,128 @@ TEST_CASE("stage 11's causal block order in several groups of heads (a 1 MiB bud
                          doctest::Contains("FA_STAGE11_GROUP_MIB=0"), InputError);
     unsetenv("FA_STAGE11_GROUP_MIB");
     CHECK(stage11::describe_config(test::make_problem(2, 3, 1000, 1024, 128, true), 6).find("groups of 6 heads") != std::string::npos);
+}
+
+namespace {
+
+/// The marks of warpgroup `g` (up to the first empty record).
+std::vector<cuda::TimelineMark> marks_of(const std::vector<cuda::TimelineMark>& all, int g) {
+    std::vector<cuda::TimelineMark> out;
+    for (int n = 0; n < stage11::kTimelineMarks; ++n) {
+        const cuda::TimelineMark& m = all[size_t(g) * stage11::kTimelineMarks + size_t(n)];
+        if (m.cycle == 0) break;
+        out.push_back(m);
+    }
+    return out;
+}
+
+/// The codes of `marks`, in order, with the tile of each: "start q_issued load_issued:0 ...".
+std::string codes_text(const std::vector<cuda::TimelineMark>& marks) {
+    std::string text;
+    for (const auto& m : marks) {
+        const int code = m.what;
+        text += std::string(text.empty() ? "" : " ") + stage11::timeline_code_name(code);
+        if (code != stage11::kMarkStart && code != stage11::kMarkEnd && code != stage11::kMarkQIssued &&
+            code != stage11::kMarkQLanded && code != stage11::kMarkEpilogue) {
+            text += ":" + std::to_string(m.tile);
+        }
+    }
+    return text;
+}
+
+/// What the marks of one warpgroup must read for a block of `tiles` key tiles (timeline.hpp).
+std::string expected_codes(int warpgroup, int tiles, int stages, bool ping_pong, bool overlap) {
+    const auto at = [](const char* code, int tile) { return std::string(" ") + code + ":" + std::to_string(tile); };
+    std::string text;
+    if (warpgroup == 0) {  // the producer
+        text = "start q_issued";
+        for (int j = 0; j < tiles; ++j) text += (j >= stages ? at("slot_empty", j) : "") + at("load_issued", j);
+        return text + " end";
+    }
+    text = "start q_landed";
+    if (!ping_pong) {
+        for (int j = 0; j < tiles; ++j) {
+            text += at("slot_full", j) + at("issued", j) + at("s_ready", j) + at("softmax", j) + at("rescaled", j) +
+                    at("issued", j) + at("pv_done", j);
+        }
+    } else {
+        text += at("slot_full", 0) + at("turn", 0) + at("issued", 0) + at("s_ready", 0) + at("softmax", 0) + at("rescaled", 0);
+        for (int j = 1; j < tiles; ++j) {
+            text += at("slot_full", j) + at("turn", j) + at("issued", j) + at("s_ready", j) + at("softmax", j) +
+                    (overlap ? at("pv_done", j - 1) : "") + at("rescaled", j);
+        }
+        text += at("turn", tiles) + at("issued", tiles) + at("pv_done", tiles - 1);
+    }
+    return text + " epilogue end";
+}
+
+}  // namespace
+
+TEST_CASE("stage 11's instrumented build computes what the plain build does, bit for bit, and records its block's tiles in order") {
+    uint64_t seed = 1500;
+    for (int step : stage11::timeline_steps()) {
+        if (!under_test(step)) continue;
+        for (int64_t d : {64, 128}) {
+            for (bool causal : {false, true}) {
+                const Problem p = test::make_problem(2, 3, 700, 1000, d, causal);
+                const Inputs in = make_inputs(p, Layout::BHND, InputKind::Normal, seed++);
+                const HostTensor o(p.batch, p.heads, p.seq_q, p.head_dim, Layout::BHND);
+                const std::vector<float> lse(size_t(p.lse_elems()));
+                cuda::DeviceTensors dev(p, in.q.cview(), in.k.cview(), in.v.cview(), o.cview(),
+                                        make_view3(lse.data(), p.batch, p.heads, p.seq_q));
+                cuda::HalfTensors<__nv_bfloat16> half(p, Layout::BHND);
+                half.load(dev.q, dev.k, dev.v);
+                const size_t o_elems = size_t(p.q_elems()), lse_elems = size_t(p.lse_elems());
+                std::vector<uint16_t> o_plain(o_elems), o_traced(o_elems);
+                std::vector<float> lse_plain(lse_elems), lse_traced(lse_elems);
+                stage11::attention_device(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step);
+                FA_CUDA_CHECK(cudaMemcpy(o_plain.data(), half.o.data, o_elems * 2, cudaMemcpyDeviceToHost));
+                FA_CUDA_CHECK(cudaMemcpy(lse_plain.data(), dev.lse.data, lse_elems * 4, cudaMemcpyDeviceToHost));
+
+                const stage11::TimelineBlock t = stage11::timeline_block(p, step);
+                const size_t count = size_t(1 + t.consumers) * stage11::kTimelineMarks;
+                cuda::DeviceBuffer<cuda::TimelineMark> marks(count);
+                FA_CUDA_CHECK(cudaMemset(marks.data(), 0, marks.bytes()));
+                FA_CUDA_CHECK(cudaMemset(half.o.data, 0xff, o_elems * 2));  // NaN: an unwritten element shows
+                stage11::attention_device_timeline(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step, marks.data());
+                FA_CUDA_CHECK(cudaDeviceSynchronize());
+                FA_CUDA_CHECK(cudaMemcpy(o_traced.data(), half.o.data, o_elems * 2, cudaMemcpyDeviceToHost));
+                FA_CUDA_CHECK(cudaMemcpy(lse_traced.data(), dev.lse.data, lse_elems * 4, cudaMemcpyDeviceToHost));
+                std::vector<cuda::TimelineMark> host(count);
+                marks.copy_to_host(host.data(), count);
+
+                INFO("step " << step << ", d " << d << (causal ? ", causal" : "") << "; block " << t.block << " of "
+                             << t.blocks << ", " << t.end << " key tiles");
+                CHECK(o_traced == o_plain);
+                CHECK(std::memcmp(lse_traced.data(), lse_plain.data(), lse_elems * 4) == 0);
+                CHECK(t.block == std::min(cuda::gpu_info().sm_count, t.blocks - 1));
+                REQUIRE(t.end > 0);
+                const int stages = step >= 4 ? 3 : 2;  // the ring: two slots at step 3, three from ping-pong on
+                for (int g = 0; g <= t.consumers; ++g) {
+                    const std::vector<cuda::TimelineMark> wg = marks_of(host, g);
+                    INFO("warpgroup " << g);
+                    CHECK(codes_text(wg) == expected_codes(g, t.end, stages, t.ping_pong, t.overlap));
+                    bool ordered = true;
+                    for (size_t n = 1; n < wg.size(); ++n) ordered = ordered && wg[n].cycle >= wg[n - 1].cycle;
+                    CHECK(ordered);
+                    REQUIRE(wg.size() >= 2);
+                    CHECK(wg.front().ns != 0);  // the first and last marks read the nanosecond clock
+                    CHECK(wg.back().ns != 0);
+                }
+                // A run that names another block records that block's tiles (block 0: the heaviest
+                // query tile under a causal mask, the first one otherwise).
+                const stage11::TimelineBlock first = stage11::timeline_block(p, step, 0);
+                FA_CUDA_CHECK(cudaMemset(marks.data(), 0, marks.bytes()));
+                stage11::attention_device_timeline(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step, marks.data(), 0);
+                FA_CUDA_CHECK(cudaDeviceSynchronize());
+                marks.copy_to_host(host.data(), count);
+                CHECK(codes_text(marks_of(host, 1)) == expected_codes(1, first.end, stages, first.ping_pong, first.overlap));
+            }
+        }
+    }
+    const Problem p = test::make_problem(1, 2, 300, 300, 64);
+    CHECK_THROWS_WITH_AS(stage11::timeline_block(p, 6), doctest::Contains("use --step 3, 4, 5, 8"), InputError);
+    CHECK_THROWS_WITH_AS(stage11::timeline_block(p, 8, 99), doctest::Contains("blocks 0 to 3"), InputError);
 }
 
 TEST_CASE("stage 11 refuses what it cannot do, naming the option") {

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "../07_pipelined_fused_kernel/attention.cuh"
 #include "fa/cuda/check.hpp"
@@ -45,6 +46,16 @@ struct StepN {
 constexpr int kDefaultStep = 8;
 //! [road]
 
+/// Step N's instrumented build: the same kernel, its marks recorded (timeline.hpp).
+template <int N>
+struct TimelineStepN {
+    static constexpr Features value = kSteps[N].with_timeline();
+};
+
+/// The steps with an instrumented build (bf16): no overlap (3), ping-pong (4), the softmax under
+/// P V (5), and the default kernel (8; 7 at d = 128).
+const std::vector<int> kTimelineSteps{3, 4, 5, 8};
+
 //! [group_budget]
 /// Step 6's groups of heads: as many heads as have their K and V within this many bytes, so
 /// that a group's K and V stay in the H100's 50 MB L2 while its blocks run.
@@ -73,13 +84,22 @@ int group_heads_of(const Problem& p) {
 template <class T>
 using LaunchFn = void (*)(const Args<T>&, cudaStream_t);
 
-template <class T, int D, int N>
-void launch(const Args<T>& a, cudaStream_t stream) {
-    using Step = StepN<N>;
+template <class T, int D, class Step>
+void launch_step(const Args<T>& a, cudaStream_t stream, const std::string& what) {
     using S = Shape<T, D, Step>;
     cuda::allow_dynamic_shared_memory<hopper_forward_kernel<T, D, Step>>(S::kSmemBytes);
     hopper_forward_kernel<T, D, Step><<<unsigned(a.q_tiles) * unsigned(a.batch_heads), S::kThreads, S::kSmemBytes, stream>>>(a);
-    FA_CUDA_CHECK_LAUNCH("stage11 hopper_forward_kernel<d=" + std::to_string(D) + ", step " + std::to_string(N) + ">");
+    FA_CUDA_CHECK_LAUNCH("stage11 hopper_forward_kernel<d=" + std::to_string(D) + ", " + what + ">");
+}
+
+template <class T, int D, int N>
+void launch(const Args<T>& a, cudaStream_t stream) {
+    launch_step<T, D, StepN<N>>(a, stream, "step " + std::to_string(N));
+}
+
+template <class T, int D, int N>
+void launch_timeline(const Args<T>& a, cudaStream_t stream) {
+    launch_step<T, D, TimelineStepN<N>>(a, stream, "step " + std::to_string(N) + ", instrumented");
 }
 
 /// The step's features at head dimension d (for the host: block rows, tile size, whether tensor
@@ -109,6 +129,23 @@ LaunchFn<T> launcher_for(int d) {
     return d == 64 ? launch<T, 64, N> : d == 128 ? launch<T, 128, N> : nullptr;
 }
 
+/// The instrumented build of step `step` at head dimension d (null where none is built).
+template <class T>
+LaunchFn<T> find_timeline_launcher(int d, int step) {
+    if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
+        return nullptr;
+    } else {
+        const auto at = [d](LaunchFn<T> d64, LaunchFn<T> d128) { return d == 64 ? d64 : d == 128 ? d128 : nullptr; };
+        switch (step) {
+            case 3: return at(launch_timeline<T, 64, 3>, launch_timeline<T, 128, 3>);
+            case 4: return at(launch_timeline<T, 64, 4>, launch_timeline<T, 128, 4>);
+            case 5: return at(launch_timeline<T, 64, 5>, launch_timeline<T, 128, 5>);
+            case 8: return at(launch_timeline<T, 64, 8>, launch_timeline<T, 128, 8>);
+            default: return nullptr;
+        }
+    }
+}
+
 template <class T>
 LaunchFn<T> find_launcher(int d, int step) {
     switch (step) {
@@ -126,17 +163,31 @@ LaunchFn<T> find_launcher(int d, int step) {
 
 int resolve(int step) { return step < 0 ? kDefaultStep : step; }
 
+/// "3, 4, 5, 8": the steps with an instrumented build, for messages.
+std::string timeline_steps_text() {
+    std::string text;
+    for (const int s : kTimelineSteps) text += (text.empty() ? "" : ", ") + std::to_string(s);
+    return text;
+}
+
+/// Runs step `step` on device views; with `timeline` set, its instrumented build, block
+/// `timeline_block` writing its marks there.
 template <class T>
 void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse,
-                cudaStream_t stream, int step) {
+                cudaStream_t stream, int step, cuda::TimelineMark* timeline = nullptr, int timeline_block = -1) {
     step = resolve(step);
     check_supported(p, step);
-    if (step == 0) {  // the point of departure: stage 07's final kernel, on the same views
+    if (step == 0 && timeline == nullptr) {  // the point of departure: stage 07's final kernel, on the same views
         stage07::attention_device(p, q, k, v, o, lse, stream);
         return;
     }
-    const LaunchFn<T> launcher = find_launcher<T>(int(p.head_dim), step);
-    if (launcher == nullptr) throw InputError("stage 11: no kernel is built for this head dimension and step");
+    const LaunchFn<T> launcher =
+        timeline != nullptr ? find_timeline_launcher<T>(int(p.head_dim), step) : find_launcher<T>(int(p.head_dim), step);
+    if (launcher == nullptr) {
+        throw InputError(timeline != nullptr ? "stage 11: step " + std::to_string(step) + " has no instrumented build in this "
+                                                   "dtype (--timeline: bf16, steps " + timeline_steps_text() + ")"
+                                             : std::string("stage 11: no kernel is built for this head dimension and step"));
+    }
     cuda::require_16_byte_rows("stage 11", "q", q);
     cuda::require_16_byte_rows("stage 11", "k", k);
     cuda::require_16_byte_rows("stage 11", "v", v);
@@ -175,6 +226,8 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
     // float gives the same uniform weights, since |s| * FLT_MIN rounds to 0 for every finite score.
     a.scale = std::max(float(std::fabs(scale)), FLT_MIN);
     a.scale_log2 = std::max(float(std::fabs(scale) * 1.4426950408889634), FLT_MIN);  // log2(e)
+    a.timeline = timeline;
+    a.timeline_block = timeline_block;
     launcher(a, stream);
 }
 
@@ -267,6 +320,51 @@ AttentionFn host_entry(DType dtype, int step) {
 void attention(const Problem& p, View4<const float> q, View4<const float> k, View4<const float> v, View4<float> o,
                View3<float> lse) {
     host_entry(DType::BF16)(p, q, k, v, o, lse);
+}
+
+const std::vector<int>& timeline_steps() { return kTimelineSteps; }
+
+TimelineBlock timeline_block(const Problem& p, int step, int block) {
+    step = resolve(step);
+    check_supported(p, step);
+    if (std::find(kTimelineSteps.begin(), kTimelineSteps.end(), step) == kTimelineSteps.end()) {
+        throw InputError("--timeline: step " + std::to_string(step) + " has no instrumented build; use --step " +
+                         timeline_steps_text() + " (or leave --step out: the default step " + std::to_string(kDefaultStep) + ")");
+    }
+    const Features f = features_of(step, int(p.head_dim));
+    TimelineBlock t;
+    t.q_tiles = int((p.seq_q + f.br() - 1) / f.br());
+    t.blocks = t.q_tiles * int(p.batch * p.heads);
+    if (block < 0) {  // the first block of the second wave: it starts on an SM the first wave has warmed
+        int device = 0, sms = 0;
+        FA_CUDA_CHECK(cudaGetDevice(&device));
+        FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        block = std::min(sms, t.blocks - 1);
+    }
+    if (block >= t.blocks) {
+        throw InputError("--timeline-block " + std::to_string(block) + " does not exist: this problem has blocks 0 to " +
+                         std::to_string(t.blocks - 1));
+    }
+    t.block = block;
+    const BlockWork w = block_work(unsigned(block), t.q_tiles, int(p.batch * p.heads), p.causal,
+                                   f.heaviest_first_grid && p.causal ? group_heads_of(p) : 1);
+    t.q_tile = w.q_tile;
+    t.batch = w.bh / int(p.heads);
+    t.head = w.bh % int(p.heads);
+    key_tiles(w.q_tile * f.br(), f.br(), f.bc, int(p.seq_q), int(p.seq_k), p.causal, t.full, t.end);
+    t.br = f.br();
+    t.bc = f.bc;
+    t.consumers = f.consumers;
+    t.overlap = f.overlap;
+    t.ping_pong = f.ping_pong;
+    return t;
+}
+
+void attention_device_timeline(const Problem& p, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
+                               View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o, View3<float> lse, cudaStream_t stream,
+                               int step, cuda::TimelineMark* marks, int block) {
+    const TimelineBlock t = timeline_block(p, step, block);  // checks the step and the block
+    run_device<__nv_bfloat16>(p, q, k, v, o, lse, stream, step, marks, t.block);
 }
 
 std::string describe_config(const Problem& p, int step) {

@@ -41,6 +41,7 @@
 #include <cuda_runtime.h>
 
 #include "fa/cuda/half.hpp"
+#include "fa/cuda/timeline.hpp"
 #include "fa/problem.hpp"
 #include "fa/road.hpp"
 #include "fa/stage.hpp"
@@ -97,6 +98,39 @@ AttentionFn host_entry(DType dtype, int step = -1);
 /// host_entry(DType::BF16) with the final kernel.
 void attention(const Problem& problem, View4<const float> q, View4<const float> k, View4<const float> v,
                View4<float> o, View3<float> lse);
+
+/// Steps with an instrumented build (bf16), whose kernels can record a timeline (timeline.hpp).
+const std::vector<int>& timeline_steps();
+
+/// The block an instrumented run records, and what it computes.
+struct TimelineBlock {
+    int blocks = 0;      ///< thread blocks in the grid
+    int block = 0;       ///< the recording block
+    int q_tiles = 0;     ///< query tiles per (batch, head)
+    int q_tile = 0;      ///< the block's query tile
+    int batch = 0;       ///< its batch index
+    int head = 0;        ///< its head
+    int full = 0;        ///< key tiles [0, full) unmasked
+    int end = 0;         ///< key tiles [full, end) masked; the rest skipped
+    int br = 0;          ///< query rows per block
+    int bc = 0;          ///< keys per tile
+    int consumers = 0;   ///< consumer warpgroups (warpgroup 0 is the producer)
+    bool ping_pong = false;  ///< the consumers take turns
+    bool overlap = false;    ///< the softmax runs under the previous P V
+};
+
+/// The block that records step `step`'s timeline for `problem`: `block`, or with -1 the first
+/// block of the second wave (block number = the GPU's SM count). Throws fa::InputError for a step
+/// without an instrumented build or a block the grid does not have.
+TimelineBlock timeline_block(const Problem& problem, int step, int block = -1);
+
+/// The instrumented build of step `step`, bf16: computes what attention_device() computes, and
+/// block `block` (as timeline_block() resolves it) writes its marks to `marks` (device memory,
+/// (1 + consumers) x kTimelineMarks records, warpgroup w's from w x kTimelineMarks; zero them
+/// first: a record whose cycle is 0 is no mark).
+void attention_device_timeline(const Problem& problem, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
+                               View4<const __nv_bfloat16> v, View4<__nv_bfloat16> o, View3<float> lse, cudaStream_t stream,
+                               int step, cuda::TimelineMark* marks, int block = -1);
 
 /// Block shape, warpgroups, ring depth, loads, shared memory and tile counts, in one line.
 std::string describe_config(const Problem& problem, int step = -1);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -27,12 +28,14 @@
 #include "fa/cuda/fragments.cuh"
 #include "fa/cuda/mbarrier.cuh"
 #include "fa/cuda/ptx.cuh"
+#include "fa/cuda/timeline.cuh"
 #include "fa/cuda/tma.cuh"
 #include "fa/cuda/warpgroup.cuh"
 #include "fa/cuda/wgmma.cuh"
 #include "fa/cuda/wgmma_layout.hpp"
 #include "fa/problem.hpp"
 #include "schedule.hpp"
+#include "timeline.hpp"
 
 namespace fa::stage11 {
 
@@ -54,6 +57,7 @@ struct Features {
     bool tma_store = false;  ///< O goes through shared memory and leaves with a TMA store
     int consumers_d64 = 0;   ///< at d = 64: consumer warpgroups (0: `consumers`)
     int consumer_registers_d64 = 0;  ///< at d = 64 with `consumers_d64`: registers per consumer thread
+    bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
     /// reports on an mbarrier; a ring `stages` deep.
@@ -118,6 +122,14 @@ struct Features {
         f.consumer_registers_d64 = 160;
         return f;
     }
+    /// The instrumented build of a step: one thread per warpgroup of block Args::timeline_block
+    /// records when each wait, GEMM issue, softmax and epilogue ends (fa/cuda/timeline.cuh), so
+    /// that the lesson's timeline is measured. Not a step of the road: the same kernel, observed.
+    constexpr Features with_timeline() const {
+        Features f = *this;
+        f.timeline = true;
+        return f;
+    }
     /// The switches as they apply at head dimension `d` (the d = 64 shape of step 8).
     constexpr Features at_head_dim(int d) const {
         Features f = *this;
@@ -169,6 +181,8 @@ struct Args {
     bool negate_s;    ///< the scale is negative: S's sign is flipped and |scale| used (exact)
     float scale;      ///< |softmax scale| (at least FLT_MIN)
     float scale_log2; ///< |softmax scale| * log2(e)
+    fa::cuda::TimelineMark* timeline;  ///< instrumented build: warpgroups x kTimelineMarks marks, written by one block
+    int timeline_block;                ///< instrumented build: the block that records
 };
 
 /// Shape constants of one kernel instance.
@@ -182,6 +196,7 @@ struct Shape {
     static_assert(!kF.overlap || kF.ping_pong, "the overlap inside a warpgroup is written on the rotated loop of ping-pong");
     static_assert(!kF.tma_store || kF.producer, "the TMA-store epilogue synchronizes one consumer warpgroup at a time");
     static_assert(kF.consumers <= 4, "named barriers: 1..4 pass the turns, 5..8 order the epilogues");
+    static_assert(!kF.timeline || kF.producer, "the timeline records a producer warpgroup and its consumers");
     static_assert(!kF.producer || kF.producer_registers + kF.consumers * kF.consumer_registers <= 512,
                   "setmaxnreg: the warpgroups' registers fit the register file (64 K per SM, 512 per lane of a warpgroup)");
     static constexpr int kBr = kF.br();            ///< query rows per block
@@ -344,28 +359,35 @@ __device__ __forceinline__ void pack_p(const float (&s)[kBc / 2], uint32_t (&p)[
 /// One K/V tile for one consumer warpgroup, one thing after the other: S = Q_c K_j^T, the
 /// online softmax, O_c += P V_j. `q_rows`: shared address of this warpgroup's 64 rows of Q;
 /// `k_tile`, `v_tile`: the slot.
-template <class T, int D, class Step, bool kMask>
+/// `marks` records the instrumented build's timeline (timeline.hpp); tile `tile` is the K/V tile.
+template <class T, int D, class Step, bool kMask, class Marks>
 __device__ __forceinline__ void consume_tile(ConsumerState<D>& st, uint32_t q_rows, uint32_t k_tile, uint32_t v_tile,
-                                             int row_lo, int kv0, const Args<T>& a, int thread) {
+                                             int row_lo, int tile, const Args<T>& a, int thread, Marks& marks) {
     constexpr int kBc = Shape<T, D, Step>::kBc;
     float s[kBc / 2];
     wgmma_fence();  // the registers of s are free for the wgmma to write
     issue_s<T, D, Step>(s, q_rows, k_tile);
     wgmma_commit_group();
+    marks.mark(kMarkIssued, tile);
     wgmma_wait_group<0>();  // S is in registers
     warpgroup_fence_operands(s);
+    marks.mark(kMarkSReady, tile);
 
     float alpha[2];
-    online_softmax<T, D, Step, kMask>(st, s, alpha, row_lo, kv0, a, thread);
+    online_softmax<T, D, Step, kMask>(st, s, alpha, row_lo, tile * kBc, a, thread);
+    marks.mark(kMarkSoftmax, tile);
     rescale_o(st, alpha);
     uint32_t p[kBc / 16][4];
     pack_p<T, kBc>(s, p);
+    marks.mark(kMarkRescaled, tile);
 
     wgmma_fence();  // O was rescaled and P written by ordinary instructions
     issue_pv<T, D, Step>(st.o, p, v_tile);
     wgmma_commit_group();
+    marks.mark(kMarkIssued, tile);
     wgmma_wait_group<0>();  // O is in registers, and the K and V slots are no longer read
     warpgroup_fence_operands(st.o);
+    marks.mark(kMarkPVDone, tile);
 }
 //! [consume_tile]
 
@@ -397,19 +419,21 @@ __device__ __forceinline__ void write_output(ConsumerState<D>& st, const Args<T>
 /// Runs tiles [0, end) for one consumer warpgroup, the masked ones from `full` on; `slot_ready`
 /// (tile) blocks until the tile's K and V are in their slot, `slot_done(tile)` says they have
 /// been read.
-template <class T, int D, class Step, class Ready, class Done>
+template <class T, int D, class Step, class Ready, class Done, class Marks>
 __device__ __forceinline__ void consume_tiles(ConsumerState<D>& st, uint32_t q_tile, unsigned char* kv_ring, int full, int end,
-                                              int row_lo, const Args<T>& a, int thread, Ready slot_ready, Done slot_done) {
+                                              int row_lo, const Args<T>& a, int thread, Ready slot_ready, Done slot_done,
+                                              Marks& marks) {
     using S = Shape<T, D, Step>;
     for (int tile = 0; tile < end; ++tile) {
         slot_ready(tile);
+        marks.mark(kMarkSlotFull, tile);
         const int slot = tile % S::kF.stages;
         const uint32_t k_tile = smem_address(kv_ring + 2 * slot * S::kKVBytes);
         const uint32_t v_tile = k_tile + S::kKVBytes;
         if (tile < full) {
-            consume_tile<T, D, Step, false>(st, q_tile, k_tile, v_tile, row_lo, tile * S::kBc, a, thread);
+            consume_tile<T, D, Step, false>(st, q_tile, k_tile, v_tile, row_lo, tile, a, thread, marks);
         } else {
-            consume_tile<T, D, Step, true>(st, q_tile, k_tile, v_tile, row_lo, tile * S::kBc, a, thread);
+            consume_tile<T, D, Step, true>(st, q_tile, k_tile, v_tile, row_lo, tile, a, thread, marks);
         }
         slot_done(tile);
     }
@@ -428,10 +452,10 @@ __device__ __forceinline__ void consume_tiles(ConsumerState<D>& st, uint32_t q_t
 /// warpgroup's barrier once its wgmma are issued: the tensor cores take the warpgroups' GEMMs in
 /// turn, and each one's softmax runs while the next one's GEMMs keep the tensor cores busy.
 /// Every consumer takes end + 1 turns, so the turns stay matched.
-template <class T, int D, class Step, class Ready, class Done>
+template <class T, int D, class Step, class Ready, class Done, class Marks>
 __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, uint32_t q_rows, unsigned char* kv_ring, int full,
                                                         int end, int row_lo, const Args<T>& a, int thread, int consumer,
-                                                        Ready slot_ready, Done slot_done) {
+                                                        Ready slot_ready, Done slot_done, Marks& marks) {
     using S = Shape<T, D, Step>;
     constexpr Features kF = S::kF;
     constexpr int kBc = S::kBc;
@@ -461,26 +485,35 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     if (consumer == 0) named_barrier_arrive(my_turn, kPair);  // warpgroup 0 takes the first turn
 
     slot_ready(0);
+    marks.mark(kMarkSlotFull, 0);
     turn_begin();
+    marks.mark(kMarkTurn, 0);
     wgmma_fence();  // s is free for the wgmma to write
     issue_s<T, D, Step>(s, q_rows, k_tile(0));
     wgmma_commit_group();
     turn_end(false);
+    marks.mark(kMarkIssued, 0);
     wgmma_wait_group<0>();  // S_0 is in registers
     warpgroup_fence_operands(s);
+    marks.mark(kMarkSReady, 0);
     softmax(s, alpha, 0);
+    marks.mark(kMarkSoftmax, 0);
     rescale_o(st, alpha);  // O is 0; kept so that every tile does the same
     pack_p<T, kBc>(s, p);
+    marks.mark(kMarkRescaled, 0);
 
     for (int tile = 1; tile < end; ++tile) {
         slot_ready(tile);
+        marks.mark(kMarkSlotFull, tile);
         turn_begin();
+        marks.mark(kMarkTurn, tile);
         wgmma_fence();  // O was rescaled, P and s written by ordinary instructions
         issue_s<T, D, Step>(s, q_rows, k_tile(tile));
         wgmma_commit_group();  // group 1: S_j
         issue_pv<T, D, Step>(st.o, p, v_tile(tile - 1));
         wgmma_commit_group();  // group 2: P_{j-1} V_{j-1}
         turn_end(false);
+        marks.mark(kMarkIssued, tile);
         //! [overlap]
         if constexpr (kF.overlap) {
             wgmma_wait_group<1>();  // S_j is in registers; P_{j-1} V_{j-1} may still run
@@ -488,9 +521,14 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
             wgmma_wait_group<0>();  // both are done
         }
         warpgroup_fence_operands(s);
+        marks.mark(kMarkSReady, tile);
         float alpha_j[2];
         softmax(s, alpha_j, tile);  // touches s, m_i, l_i: not O, not p
-        if constexpr (kF.overlap) wgmma_wait_group<0>();  // P_{j-1} V_{j-1} is done: O and p are free
+        marks.mark(kMarkSoftmax, tile);
+        if constexpr (kF.overlap) {
+            wgmma_wait_group<0>();  // P_{j-1} V_{j-1} is done: O and p are free
+            marks.mark(kMarkPVDone, tile - 1);
+        }
         //! [overlap]
         // O and P_j are computed from values read after the wait: neither is written while
         // P_{j-1} V_{j-1} may still read p and accumulate into O.
@@ -499,15 +537,19 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
         slot_done(tile - 1);  // K_{j-1} and V_{j-1} are no longer read
         rescale_o(st, alpha_j);
         pack_p<T, kBc>(s, p);
+        marks.mark(kMarkRescaled, tile);
     }
 
     turn_begin();
+    marks.mark(kMarkTurn, end);
     wgmma_fence();  // O was rescaled and P written by ordinary instructions
     issue_pv<T, D, Step>(st.o, p, v_tile(end - 1));
     wgmma_commit_group();
     turn_end(true);
+    marks.mark(kMarkIssued, end);
     wgmma_wait_group<0>();  // O is complete
     warpgroup_fence_operands(st.o);
+    marks.mark(kMarkPVDone, end - 1);
     slot_done(end - 1);
 }
 //! [consume_pipelined]
@@ -555,6 +597,19 @@ __device__ __forceinline__ void write_output_tma(ConsumerState<D>& st, const Arg
 }
 //! [tma_store]
 
+/// The recorder of this thread: with the instrumentation, thread 0 of each warpgroup of block
+/// a.timeline_block records (warpgroup w's marks from a.timeline + w * kTimelineMarks), every
+/// other thread holds a null recorder; without it, NoTimeline.
+template <class Marks, class T>
+__device__ __forceinline__ Marks make_marks(const Args<T>& a, int thread) {
+    if constexpr (std::is_same_v<Marks, fa::cuda::NoTimeline>) {
+        return Marks{};
+    } else {
+        const bool records = int(blockIdx.x) == a.timeline_block && thread % 128 == 0;
+        return Marks(records ? a.timeline + (thread / 128) * kTimelineMarks : nullptr, kTimelineMarks);
+    }
+}
+
 }  // namespace detail
 
 //! [kernel]
@@ -589,6 +644,13 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
     const int ct = thread % 128;
     const int row_lo = q0 + 64 * consumer + 16 * (ct / 32) + (ct % 32) / 4;  // row g of this warp; g + 8 is the other
     const uint32_t q_rows = fa::cuda::ptx::smem_address(q_tile) + uint32_t(consumer) * 64 * 128;  // this group's 64 rows
+
+    //! [timeline_marks]
+    // The instrumented build: thread 0 of each warpgroup of block a.timeline_block writes that
+    // warpgroup's marks (warpgroup w's list starts at mark w * kTimelineMarks); other builds record nothing.
+    using Marks = std::conditional_t<kF.timeline, fa::cuda::TimelineRecorder, fa::cuda::NoTimeline>;
+    Marks marks = detail::make_marks<Marks>(a, thread);
+    //! [timeline_marks]
 
     detail::ConsumerState<D> st;
 #pragma unroll
@@ -651,7 +713,7 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
                     if (next < end) load_kv(next);
                     fa::cuda::ptx::cp_async_commit();
                 },
-                [](int) {});
+                [](int) {}, marks);
             fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing when the block exits
             //! [step1_loads]
         } else if constexpr (!kF.producer) {
@@ -678,7 +740,7 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
                     // The slot's phase (tile / stages) completes when its bytes have landed.
                     fa::cuda::ptx::mbarrier_wait_parity(bar(1 + tile % kF.stages), uint32_t((tile / kF.stages) & 1));
                 },
-                [](int) {});
+                [](int) {}, marks);
             //! [step2_loads]
         } else {
             //! [step3_roles]
@@ -697,20 +759,27 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
             if (thread < 128) {
                 fa::cuda::ptx::setmaxnreg_dec<kF.producer_registers>();  // the producer needs few registers
                 if (thread == 0) {
+                    marks.mark(kMarkStart, 0, true);
                     tma_load_q();
+                    marks.mark(kMarkQIssued);
                     for (int tile = 0; tile < end; ++tile) {
                         const int slot = tile % kF.stages;
                         // Round r = tile / stages refills the slot after round r-1 was consumed.
                         if (tile >= kF.stages) {
                             fa::cuda::ptx::mbarrier_wait_parity(bar(1 + kF.stages + slot), uint32_t((tile / kF.stages - 1) & 1));
+                            marks.mark(kMarkSlotEmpty, tile);
                         }
                         tma_load_kv(tile);
+                        marks.mark(kMarkLoadIssued, tile);
                     }
+                    marks.mark(kMarkEnd, 0, true);
                 }
                 return;  // the producer has nothing to write
             }
             fa::cuda::ptx::setmaxnreg_inc<kF.consumer_registers>();  // the consumers get the registers back
-            fa::cuda::ptx::mbarrier_wait_parity(bar(0), 0);          // Q has landed
+            marks.mark(kMarkStart, 0, true);
+            fa::cuda::ptx::mbarrier_wait_parity(bar(0), 0);  // Q has landed
+            marks.mark(kMarkQLanded);
             const auto slot_full = [&](int tile) {
                 fa::cuda::ptx::mbarrier_wait_parity(bar(1 + tile % kF.stages), uint32_t((tile / kF.stages) & 1));
             };
@@ -719,10 +788,10 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
                 fa::cuda::ptx::mbarrier_arrive(bar(1 + kF.stages + tile % kF.stages));
             };
             if constexpr (!kF.ping_pong) {
-                detail::consume_tiles<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, slot_full, slot_empty);
+                detail::consume_tiles<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, slot_full, slot_empty, marks);
             } else {
                 detail::consume_tiles_pipelined<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, consumer, slot_full,
-                                                            slot_empty);
+                                                            slot_empty, marks);
             }
             //! [step3_roles]
         }
@@ -734,6 +803,8 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
     } else {
         detail::write_output<T, D>(st, a, b, h, row_lo, ct);
     }
+    marks.mark(kMarkEpilogue);
+    marks.mark(kMarkEnd, 0, true);
 }
 //! [kernel]
 

@@ -1,21 +1,103 @@
 // Stage 11 executable: the Hopper kernel (wgmma, TMA, warp specialization) in bf16 or fp16,
 // checked against stage 07 (mma.sync), stage 04 (CPU tiling) and the float64 reference.
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "../04_cpu_tiling/attention.hpp"
 #include "../07_pipelined_fused_kernel/attention.cuh"
 #include "attention.cuh"
+#include "fa/cuda/buffer.hpp"
+#include "fa/cuda/check.hpp"
 #include "fa/cuda/device.hpp"
 #include "fa/cuda/half.hpp"
 #include "fa/cuda/stage.hpp"
 #include "fa/cuda/tensors.hpp"
 #include "fa/cuda/timing.hpp"
+#include "fa/error.hpp"
 #include "fa/stage.hpp"
+#include "timeline.hpp"
 
 namespace {
 
 fa::cuda::DType g_dtype = fa::cuda::DType::BF16;
 int g_step = -1;  // the final kernel
+std::string g_timeline;    // --timeline: where the instrumented run's marks go ("": no timeline)
+int g_timeline_block = -1;  // --timeline-block: which block records (-1: the first of the second wave)
+
+/// "3, 4, 5, 8": the steps with an instrumented build.
+std::string timeline_steps_text() {
+    std::string text;
+    for (const int s : fa::stage11::timeline_steps()) text += (text.empty() ? "" : ", ") + std::to_string(s);
+    return text;
+}
+
+//! [timeline_json]
+/// Writes the recorded block's marks as JSON (docs/make_timeline.py draws them): the problem,
+/// the block and what it computes, the times of the plain and the instrumented kernel, the SM's
+/// nanoseconds per cycle as the block measured them, and per warpgroup its marks
+/// [cycle from the block's first mark, code, tile].
+void write_timeline_json(const std::string& path, const fa::Problem& p, const fa::stage11::TimelineBlock& t, int step,
+                         const std::vector<fa::cuda::TimelineMark>& marks, double plain_ms, double instrumented_ms) {
+    const int groups = 1 + t.consumers;
+    const auto marks_of = [&](int g) { return marks.data() + size_t(g) * fa::stage11::kTimelineMarks; };
+    const auto count_of = [&](int g) {
+        int n = 0;
+        while (n < fa::stage11::kTimelineMarks && marks_of(g)[n].cycle != 0) ++n;
+        return n;
+    };
+    uint64_t first = ~uint64_t(0);
+    for (int g = 0; g < groups; ++g) {
+        if (count_of(g) > 0) first = std::min(first, marks_of(g)[0].cycle);
+    }
+    // ns per cycle from the warpgroup whose first and last marks (both read %globaltimer) lie furthest apart.
+    double ns_per_cycle = 0.0;
+    uint64_t longest = 0;
+    for (int g = 0; g < groups; ++g) {
+        const fa::cuda::TimelineMark* wg = marks_of(g);
+        const int n = count_of(g);
+        if (n >= 2 && wg[0].what == fa::stage11::kMarkStart && wg[n - 1].what == fa::stage11::kMarkEnd &&
+            wg[n - 1].cycle - wg[0].cycle > longest) {
+            longest = wg[n - 1].cycle - wg[0].cycle;
+            ns_per_cycle = double(uint32_t(wg[n - 1].ns - wg[0].ns)) / double(longest);
+        }
+    }
+    std::ofstream out(path);
+    if (!out) throw fa::InputError("--timeline " + path + ": cannot write this file");
+    const fa::cuda::GpuInfo gpu = fa::cuda::gpu_info();
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    const auto flag = [](bool b) { return b ? "true" : "false"; };
+    out << "{\n  \"stage\": \"11\", \"step\": " << step << ", \"step_name\": \"" << fa::stage11::road()[size_t(step)].name
+        << "\", \"dtype\": \"bf16\",\n  \"B\": " << p.batch << ", \"H\": " << p.heads << ", \"Nq\": " << p.seq_q
+        << ", \"Nk\": " << p.seq_k << ", \"d\": " << p.head_dim << ", \"causal\": " << flag(p.causal) << ",\n  \"gpu\": \""
+        << gpu.name << "\", \"date\": \"" << date << "\", \"sm_count\": " << gpu.sm_count << ",\n  \"blocks\": " << t.blocks
+        << ", \"block\": " << t.block << ", \"q_tile\": " << t.q_tile << ", \"q_tiles\": " << t.q_tiles
+        << ", \"batch\": " << t.batch << ", \"head\": " << t.head << ", \"key_tiles_unmasked\": " << t.full
+        << ", \"key_tiles\": " << t.end << ", \"br\": " << t.br << ", \"bc\": " << t.bc << ", \"consumers\": " << t.consumers
+        << ", \"ping_pong\": " << flag(t.ping_pong) << ", \"overlap\": " << flag(t.overlap) << ",\n  \"median_ms\": "
+        << plain_ms << ", \"median_ms_instrumented\": " << instrumented_ms << ", \"ns_per_cycle\": " << ns_per_cycle
+        << ",\n  \"codes\": [";
+    for (int c = 0; c < fa::stage11::kMarkCodes; ++c) out << (c ? ", " : "") << '"' << fa::stage11::timeline_code_name(c) << '"';
+    out << "],\n  \"warpgroups\": [";
+    for (int g = 0; g < groups; ++g) {
+        out << (g ? ",\n" : "\n") << "    {\"role\": \"" << (g == 0 ? "producer" : "consumer " + std::to_string(g - 1))
+            << "\", \"marks\": [";
+        const fa::cuda::TimelineMark* wg = marks_of(g);
+        for (int n = 0; n < count_of(g); ++n) {
+            out << (n ? ", " : "") << '[' << (wg[n].cycle - first) << ", " << wg[n].what << ", " << wg[n].tile << ']';
+        }
+        out << "]}";
+    }
+    out << "\n  ]\n}\n";
+    if (!out) throw fa::InputError("--timeline " + path + ": writing failed");
+}
+//! [timeline_json]
 
 // --bench: the 16-bit copies of the inputs are made once, then the kernel alone is timed.
 template <class T>
@@ -26,9 +108,33 @@ fa::TimingStats bench_half(const fa::Problem& p, const fa::Inputs& in, const fa:
                                 fa::make_view3(lse.data(), p.batch, p.heads, p.seq_q));
     fa::cuda::HalfTensors<T> half(p, opt.layout);
     half.load(dev.q, dev.k, dev.v);
-    return fa::cuda::time_on_gpu(
+    const fa::TimingStats stats = fa::cuda::time_on_gpu(
         [&](cudaStream_t s) { fa::stage11::attention_device(p, half.q, half.k, half.v, half.o, dev.lse, s, g_step); },
         std::max(opt.warmup, 1), opt.repeat);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        if (!g_timeline.empty()) {
+            // The instrumented build: timed as the plain one was, then run once more with the marks zeroed.
+            const int step = g_step < 0 ? fa::stage11::final_step() : g_step;
+            const fa::stage11::TimelineBlock t = fa::stage11::timeline_block(p, step, g_timeline_block);
+            const size_t count = size_t(1 + t.consumers) * fa::stage11::kTimelineMarks;
+            fa::cuda::DeviceBuffer<fa::cuda::TimelineMark> marks(count);
+            const auto run = [&](cudaStream_t s) {
+                fa::stage11::attention_device_timeline(p, half.q, half.k, half.v, half.o, dev.lse, s, step, marks.data(), t.block);
+            };
+            const fa::TimingStats traced = fa::cuda::time_on_gpu(run, std::max(opt.warmup, 1), opt.repeat);
+            FA_CUDA_CHECK(cudaMemset(marks.data(), 0, marks.bytes()));
+            run(nullptr);
+            FA_CUDA_CHECK(cudaDeviceSynchronize());
+            std::vector<fa::cuda::TimelineMark> host(count);
+            marks.copy_to_host(host.data(), count);
+            write_timeline_json(g_timeline, p, t, step, host, stats.median_ms, traced.median_ms);
+            std::printf("timeline: block %d of %d (query tile %d of batch %d, head %d; %d key tiles, %d unmasked), %d "
+                        "warpgroups -> %s; instrumented kernel %.4f ms, plain %.4f ms (medians)\n",
+                        t.block, t.blocks, t.q_tile, t.batch, t.head, t.end, t.full, 1 + t.consumers, g_timeline.c_str(),
+                        traced.median_ms, stats.median_ms);
+        }
+    }
+    return stats;
 }
 
 }  // namespace
@@ -60,6 +166,25 @@ int main(int argc, char** argv) {
             ->check(CLI::IsMember({"bf16", "fp16"}))
             ->default_str("bf16");
         app.add_option("--step", g_step, fa::road_help(fa::stage11::road(), fa::stage11::final_step()))->check(CLI::Range(0, int(fa::stage11::road().size()) - 1));
+        app.add_option("--timeline", g_timeline,
+                       "with --bench, bf16: also time the step's instrumented build and write one block's timeline to this "
+                       "JSON file (docs/make_timeline.py draws it; steps " + timeline_steps_text() + ")");
+        app.add_option("--timeline-block", g_timeline_block,
+                       "with --timeline: the block that records (default: the first block of the second wave)")
+            ->check(CLI::NonNegativeNumber);
+    };
+    spec.validate_options = [](const fa::CommonOptions& opt) {
+        if (g_timeline.empty()) {
+            if (g_timeline_block >= 0) throw fa::InputError("--timeline-block needs --timeline FILE");
+            return;
+        }
+        if (!opt.bench) throw fa::InputError("--timeline records during the benchmark: add --bench");
+        if (g_dtype != fa::cuda::DType::BF16) throw fa::InputError("--timeline: the instrumented build is bf16; use --dtype bf16");
+        const int step = g_step < 0 ? fa::stage11::final_step() : g_step;
+        const auto& steps = fa::stage11::timeline_steps();
+        if (std::find(steps.begin(), steps.end(), step) == steps.end()) {
+            throw fa::InputError("--timeline: step " + std::to_string(step) + " has no instrumented build; use --step 3, 4, 5 or 8");
+        }
     };
     spec.precision = [] { return g_dtype == fa::cuda::DType::BF16 ? fa::Precision::BFloat16 : fa::Precision::Float16; };
     spec.bench = [](const fa::Problem& p, const fa::Inputs& in, const fa::CommonOptions& opt) {
