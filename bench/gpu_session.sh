@@ -88,13 +88,13 @@
 #   road11     stage 11, every step of its road (step 0: stage 07's final kernel), bf16, d 64/128,
 #              N 1024/4096/16384 (ROAD11_SIZES), causal and not, beside SDPA flash and cuDNN, each
 #              step checked against stage 07's final kernel: road11/road11.csv and
-#              stage11_road_table.txt
+#              stage11_road_table.txt; ROAD11_STEPS ("0 8 9") and ROAD11_DTYPES ("bf16 fp16") run a part
 #   groups11   stage 11's block order under a causal mask: step 5 (head by head) and step 6 (heaviest
 #              first across groups of heads) with several L2 budgets per group (GROUP11_MIB, MiB, the
 #              largest meaning every head in one group), bf16, d 64/128, N 1024/4096/16384 as in the
 #              sweep (B*N = 16384, H*d = 2048) and B 1, H 16, N 4096: groups11/groups11_table.txt
 #   timeline11 stage 11's instrumented build: one thread block's marks (stages/11_hopper_kernel/timeline.hpp)
-#              at steps TIMELINE11_STEPS (3 4 5 8) for the shapes TIMELINE11_SHAPES ("d:N:causal" as in
+#              at steps TIMELINE11_STEPS (3 4 5 8 9) for the shapes TIMELINE11_SHAPES ("d:N:causal" as in
 #              the road's sweep, B*N = 16384, H*d = 2048; default 128:4096:0 64:4096:0 128:1024:0
 #              64:1024:1), bf16, each timed beside its plain build; docs/make_timeline.py draws them and
 #              tabulates where each warpgroup's time went: timeline11/stage11_timeline_*.json (copy them
@@ -285,7 +285,9 @@ step_test() {
 
 step_test11() {
     note "ctest: stage 11 and Hopper's wrappers"
-    ctest --test-dir "$BUILD" --output-on-failure -R 'hopper|stage11' -j4 >"$LOGS/ctest11.log" 2>&1 || status=1
+    # A kernel that hangs (a barrier's phases out of step) fails its test after TEST11_TIMEOUT seconds.
+    ctest --test-dir "$BUILD" --output-on-failure -R 'hopper|stage11' -j4 --timeout "${TEST11_TIMEOUT:-240}" \
+        >"$LOGS/ctest11.log" 2>&1 || status=1
     grep -E "Test +#|tests passed|tests failed|Skipped|Failed" "$LOGS/ctest11.log" | tail -25 | tee -a "$LOGS/summary.txt"
 }
 
@@ -349,6 +351,8 @@ sanitize_cases11=(
     "--seq-q 130 --seq-k 77 --heads 2 --head-dim 64 --causal --layout bnhd"
     "--seq-q 200 --seq-k 333 --batch 2 --head-dim 128 --layout bnhd --dtype fp16"
     "--seq-q 77 --seq-k 93 --head-dim 64 --causal --dtype fp16"
+    # more query tiles than SMs, and causal tiles that see no key (Nq > Nk): step 9's blocks loop over several
+    "--seq-q 400 --seq-k 150 --batch 3 --heads 60 --head-dim 128 --causal --layout bnhd"
 )
 
 # The last step of stage 11's road, from the range its --help gives --step ("[0 - N]"); when the
@@ -465,7 +469,8 @@ step_road() {
 step_road11() {
     note "road11: stage 11, every step of its road, bf16, beside stage 07, SDPA flash and cuDNN"
     # shellcheck disable=SC2086  # ROAD11_SIZES is a list
-    compare road11 "$RESULTS/road11" --stages 11 --dtypes bf16 --steps11 all --sizes ${ROAD11_SIZES:-1024 4096 16384} \
+    compare road11 "$RESULTS/road11" --stages 11 --dtypes ${ROAD11_DTYPES:-bf16} --steps11 ${ROAD11_STEPS:-all} \
+        --sizes ${ROAD11_SIZES:-1024 4096 16384} \
         --head-dims 64 128 --repeat 20 --warmup 3
 }
 
@@ -515,14 +520,14 @@ PY
 }
 
 step_timeline11() {
-    note "timeline11: stage 11's instrumented build, one block's marks, bf16, steps ${TIMELINE11_STEPS:-3 4 5 8}"
+    note "timeline11: stage 11's instrumented build, one block's marks, bf16, steps ${TIMELINE11_STEPS:-3 4 5 8 9}"
     local dir="$RESULTS/timeline11" shape d n causal step name flag
     mkdir -p "$dir"
     for shape in ${TIMELINE11_SHAPES:-128:4096:0 64:4096:0 128:1024:0 64:1024:1}; do
         IFS=: read -r d n causal <<<"$shape"
         flag=() && name="d${d}_n${n}"
         [ "$causal" = 1 ] && flag=(--causal) && name="${name}_causal"
-        for step in ${TIMELINE11_STEPS:-3 4 5 8}; do
+        for step in ${TIMELINE11_STEPS:-3 4 5 8 9}; do
             "$STAGE11" --batch $((16384 / n)) --heads $((2048 / d)) --seq-q "$n" --seq-k "$n" --head-dim "$d" "${flag[@]}" \
                 --step "$step" --bench --repeat 20 --warmup 3 --reference never \
                 --timeline "$dir/stage11_timeline_${name}_step$step.json" >>"$LOGS/timeline11.log" 2>&1 || status=1

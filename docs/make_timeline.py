@@ -5,7 +5,8 @@ Input: the JSON files `stage11_hopper_kernel --bench --timeline FILE` writes (on
 marks of the instrumented build, stages/11_hopper_kernel/timeline.hpp). A mark says what has
 just ended; the span from a warpgroup's previous mark to it is that activity, coloured by kind:
 
-  waiting for data      q_landed, slot_full (consumers), slot_empty (producer)
+  waiting for data      q_landed, slot_full (consumers), slot_empty, q_empty (producer), item
+                        (the persistent grid: the next work item taken from the counter, or posted)
   waiting for its turn  turn (ping-pong's named barrier)
   issuing GEMMs         issued (wgmma instructions going out, and the turn passed on)
   tensor cores busy     s_ready, pv_done (the warpgroup waits for its own wgmma)
@@ -15,10 +16,12 @@ just ended; the span from a warpgroup's previous mark to it is that activity, co
   issuing copies        q_issued, load_issued (the producer's TMA instructions)
 
 Outputs: one SVG with a panel per file (the first `--tiles` key tiles of the block, on one time
-axis in microseconds so that the panels compare), and with --table a text table of where each
-warpgroup's time went over the whole block.
+axis so that the panels compare), and with --table a text table of where each warpgroup's time
+went over the whole block. Time is counted in the SM's cycles (clock64), as the kernel read it:
+the block's own %globaltimer readings, also in the files, disagreed with the kernel's measured
+time by up to a quarter on long runs, so no conversion to microseconds is drawn.
 
-Usage: make_timeline.py --out stage11_timeline.svg [--table stage11_timeline_table.txt] [--tiles 6]
+Usage: make_timeline.py --out stage11_timeline.svg [--table stage11_timeline_table.txt] [--tiles 6 | --window 80000]
                         timeline_step3.json timeline_step4.json ...
 """
 
@@ -39,7 +42,7 @@ KINDS = OrderedDict([
     ("copy", ("issuing TMA copies", "#555555")),
 ])
 CODE_KIND = {
-    "q_landed": "wait", "slot_full": "wait", "slot_empty": "wait",
+    "q_landed": "wait", "slot_full": "wait", "slot_empty": "wait", "q_empty": "wait", "item": "wait",
     "turn": "turn", "issued": "issue", "s_ready": "tensor", "pv_done": "tensor",
     "softmax": "softmax", "rescaled": "rescale", "epilogue": "epilogue",
     "q_issued": "copy", "load_issued": "copy",
@@ -73,51 +76,60 @@ def window_end(record, tiles):
 
 def title_of(r):
     mask = "causal" if r["causal"] else "non-causal"
-    return (f"step {r['step']} ({r['step_name']}): d {r['d']}, N {r['Nq']}, {mask}; block {r['block']} of {r['blocks']}, "
-            f"{r['key_tiles']} key tiles of {r['bc']}, Br {r['br']}")
+    if r.get("persistent"):
+        items = sum(1 for m in r["warpgroups"][1]["marks"] if r["codes"][m[1]] == "item")
+        work = f"{items} work items of Br {r['br']} rows, key tiles of {r['bc']}"
+    else:
+        work = f"{r['key_tiles']} key tiles of {r['bc']}, Br {r['br']}"
+    return f"step {r['step']} ({r['step_name']}): d {r['d']}, N {r['Nq']}, {mask}; block {r['block']} of {r['blocks']}, {work}"
 
 
-def ns_per_cycle(r):
-    return r["ns_per_cycle"] if r["ns_per_cycle"] > 0 else 1.0
+def tile_period(r):
+    """The median number of cycles between consumer 0's consecutive slot_full marks of one item."""
+    codes = r["codes"]
+    marks = r["warpgroups"][1]["marks"]
+    full = [(c, t) for c, w, t in marks if codes[w] == "slot_full"]
+    periods = sorted(b[0] - a[0] for a, b in zip(full, full[1:]) if b[1] == a[1] + 1)
+    return periods[len(periods) // 2] if periods else 0
 
 
-def draw(records, tiles, out_path):
+def draw(records, tiles, out_path, window=None):
     width, left, right = 960, 120, 20
     row_h, gap, title_h, axis_h = 16, 4, 22, 26
-    # One time axis for every panel: the longest window.
-    windows = [window_end(r, tiles) * ns_per_cycle(r) / 1000.0 for r in records]
-    span_us = max(windows) if windows else 1.0
-    scale = (width - left - right) / span_us
+    # One time axis for every panel (thousands of cycles): the longest window.
+    windows = [window_end(r, tiles) / 1000.0 for r in records]
+    span = window / 1000.0 if window else max(windows) if windows else 1.0
+    scale = (width - left - right) / span
     parts, y = [], 10
     for r in records:
-        ns = ns_per_cycle(r)
         parts.append(f'<text x="{left}" y="{y + 14}" font-size="13" font-weight="bold">{esc(title_of(r))}</text>')
         y += title_h
         for g, wg in enumerate(r["warpgroups"]):
             parts.append(f'<text x="{left - 8}" y="{y + 12}" font-size="12" text-anchor="end">{esc(wg["role"])}</text>')
             parts.append(f'<rect x="{left}" y="{y}" width="{width - left - right}" height="{row_h}" fill="#f7f7f7"/>')
             for c0, c1, kind, code, tile in spans(r, g):
-                x0, x1 = c0 * ns / 1000.0, c1 * ns / 1000.0
-                if x0 >= span_us:
+                x0, x1 = c0 / 1000.0, c1 / 1000.0
+                if x0 >= span:
                     continue
-                x1 = min(x1, span_us)
+                x1 = min(x1, span)
                 w = max((x1 - x0) * scale, 0.4)
                 label, fill = KINDS[kind]
                 parts.append(f'<rect x="{left + x0 * scale:.2f}" y="{y}" width="{w:.2f}" height="{row_h}" fill="{fill}">'
-                             f'<title>{esc(code)} of tile {tile}: {(c1 - c0) * ns:.0f} ns</title></rect>')
+                             f'<title>{esc(code)} of tile {tile}: {c1 - c0} cycles</title></rect>')
             y += row_h + gap
         y += 6
     # Axis.
-    step_us = nice_step(span_us / 8)
+    step_k = nice_step(span / 8)
     parts.append(f'<line x1="{left}" y1="{y}" x2="{width - right}" y2="{y}" stroke="#333"/>')
     t = 0.0
-    while t <= span_us + 1e-9:
+    while t <= span + 1e-9:
         x = left + t * scale
         parts.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" stroke="#333"/>')
         parts.append(f'<text x="{x:.1f}" y="{y + 16}" font-size="11" text-anchor="middle">{t:g}</text>')
-        t += step_us
-    parts.append(f'<text x="{width - right}" y="{y + 16}" font-size="11" text-anchor="end">µs from the block\'s first mark</text>')
-    y += axis_h
+        t += step_k
+    parts.append(f'<text x="{width - right}" y="{y + 28}" font-size="11" text-anchor="end">thousands of SM cycles from the '
+                 f'block\'s first mark</text>')
+    y += axis_h + 12
     # Legend.
     x = left
     for label, fill in KINDS.values():
@@ -148,25 +160,28 @@ def placeholder(out_path, why):
 def table(records, path):
     """Where each warpgroup's time went over the whole block, in % of the block's span."""
     kinds = list(KINDS)
-    lines = ["Stage 11: where one thread block's time goes, per warpgroup, in % of the block's time",
+    lines = ["Stage 11: where one thread block's time goes, per warpgroup, in % of the block's cycles",
              "(docs/make_timeline.py from the instrumented build's marks; the rest is the time before a",
-             "warpgroup's first mark and after its last)", ""]
-    header = f"{'step':>4} {'d':>3} {'N':>6} {'mask':<6} {'warpgroup':<10} {'block us':>8} " + " ".join(f"{k:>8}" for k in kinds)
+             "warpgroup's first mark and after its last); tile: the median cycles from one K/V tile's",
+             "slot_full to the next, consumer 0", ""]
+    header = (f"{'step':>4} {'d':>3} {'N':>6} {'mask':<6} {'warpgroup':<10} {'kcycles':>8} {'tile':>6} "
+              + " ".join(f"{k:>8}" for k in kinds))
     lines.append(header)
     lines.append("-" * len(header))
     for r in records:
-        ns = ns_per_cycle(r)
         total = max(m[0] for g in r["warpgroups"] for m in g["marks"])
+        tile = tile_period(r)
         for g, wg in enumerate(r["warpgroups"]):
             share = dict.fromkeys(kinds, 0.0)
             for c0, c1, kind, _, _ in spans(r, g):
                 share[kind] += c1 - c0
             cells = " ".join(f"{100.0 * share[k] / total:8.1f}" for k in kinds)
             mask = "causal" if r["causal"] else "full"
-            lines.append(f"{r['step']:>4} {r['d']:>3} {r['Nq']:>6} {mask:<6} {wg['role']:<10} {total * ns / 1000.0:8.2f} {cells}")
+            lines.append(f"{r['step']:>4} {r['d']:>3} {r['Nq']:>6} {mask:<6} {wg['role']:<10} {total / 1000.0:8.1f} "
+                         f"{tile if g == 1 else '':>6} {cells}")
         lines.append(f"{'':>4} kernel {r['median_ms']:.4f} ms plain, {r['median_ms_instrumented']:.4f} ms instrumented "
-                     f"({100.0 * (r['median_ms_instrumented'] / r['median_ms'] - 1.0):+.1f} %); "
-                     f"{r['gpu']}, {r['date']}; {r['ns_per_cycle']:.4f} ns per cycle")
+                     f"({100.0 * (r['median_ms_instrumented'] / r['median_ms'] - 1.0):+.1f} %); B {r['B']}, H {r['H']}; "
+                     f"{r['gpu']}, {r['date']}")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -188,6 +203,7 @@ def main():
     ap.add_argument("--out", required=True, help="the SVG to write")
     ap.add_argument("--table", help="also write the table of shares here")
     ap.add_argument("--tiles", type=int, default=6, help="key tiles shown per panel (default 6)")
+    ap.add_argument("--window", type=float, help="show this many cycles of each block instead")
     ap.add_argument("inputs", nargs="*", help="timeline JSON files, one panel each, in this order")
     args = ap.parse_args()
     records = []
@@ -204,7 +220,7 @@ def main():
             with open(args.table, "w", encoding="utf-8") as f:
                 f.write("No timeline measured yet: bench/gpu_session.sh timeline11 records one.\n")
         return 0
-    draw(records, args.tiles, args.out)
+    draw(records, args.tiles, args.out, args.window)
     if args.table:
         table(records, args.table)
     return 0

@@ -3,6 +3,7 @@
 // Exits 77 (skipped) without a Hopper GPU.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
@@ -141,9 +142,17 @@ TEST_CASE("stage 11 step 8 (three consumer warpgroups at d = 64) matches the flo
     }
 }
 
+TEST_CASE("stage 11 step 9 (persistent grid) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
+    if (!under_test(9)) return;
+    for (const test::Case& c : test::standard_cases({64, 128})) {
+        check_case(c, DType::BF16, 9);
+        check_case(c, DType::FP16, 9);
+    }
+}
+
 TEST_CASE("stage 11's road: every step has a test case above, and the default step is on the road") {
     // A new step needs its own test case (a failure then names the step): update this count with it.
-    CHECK(stage11::road().size() == 9);
+    CHECK(stage11::road().size() == 10);
     CHECK(stage11::final_step() >= 1);
     CHECK(stage11::final_step() < int(stage11::road().size()));
 }
@@ -270,37 +279,54 @@ std::string codes_text(const std::vector<cuda::TimelineMark>& marks) {
         const int code = m.what;
         text += std::string(text.empty() ? "" : " ") + stage11::timeline_code_name(code);
         if (code != stage11::kMarkStart && code != stage11::kMarkEnd && code != stage11::kMarkQIssued &&
-            code != stage11::kMarkQLanded && code != stage11::kMarkEpilogue) {
+            code != stage11::kMarkQLanded && code != stage11::kMarkEpilogue && code != stage11::kMarkQEmpty) {
             text += ":" + std::to_string(m.tile);
         }
     }
     return text;
 }
 
-/// What the marks of one warpgroup must read for a block of `tiles` key tiles (timeline.hpp).
-std::string expected_codes(int warpgroup, int tiles, int stages, bool ping_pong, bool overlap) {
+/// The key tiles of each work item a persistent block took, from its `item` marks.
+std::vector<int> items_of(const std::vector<cuda::TimelineMark>& marks) {
+    std::vector<int> items;
+    for (const auto& m : marks) {
+        if (m.what == stage11::kMarkItem) items.push_back(m.tile);
+    }
+    return items;
+}
+
+/// What the marks of one warpgroup of block `t` must read (timeline.hpp) for its work items
+/// `items` (the key tiles of each, in order: t.item_key_tiles, or a persistent block's items_of()).
+std::string expected_codes(int warpgroup, const stage11::TimelineBlock& t, const std::vector<int>& items) {
     const auto at = [](const char* code, int tile) { return std::string(" ") + code + ":" + std::to_string(tile); };
-    std::string text;
-    if (warpgroup == 0) {  // the producer
-        text = "start q_issued";
-        for (int j = 0; j < tiles; ++j) text += (j >= stages ? at("slot_empty", j) : "") + at("load_issued", j);
-        return text + " end";
-    }
-    text = "start q_landed";
-    if (!ping_pong) {
-        for (int j = 0; j < tiles; ++j) {
-            text += at("slot_full", j) + at("issued", j) + at("s_ready", j) + at("softmax", j) + at("rescaled", j) +
-                    at("issued", j) + at("pv_done", j);
+    std::string text = "start";
+    int ring = 0, rounds = 0;  // K/V tiles and Q tiles the block has loaded
+    for (const int tiles : items) {
+        if (t.persistent) text += at("item", tiles);
+        if (warpgroup == 0) {  // the producer
+            if (tiles == 0) continue;
+            text += std::string(rounds++ > 0 ? " q_empty" : "") + " q_issued";
+            for (int j = 0; j < tiles; ++j, ++ring) text += (ring >= t.stages ? at("slot_empty", j) : "") + at("load_issued", j);
+            continue;
         }
-    } else {
-        text += at("slot_full", 0) + at("turn", 0) + at("issued", 0) + at("s_ready", 0) + at("softmax", 0) + at("rescaled", 0);
-        for (int j = 1; j < tiles; ++j) {
-            text += at("slot_full", j) + at("turn", j) + at("issued", j) + at("s_ready", j) + at("softmax", j) +
-                    (overlap ? at("pv_done", j - 1) : "") + at("rescaled", j);
+        if (tiles > 0) text += " q_landed";
+        if (tiles > 0 && !t.ping_pong) {
+            for (int j = 0; j < tiles; ++j) {
+                text += at("slot_full", j) + at("issued", j) + at("s_ready", j) + at("softmax", j) + at("rescaled", j) +
+                        at("issued", j) + at("pv_done", j);
+            }
+        } else if (tiles > 0) {
+            text += at("slot_full", 0) + at("turn", 0) + at("issued", 0) + at("s_ready", 0) + at("softmax", 0) +
+                    at("rescaled", 0);
+            for (int j = 1; j < tiles; ++j) {
+                text += at("slot_full", j) + at("turn", j) + at("issued", j) + at("s_ready", j) + at("softmax", j) +
+                        (t.overlap ? at("pv_done", j - 1) : "") + at("rescaled", j);
+            }
+            text += at("turn", tiles) + at("issued", tiles) + at("pv_done", tiles - 1);
         }
-        text += at("turn", tiles) + at("issued", tiles) + at("pv_done", tiles - 1);
+        text += " epilogue";
     }
-    return text + " epilogue end";
+    return text + " end";
 }
 
 }  // namespace
@@ -342,13 +368,16 @@ TEST_CASE("stage 11's instrumented build computes what the plain build does, bit
                              << t.blocks << ", " << t.end << " key tiles");
                 CHECK(o_traced == o_plain);
                 CHECK(std::memcmp(lse_traced.data(), lse_plain.data(), lse_elems * 4) == 0);
-                CHECK(t.block == std::min(cuda::gpu_info().sm_count, t.blocks - 1));
-                REQUIRE(t.end > 0);
-                const int stages = step >= 4 ? 3 : 2;  // the ring: two slots at step 3, three from ping-pong on
+                CHECK(t.block == (t.persistent ? 0 : std::min(cuda::gpu_info().sm_count, t.blocks - 1)));
+                CHECK(t.stages == (step >= 4 ? 3 : 2));  // the ring: two slots at step 3, three from ping-pong on
+                // The block's items: the one the grid gives it, or those a persistent block took.
+                const std::vector<int> items = t.persistent ? items_of(marks_of(host, 1)) : t.item_key_tiles;
+                REQUIRE(!items.empty());
+                CHECK(items[0] > 0);
                 for (int g = 0; g <= t.consumers; ++g) {
                     const std::vector<cuda::TimelineMark> wg = marks_of(host, g);
                     INFO("warpgroup " << g);
-                    CHECK(codes_text(wg) == expected_codes(g, t.end, stages, t.ping_pong, t.overlap));
+                    CHECK(codes_text(wg) == expected_codes(g, t, items));
                     bool ordered = true;
                     for (size_t n = 1; n < wg.size(); ++n) ordered = ordered && wg[n].cycle >= wg[n - 1].cycle;
                     CHECK(ordered);
@@ -363,13 +392,96 @@ TEST_CASE("stage 11's instrumented build computes what the plain build does, bit
                 stage11::attention_device_timeline(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step, marks.data(), 0);
                 FA_CUDA_CHECK(cudaDeviceSynchronize());
                 marks.copy_to_host(host.data(), count);
-                CHECK(codes_text(marks_of(host, 1)) == expected_codes(1, first.end, stages, first.ping_pong, first.overlap));
+                const std::vector<int> first_items = first.persistent ? items_of(marks_of(host, 1)) : first.item_key_tiles;
+                CHECK(codes_text(marks_of(host, 1)) == expected_codes(1, first, first_items));
             }
         }
     }
     const Problem p = test::make_problem(1, 2, 300, 300, 64);
-    CHECK_THROWS_WITH_AS(stage11::timeline_block(p, 6), doctest::Contains("use --step 3, 4, 5, 8"), InputError);
+    CHECK_THROWS_WITH_AS(stage11::timeline_block(p, 6), doctest::Contains("use --step 3, 4, 5, 8, 9"), InputError);
     CHECK_THROWS_WITH_AS(stage11::timeline_block(p, 8, 99), doctest::Contains("blocks 0 to 3"), InputError);
+}
+
+namespace {
+
+/// Step `step`'s O (16-bit) and LSE on the device inputs of `half`, copied to the host.
+template <class T>
+std::pair<std::vector<uint16_t>, std::vector<float>> run_step(const Problem& p, cuda::HalfTensors<T>& half, View3<float> lse,
+                                                              int step) {
+    const size_t o_elems = size_t(p.q_elems()), lse_elems = size_t(p.lse_elems());
+    FA_CUDA_CHECK(cudaMemset(half.o.data, 0xff, o_elems * 2));  // NaN: an unwritten element shows
+    FA_CUDA_CHECK(cudaMemset(lse.data, 0xff, lse_elems * 4));
+    stage11::attention_device(p, half.q, half.k, half.v, half.o, lse, nullptr, step);
+    std::vector<uint16_t> o(o_elems);
+    std::vector<float> l(lse_elems);
+    FA_CUDA_CHECK(cudaMemcpy(o.data(), half.o.data, o_elems * 2, cudaMemcpyDeviceToHost));
+    FA_CUDA_CHECK(cudaMemcpy(l.data(), lse.data, lse_elems * 4, cudaMemcpyDeviceToHost));
+    return {o, l};
+}
+
+}  // namespace
+
+TEST_CASE("stage 11 step 9's blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
+    if (!under_test(9)) return;
+    // More work items than SMs, so that each persistent block loops: (query tiles x B x H) items,
+    // grid = SMs. Under a causal mask with Nq > Nk whole query tiles see no key (end = 0): the
+    // producer skips them, the consumers write O = 0 and LSE = -inf, and the Q and ring phases
+    // must still agree. Steps 8 and 9 do the same arithmetic (only the epilogue's stores differ):
+    // their O and LSE are compared bit for bit.
+    const int64_t shapes[][4] = {{4, 16, 1024, 1024}, {3, 20, 700, 900}, {2, 40, 1000, 300}};
+    uint64_t seed = 1600;
+    for (const auto& sh : shapes) {
+        for (int64_t d : {64, 128}) {
+            for (bool causal : {false, true}) {
+                const Problem p = test::make_problem(sh[0], sh[1], sh[2], sh[3], d, causal);
+                const Layout layout = seed % 2 ? Layout::BNHD : Layout::BHND;
+                const Inputs in = make_inputs(p, layout, InputKind::Normal, seed++);
+                const HostTensor o(p.batch, p.heads, p.seq_q, p.head_dim, layout);
+                const std::vector<float> lse(size_t(p.lse_elems()));
+                cuda::DeviceTensors dev(p, in.q.cview(), in.k.cview(), in.v.cview(), o.cview(),
+                                        make_view3(lse.data(), p.batch, p.heads, p.seq_q));
+                const stage11::TimelineBlock t = stage11::timeline_block(p, 9, 0);
+                INFO(p.describe() << ", " << t.blocks << " blocks");
+                CHECK(t.blocks == std::min(cuda::gpu_info().sm_count, int(p.batch * p.heads) * t.q_tiles));
+                for (DType dtype : {DType::BF16, DType::FP16}) {
+                    INFO(cuda::to_string(dtype));
+                    if (dtype == DType::BF16) {
+                        cuda::HalfTensors<__nv_bfloat16> half(p, layout);
+                        half.load(dev.q, dev.k, dev.v);
+                        const auto step8 = run_step(p, half, dev.lse, 8), step9 = run_step(p, half, dev.lse, 9);
+                        CHECK(step9.first == step8.first);
+                        CHECK(std::memcmp(step9.second.data(), step8.second.data(), step8.second.size() * 4) == 0);
+                        // Each block's timeline lists the items it took, Q released and reloaded
+                        // between them; with more items than blocks, some block took several.
+                        const size_t count = size_t(1 + t.consumers) * stage11::kTimelineMarks;
+                        cuda::DeviceBuffer<cuda::TimelineMark> marks(count);
+                        std::vector<cuda::TimelineMark> host(count);
+                        size_t most = 0;
+                        for (int block = 0; block < t.blocks; ++block) {
+                            FA_CUDA_CHECK(cudaMemset(marks.data(), 0, marks.bytes()));
+                            stage11::attention_device_timeline(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, 9, marks.data(),
+                                                               block);
+                            FA_CUDA_CHECK(cudaDeviceSynchronize());
+                            marks.copy_to_host(host.data(), count);
+                            const std::vector<int> items = items_of(marks_of(host, 1));
+                            most = std::max(most, items.size());
+                            for (int g = 0; g <= t.consumers; ++g) {
+                                INFO("block " << block << ", warpgroup " << g);
+                                CHECK(codes_text(marks_of(host, g)) == expected_codes(g, t, items));
+                            }
+                        }
+                        CHECK(most >= 2);
+                    } else {
+                        cuda::HalfTensors<__half> half(p, layout);
+                        half.load(dev.q, dev.k, dev.v);
+                        const auto step8 = run_step(p, half, dev.lse, 8), step9 = run_step(p, half, dev.lse, 9);
+                        CHECK(step9.first == step8.first);
+                        CHECK(std::memcmp(step9.second.data(), step8.second.data(), step8.second.size() * 4) == 0);
+                    }
+                }
+            }
+        }
+    }
 }
 
 TEST_CASE("stage 11 refuses what it cannot do, naming the option") {

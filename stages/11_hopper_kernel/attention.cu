@@ -31,9 +31,10 @@ constexpr Features kStep5 = kStep4.with_softmax_overlap();      // + softmax of 
 constexpr Features kStep6 = kStep5.with_heaviest_first_grid();  // + causal: a group's heaviest tiles first
 constexpr Features kStep7 = kStep6.with_tma_store();            // + O leaves through shared memory and the TMA
 constexpr Features kStep8 = kStep7.with_three_consumers_at_d64();  // + d = 64: three consumers, Br = 192
+constexpr Features kStep9 = kStep8.with_persistent_grid();  // + one block per SM loops over the work; O by plain stores
 
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8};  // [0]: stage 07
-constexpr int kLastStep = 8;
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9};  // [0]: stage 07
+constexpr int kLastStep = 9;
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -42,8 +43,9 @@ struct StepN {
 };
 
 /// The step attention_device() runs by default: the one expected fastest. The road table
-/// (docs/results/) is what says whether it is.
-constexpr int kDefaultStep = 8;
+/// (docs/results/) is what says whether it is: step 9 beat step 8 at 8 of the 12 points of the
+/// road's grid and lost at d = 128 without a mask from N = 4096 on (stage11_persistent_road.txt).
+constexpr int kDefaultStep = 9;
 //! [road]
 
 /// Step N's instrumented build: the same kernel, its marks recorded (timeline.hpp).
@@ -53,8 +55,8 @@ struct TimelineStepN {
 };
 
 /// The steps with an instrumented build (bf16): no overlap (3), ping-pong (4), the softmax under
-/// P V (5), and the default kernel (8; 7 at d = 128).
-const std::vector<int> kTimelineSteps{3, 4, 5, 8};
+/// P V (5), the tile shapes of step 8 (7 at d = 128), and the persistent grid (9).
+const std::vector<int> kTimelineSteps{3, 4, 5, 8, 9};
 
 //! [group_budget]
 /// Step 6's groups of heads: as many heads as have their K and V within this many bytes, so
@@ -84,11 +86,30 @@ int group_heads_of(const Problem& p) {
 template <class T>
 using LaunchFn = void (*)(const Args<T>&, cudaStream_t);
 
+/// The GPU's SM count (read once).
+int sm_count() {
+    static const int count = [] {
+        int device = 0, sms = 0;
+        FA_CUDA_CHECK(cudaGetDevice(&device));
+        FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        return sms;
+    }();
+    return count;
+}
+
+/// Thread blocks of a launch: one per work item (query tile, head), or with the persistent grid
+/// one per SM (at most one per item), each looping over its items.
+unsigned grid_blocks(const Features& f, int q_tiles, int batch_heads) {
+    const unsigned items = unsigned(q_tiles) * unsigned(batch_heads);
+    return f.persistent ? std::min(items, unsigned(sm_count())) : items;
+}
+
 template <class T, int D, class Step>
 void launch_step(const Args<T>& a, cudaStream_t stream, const std::string& what) {
     using S = Shape<T, D, Step>;
     cuda::allow_dynamic_shared_memory<hopper_forward_kernel<T, D, Step>>(S::kSmemBytes);
-    hopper_forward_kernel<T, D, Step><<<unsigned(a.q_tiles) * unsigned(a.batch_heads), S::kThreads, S::kSmemBytes, stream>>>(a);
+    const unsigned blocks = grid_blocks(S::kF, a.q_tiles, a.batch_heads);
+    hopper_forward_kernel<T, D, Step><<<blocks, S::kThreads, S::kSmemBytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH("stage11 hopper_forward_kernel<d=" + std::to_string(D) + ", " + what + ">");
 }
 
@@ -120,7 +141,8 @@ size_t smem_of_step(int step, int d) {
         case 5: return smem_of<5>(d);
         case 6: return smem_of<6>(d);
         case 7: return smem_of<7>(d);
-        default: return smem_of<8>(d);
+        case 8: return smem_of<8>(d);
+        default: return smem_of<9>(d);
     }
 }
 
@@ -141,6 +163,7 @@ LaunchFn<T> find_timeline_launcher(int d, int step) {
             case 4: return at(launch_timeline<T, 64, 4>, launch_timeline<T, 128, 4>);
             case 5: return at(launch_timeline<T, 64, 5>, launch_timeline<T, 128, 5>);
             case 8: return at(launch_timeline<T, 64, 8>, launch_timeline<T, 128, 8>);
+            case 9: return at(launch_timeline<T, 64, 9>, launch_timeline<T, 128, 9>);
             default: return nullptr;
         }
     }
@@ -157,6 +180,7 @@ LaunchFn<T> find_launcher(int d, int step) {
         case 6: return launcher_for<T, 6>(d);
         case 7: return launcher_for<T, 7>(d);
         case 8: return launcher_for<T, 8>(d);
+        case 9: return launcher_for<T, 9>(d);
         default: return nullptr;
     }
 }
@@ -228,7 +252,21 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
     a.scale_log2 = std::max(float(std::fabs(scale) * 1.4426950408889634), FLT_MIN);  // log2(e)
     a.timeline = timeline;
     a.timeline_block = timeline_block;
-    launcher(a, stream);
+    if (!f.persistent) {
+        launcher(a, stream);
+        return;
+    }
+    // The persistent grid's work counter: allocated, zeroed and freed in the stream's order, so
+    // that launches on other streams never share one.
+    FA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&a.work_counter), sizeof(unsigned), stream));
+    try {
+        FA_CUDA_CHECK(cudaMemsetAsync(a.work_counter, 0, sizeof(unsigned), stream));
+        launcher(a, stream);
+    } catch (...) {
+        cudaFreeAsync(a.work_counter, stream);
+        throw;
+    }
+    FA_CUDA_CHECK(cudaFreeAsync(a.work_counter, stream));
 }
 
 template <class T>
@@ -270,6 +308,9 @@ const std::vector<Step>& road() {
                       "boxes; LSE stored directly"},
         {"d64 shape", "at d = 64, three consumer warpgroups (Br = 192, 160 registers each) take turns; d = 128 as "
                       "step 7"},
+        {"persistent", "a persistent grid: one block per SM loops over the work items in the order above; the next "
+                       "item's Q and K/V tiles load while this item's last tiles and epilogue run (a Q-empty barrier); "
+                       "O by plain stores, since Q's buffer is already refilling"},
     };
     return steps;
 }
@@ -334,29 +375,35 @@ TimelineBlock timeline_block(const Problem& p, int step, int block) {
     const Features f = features_of(step, int(p.head_dim));
     TimelineBlock t;
     t.q_tiles = int((p.seq_q + f.br() - 1) / f.br());
-    t.blocks = t.q_tiles * int(p.batch * p.heads);
+    t.blocks = int(grid_blocks(f, t.q_tiles, int(p.batch * p.heads)));
     if (block < 0) {  // the first block of the second wave: it starts on an SM the first wave has warmed
-        int device = 0, sms = 0;
-        FA_CUDA_CHECK(cudaGetDevice(&device));
-        FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        block = std::min(sms, t.blocks - 1);
+        block = f.persistent ? 0 : std::min(sm_count(), t.blocks - 1);
     }
     if (block >= t.blocks) {
         throw InputError("--timeline-block " + std::to_string(block) + " does not exist: this problem has blocks 0 to " +
                          std::to_string(t.blocks - 1));
     }
     t.block = block;
-    const BlockWork w = block_work(unsigned(block), t.q_tiles, int(p.batch * p.heads), p.causal,
-                                   f.heaviest_first_grid && p.causal ? group_heads_of(p) : 1);
-    t.q_tile = w.q_tile;
-    t.batch = w.bh / int(p.heads);
-    t.head = w.bh % int(p.heads);
-    key_tiles(w.q_tile * f.br(), f.br(), f.bc, int(p.seq_q), int(p.seq_k), p.causal, t.full, t.end);
+    const int group = f.heaviest_first_grid && p.causal ? group_heads_of(p) : 1;
+    // The block's work item. The persistent grid's blocks take theirs at run time: its fields
+    // stay -1 and item_key_tiles empty.
+    if (f.persistent) {
+        t.q_tile = t.batch = t.head = t.full = t.end = -1;
+    } else {
+        const BlockWork w = block_work(unsigned(block), t.q_tiles, int(p.batch * p.heads), p.causal, group);
+        t.q_tile = w.q_tile;
+        t.batch = w.bh / int(p.heads);
+        t.head = w.bh % int(p.heads);
+        key_tiles(w.q_tile * f.br(), f.br(), f.bc, int(p.seq_q), int(p.seq_k), p.causal, t.full, t.end);
+        t.item_key_tiles.push_back(t.end);
+    }
     t.br = f.br();
     t.bc = f.bc;
     t.consumers = f.consumers;
     t.overlap = f.overlap;
     t.ping_pong = f.ping_pong;
+    t.persistent = f.persistent;
+    t.stages = f.stages;
     return t;
 }
 
@@ -383,15 +430,20 @@ std::string describe_config(const Problem& p, int step) {
     }
     const long long total = (long long)q_tiles * k_tiles;
     const std::string group = f.heaviest_first_grid && p.causal ? std::to_string(group_heads_of(p)) + " heads" : "";
-    char buf[640];
+    const std::string persistent =
+        f.persistent ? ", persistent grid of " + std::to_string(grid_blocks(f, q_tiles, int(p.batch * p.heads))) + " blocks for " +
+                           std::to_string((long long)q_tiles * p.batch * p.heads) + " work items"
+                     : "";
+    char buf[768];
     std::snprintf(buf, sizeof buf,
-                  "step %d (%s): Br=%d Bc=%d, %d consumer warpgroup(s)%s, %d-slot ring loaded by %s%s%s%s%s%s, %zu B shared "
+                  "step %d (%s): Br=%d Bc=%d, %d consumer warpgroup(s)%s, %d-slot ring loaded by %s%s%s%s%s%s%s, %zu B shared "
                   "memory; per head %lld of %lld key tiles unmasked, %lld masked, %lld skipped",
                   step, road()[size_t(step)].name.c_str(), f.br(), f.bc, f.consumers,
                   f.producer ? " + 1 producer warpgroup" : "", f.stages, f.tma ? "the TMA" : "cp.async",
                   f.ping_pong ? ", ping-pong" : "", f.overlap ? ", softmax under P V" : "",
                   f.heaviest_first_grid && p.causal ? ", heaviest tiles first across groups of " : "", group.c_str(),
-                  f.tma_store ? ", O by TMA store" : "", smem, unmasked, total, masked, total - unmasked - masked);
+                  f.tma_store ? ", O by TMA store" : "", persistent.c_str(), smem, unmasked, total, masked,
+                  total - unmasked - masked);
     return buf;
 }
 

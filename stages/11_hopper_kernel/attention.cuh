@@ -21,16 +21,19 @@
 ///
 /// **Then:** ping-pong (the consumer warpgroups take turns on the tensor cores, named barriers),
 /// the softmax of one tile under the previous tile's P V inside a warpgroup, the heaviest causal
-/// tiles first in groups of heads sized to L2, the epilogue through shared memory and a TMA store, and a shape
-/// for d = 64 (three consumer warpgroups).
+/// tiles first in groups of heads sized to L2, the epilogue through shared memory and a TMA store, a shape
+/// for d = 64 (three consumer warpgroups), and a persistent grid (one block per SM taking work
+/// items from a counter, the next item's loads under this one's end). An instrumented build of
+/// steps 3, 4, 5, 8 and 9 records one block's timeline (timeline.hpp, `--timeline`).
 ///
-/// **Does not handle yet:** d other than 64 and 128; a persistent grid with a tile scheduler;
-/// the backward pass.
+/// **Does not handle yet:** d other than 64 and 128; the backward pass.
 ///
 /// **Measured:** every step, and the final kernel beside stage 07 and SDPA's flash and cuDNN
 /// backends in one run (bench/gpu_session.sh road11: docs/results/road11.csv, stage11_sweep.csv;
-/// the lesson and the results page show them). On an H100 80GB HBM3 the final kernel is level
-/// with or ahead of cuDNN from N = 4096 up, except causal d = 64, and behind it at N = 1024.
+/// the lesson and the results page show them). On an H100 80GB HBM3 step 8 is level with or ahead
+/// of cuDNN from N = 4096 up, except causal d = 64, and behind it at N = 1024; step 9, the default,
+/// gains ×1.02–1.21 over it at N = 1024 and at d = 64, loses ×0.94–0.98 at d = 128 without a mask
+/// from N = 4096 (docs/results/stage11_persistent_road.txt).
 #pragma once
 
 #include <string>
@@ -107,20 +110,23 @@ struct TimelineBlock {
     int blocks = 0;      ///< thread blocks in the grid
     int block = 0;       ///< the recording block
     int q_tiles = 0;     ///< query tiles per (batch, head)
-    int q_tile = 0;      ///< the block's query tile
-    int batch = 0;       ///< its batch index
-    int head = 0;        ///< its head
-    int full = 0;        ///< key tiles [0, full) unmasked
-    int end = 0;         ///< key tiles [full, end) masked; the rest skipped
+    int q_tile = 0;      ///< the block's query tile (-1 for the persistent grid: its blocks take work at run time)
+    int batch = 0;       ///< its batch index (-1: persistent grid)
+    int head = 0;        ///< its head (-1: persistent grid)
+    int full = 0;        ///< key tiles [0, full) unmasked (-1: persistent grid)
+    int end = 0;         ///< key tiles [full, end) masked; the rest skipped (-1: persistent grid)
     int br = 0;          ///< query rows per block
     int bc = 0;          ///< keys per tile
     int consumers = 0;   ///< consumer warpgroups (warpgroup 0 is the producer)
     bool ping_pong = false;  ///< the consumers take turns
     bool overlap = false;    ///< the softmax runs under the previous P V
+    bool persistent = false; ///< the block loops over several work items (step 9)
+    int stages = 0;          ///< slots of the K/V ring
+    std::vector<int> item_key_tiles;  ///< the key tiles of its work item; empty for the persistent grid
 };
 
 /// The block that records step `step`'s timeline for `problem`: `block`, or with -1 the first
-/// block of the second wave (block number = the GPU's SM count). Throws fa::InputError for a step
+/// block of the second wave (block number = the GPU's SM count; block 0 of a persistent grid). Throws fa::InputError for a step
 /// without an instrumented build or a block the grid does not have.
 TimelineBlock timeline_block(const Problem& problem, int step, int block = -1);
 

@@ -16,7 +16,9 @@
 /// warpgroups take turns on the tensor cores (ping-pong), so one's softmax runs under the
 /// other's GEMMs; step 5 overlaps a warpgroup's own softmax with its previous P V; step 6 runs
 /// the heaviest causal query tiles of a group of heads first; step 7 writes O through shared memory
-/// with a TMA store; step 8 gives d = 64 three consumer warpgroups.
+/// with a TMA store; step 8 gives d = 64 three consumer warpgroups; step 9 keeps one block per SM,
+/// taking work items from a counter, so that the next item's loads run under this one's end
+/// (detail::run_persistent).
 #pragma once
 
 #include <cstdint>
@@ -57,6 +59,7 @@ struct Features {
     bool tma_store = false;  ///< O goes through shared memory and leaves with a TMA store
     int consumers_d64 = 0;   ///< at d = 64: consumer warpgroups (0: `consumers`)
     int consumer_registers_d64 = 0;  ///< at d = 64 with `consumers_d64`: registers per consumer thread
+    bool persistent = false;  ///< one block per SM loops over the work; the next tile's loads overlap this tile's end
     bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
@@ -122,6 +125,19 @@ struct Features {
         f.consumer_registers_d64 = 160;
         return f;
     }
+    /// Step 9: a persistent grid. One block per SM takes the work items (query tile, head) from a
+    /// counter, in the order of the grid before, and keeps its producer and consumers, its ring
+    /// and its turns from one item to the next: the producer loads the next
+    /// item's Q as soon as every consumer's last S = Q K^T has read the current one (a *Q empty*
+    /// barrier), and its K and V tiles as the ring frees slots, while the consumers still finish the
+    /// current item's last tiles and write its O. That Q buffer is why O goes out by plain stores
+    /// again (step 7 staged it in Q's place): the next Q is already landing there.
+    constexpr Features with_persistent_grid() const {
+        Features f = *this;
+        f.persistent = true;
+        f.tma_store = false;
+        return f;
+    }
     /// The instrumented build of a step: one thread per warpgroup of block Args::timeline_block
     /// records when each wait, GEMM issue, softmax and epilogue ends (fa/cuda/timeline.cuh), so
     /// that the lesson's timeline is measured. Not a step of the road: the same kernel, observed.
@@ -181,6 +197,7 @@ struct Args {
     bool negate_s;    ///< the scale is negative: S's sign is flipped and |scale| used (exact)
     float scale;      ///< |softmax scale| (at least FLT_MIN)
     float scale_log2; ///< |softmax scale| * log2(e)
+    unsigned* work_counter;  ///< persistent grid: the next work item to hand out (zero at launch)
     fa::cuda::TimelineMark* timeline;  ///< instrumented build: warpgroups x kTimelineMarks marks, written by one block
     int timeline_block;                ///< instrumented build: the block that records
 };
@@ -197,6 +214,8 @@ struct Shape {
     static_assert(!kF.tma_store || kF.producer, "the TMA-store epilogue synchronizes one consumer warpgroup at a time");
     static_assert(kF.consumers <= 4, "named barriers: 1..4 pass the turns, 5..8 order the epilogues");
     static_assert(!kF.timeline || kF.producer, "the timeline records a producer warpgroup and its consumers");
+    static_assert(!kF.persistent || (kF.ping_pong && !kF.tma_store),
+                  "the persistent grid passes the turns from item to item, and Q's buffer is not free for O");
     static_assert(!kF.producer || kF.producer_registers + kF.consumers * kF.consumer_registers <= 512,
                   "setmaxnreg: the warpgroups' registers fit the register file (64 K per SM, 512 per lane of a warpgroup)");
     static constexpr int kBr = kF.br();            ///< query rows per block
@@ -205,7 +224,9 @@ struct Shape {
     static constexpr int kQBytes = kBr * D * 2;    ///< the Q tile
     static constexpr int kKVBytes = kBc * D * 2;   ///< one K (or V) tile
     static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "every tile starts on a 1024-byte boundary (the swizzle's atom)");
-    static constexpr int kBarrierBytes = 8 * (1 + 2 * kF.stages);  ///< the mbarriers: Q's, and a full and an empty one per slot
+    /// The mbarriers: Q's, a full and an empty one per slot; the persistent grid's Q empty, its
+    /// mailbox's item-full and item-empty pairs, and the mailbox (two 8-byte entries).
+    static constexpr int kBarrierBytes = 8 * (1 + 2 * kF.stages + (kF.persistent ? 7 : 0));
     /// Shared memory: 1024 bytes of slack to align, Q, then stages x (K, V), then the barriers.
     static constexpr size_t kSmemBytes = 1024 + size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + kBarrierBytes;
 };
@@ -452,15 +473,24 @@ __device__ __forceinline__ void consume_tiles(ConsumerState<D>& st, uint32_t q_t
 /// warpgroup's barrier once its wgmma are issued: the tensor cores take the warpgroups' GEMMs in
 /// turn, and each one's softmax runs while the next one's GEMMs keep the tensor cores busy.
 /// Every consumer takes end + 1 turns, so the turns stay matched.
-template <class T, int D, class Step, class Ready, class Done, class Marks>
+///
+/// The persistent grid (step 9) runs this once per work item with the turns passed on from item to
+/// item: warpgroup 0 opens its own first turn only on the block's first item (`first_item`), and
+/// the last warpgroup's last turn opens nothing only on its last (`last_item`). K/V tile `tile` of
+/// the item is the block's tile `ring_base + tile` in the ring; `q_done()` runs once S_{end-1},
+/// the item's last read of Q, is in registers.
+template <class T, int D, class Step, class Ready, class Done, class Marks, class QDone>
 __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, uint32_t q_rows, unsigned char* kv_ring, int full,
                                                         int end, int row_lo, const Args<T>& a, int thread, int consumer,
-                                                        Ready slot_ready, Done slot_done, Marks& marks) {
+                                                        Ready slot_ready, Done slot_done, Marks& marks, int ring_base,
+                                                        bool first_item, bool last_item, QDone q_done) {
     using S = Shape<T, D, Step>;
     constexpr Features kF = S::kF;
     constexpr int kBc = S::kBc;
     constexpr uint32_t kPair = 256;  // threads per turn barrier: the waiting warpgroup and the one that opens it
-    const auto k_tile = [&](int tile) { return smem_address(kv_ring + 2 * (tile % kF.stages) * S::kKVBytes); };
+    const auto k_tile = [&](int tile) {
+        return smem_address(kv_ring + 2 * ((ring_base + tile) % kF.stages) * S::kKVBytes);
+    };
     const auto v_tile = [&](int tile) { return k_tile(tile) + uint32_t(S::kKVBytes); };
     const uint32_t my_turn = kTurnBarrier + uint32_t(consumer);
     const uint32_t next_turn = kTurnBarrier + uint32_t((consumer + 1) % kF.consumers);
@@ -469,7 +499,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     // Issued: the next warpgroup may issue. The last turn of the last warpgroup opens nothing,
     // so no barrier is left half-arrived when the block ends.
     const auto turn_end = [&](bool last) {
-        if (!(last && consumer == kF.consumers - 1)) named_barrier_arrive(next_turn, kPair);
+        if (!(last && last_item && consumer == kF.consumers - 1)) named_barrier_arrive(next_turn, kPair);
     };
     const auto softmax = [&](float (&s)[kBc / 2], float (&alpha)[2], int tile) {
         if (tile < full) {
@@ -482,7 +512,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     float s[kBc / 2];       // S_j, then P_j in float32
     uint32_t p[kBc / 16][4];  // P_{j-1}, the A operand of the turn's P V
     float alpha[2];
-    if (consumer == 0) named_barrier_arrive(my_turn, kPair);  // warpgroup 0 takes the first turn
+    if (consumer == 0 && first_item) named_barrier_arrive(my_turn, kPair);  // warpgroup 0 takes the first turn
 
     slot_ready(0);
     marks.mark(kMarkSlotFull, 0);
@@ -496,6 +526,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     wgmma_wait_group<0>();  // S_0 is in registers
     warpgroup_fence_operands(s);
     marks.mark(kMarkSReady, 0);
+    if (end == 1) q_done();  // Q's last reader has finished
     softmax(s, alpha, 0);
     marks.mark(kMarkSoftmax, 0);
     rescale_o(st, alpha);  // O is 0; kept so that every tile does the same
@@ -522,6 +553,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
         }
         warpgroup_fence_operands(s);
         marks.mark(kMarkSReady, tile);
+        if (tile == end - 1) q_done();  // Q's last reader has finished
         float alpha_j[2];
         softmax(s, alpha_j, tile);  // touches s, m_i, l_i: not O, not p
         marks.mark(kMarkSoftmax, tile);
@@ -597,6 +629,33 @@ __device__ __forceinline__ void write_output_tma(ConsumerState<D>& st, const Arg
 }
 //! [tma_store]
 
+//! [tma_loads]
+/// One thread issues the TMA copies of K/V tile `tile` of head (b, h) into `k_dst` (K, then V
+/// kKVBytes further; d/64 boxes each) and arms barrier `full_bar` with their bytes. The tensor
+/// maps are the kernel parameter's (`&a.k_map`, `&a.v_map`).
+template <class T, int D, class Step>
+__device__ __forceinline__ void tma_load_kv_tile(const CUtensorMap* k_map, const CUtensorMap* v_map, unsigned char* k_dst,
+                                                 uint32_t full_bar, int tile, int h, int b) {
+    using S = Shape<T, D, Step>;
+    mbarrier_arrive_expect_tx(full_bar, 2u * S::kKVBytes);  // bytes the TMA delivers per K/V tile
+#pragma unroll
+    for (int box = 0; box < D / 64; ++box) {
+        tma_load_4d(smem_address(k_dst + box * S::kBc * 128), k_map, full_bar, 64 * box, tile * S::kBc, h, b);
+        tma_load_4d(smem_address(k_dst + S::kKVBytes + box * S::kBc * 128), v_map, full_bar, 64 * box, tile * S::kBc, h, b);
+    }
+}
+
+/// One thread issues the TMA copy of the Q tile of rows [q0, q0 + Br) of head (b, h) onto `q_bar`.
+template <class T, int D, class Step>
+__device__ __forceinline__ void tma_load_q_tile(const CUtensorMap* q_map, unsigned char* q_tile, uint32_t q_bar, int q0, int h,
+                                                int b) {
+    using S = Shape<T, D, Step>;
+    mbarrier_arrive_expect_tx(q_bar, uint32_t(S::kQBytes));
+#pragma unroll
+    for (int box = 0; box < D / 64; ++box) tma_load_4d(smem_address(q_tile + box * S::kBr * 128), q_map, q_bar, 64 * box, q0, h, b);
+}
+//! [tma_loads]
+
 /// The recorder of this thread: with the instrumentation, thread 0 of each warpgroup of block
 /// a.timeline_block records (warpgroup w's marks from a.timeline + w * kTimelineMarks), every
 /// other thread holds a null recorder; without it, NoTimeline.
@@ -609,6 +668,144 @@ __device__ __forceinline__ Marks make_marks(const Args<T>& a, int thread) {
         return Marks(records ? a.timeline + (thread / 128) * kTimelineMarks : nullptr, kTimelineMarks);
     }
 }
+
+//! [persistent]
+/// Step 9: the whole kernel of a persistent block. The blocks take work items (a query tile of a
+/// (batch, head), numbered as the grid of the steps before numbers its blocks) from a counter in
+/// global memory, `atomicAdd(a.work_counter, 1)`, in that order: a block that finishes early takes
+/// the next item, as the hardware hands a new block to a free SM in the steps before (a fixed
+/// share per block, items b, b + grid, ..., measured 0.78x of step 8 under a causal mask: the
+/// heaviest-first order gives the low-numbered blocks the heavy item of every stride).
+///
+/// The producer thread fetches the items and passes each to the consumers through a two-entry
+/// mailbox in shared memory (an item-full and an item-empty barrier per entry); a number past
+/// the last item tells everyone to stop. Producer and consumers count the items with keys
+/// (`rounds`) and their K/V tiles (`ring`) alike, so both sides agree on every barrier's phase:
+/// Q's buffer fills on barrier 0 (phase rounds & 1) and empties on the Q-empty barrier once every
+/// consumer thread has its item's last S = Q K^T; K/V tile `ring` goes to slot ring % stages as
+/// in the steps before. The consumers' turns run on from item to item (consume_tiles_pipelined()).
+template <class T, int D, class Step, class Marks>
+__device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* q_tile, unsigned char* kv_ring, uint64_t* barriers,
+                                               Marks& marks) {
+    using S = Shape<T, D, Step>;
+    constexpr Features kF = S::kF;
+    const auto bar = [&](int i) { return smem_address(barriers + i); };
+    // Barriers after the ring's: Q empty, item full (2), item empty (2); then the mailbox's two entries.
+    constexpr int kQEmpty = 1 + 2 * kF.stages, kItemFull = kQEmpty + 1, kItemEmpty = kQEmpty + 3;
+    const uint32_t q_full = bar(0), q_empty = bar(kQEmpty);
+    volatile unsigned* mailbox = reinterpret_cast<volatile unsigned*>(barriers + kQEmpty + 5);
+    const int thread = int(threadIdx.x);
+    const unsigned items = unsigned(a.q_tiles) * unsigned(a.batch_heads);
+    const int group = kF.heaviest_first_grid && a.causal ? a.group_heads : 1;
+    // What item w computes: its head, its first query row and its key tiles (as the kernel of the
+    // steps before computes them for block w).
+    struct Item {
+        int b, h, q0, full, end;
+    };
+    const auto item = [&](unsigned w) {
+        const BlockWork work = block_work(w, a.q_tiles, a.batch_heads, a.causal, group);
+        Item it{work.bh / a.heads, work.bh % a.heads, work.q_tile * S::kBr, 0, 0};
+        key_tiles(it.q0, S::kBr, S::kBc, a.seq_q, a.seq_k, a.causal, it.full, it.end);
+        return it;
+    };
+    const auto tiles_mark = [](int end) { return end < 0xffff ? end : 0xffff; };  // a mark's tile field is 16 bits
+
+    if (thread == 0) {
+        mbarrier_init(q_full, 1);
+        for (int s = 0; s < kF.stages; ++s) {
+            mbarrier_init(bar(1 + s), 1);
+            mbarrier_init(bar(1 + kF.stages + s), 128 * kF.consumers);
+        }
+        mbarrier_init(q_empty, 128 * kF.consumers);
+        for (int e = 0; e < 2; ++e) {
+            mbarrier_init(bar(kItemFull + e), 1);
+            mbarrier_init(bar(kItemEmpty + e), 128 * kF.consumers);
+        }
+        fence_mbarrier_init();  // the TMA unit sees the initialized barriers
+    }
+    __syncthreads();  // the barriers are initialized before either side uses them
+
+    if (thread < 128) {
+        setmaxnreg_dec<kF.producer_registers>();  // the producer needs few registers
+        if (thread == 0) {
+            marks.mark(kMarkStart, 0, true);
+            int rounds = 0, ring = 0;
+            for (int r = 0;; ++r) {
+                const unsigned w = atomicAdd(a.work_counter, 1u);  // the next item nobody has taken
+                const int e = r & 1;
+                if (r >= 2) mbarrier_wait_parity(bar(kItemEmpty + e), uint32_t((r / 2 - 1) & 1));  // entry e was read
+                mailbox[e] = w;
+                mbarrier_arrive(bar(kItemFull + e));  // release: the consumers' wait sees the number
+                if (w >= items) break;
+                const Item it = item(w);
+                marks.mark(kMarkItem, tiles_mark(it.end));
+                if (it.end == 0) continue;  // no key for any row: nothing to load
+                if (rounds > 0) {
+                    mbarrier_wait_parity(q_empty, uint32_t((rounds - 1) & 1));  // every consumer has read the last Q
+                    marks.mark(kMarkQEmpty);
+                }
+                tma_load_q_tile<T, D, Step>(&a.q_map, q_tile, q_full, it.q0, it.h, it.b);
+                marks.mark(kMarkQIssued);
+                ++rounds;
+                for (int tile = 0; tile < it.end; ++tile, ++ring) {
+                    const int slot = ring % kF.stages;
+                    if (ring >= kF.stages) {  // round ring / stages refills the slot after round - 1 was consumed
+                        mbarrier_wait_parity(bar(1 + kF.stages + slot), uint32_t((ring / kF.stages - 1) & 1));
+                        marks.mark(kMarkSlotEmpty, tile);
+                    }
+                    tma_load_kv_tile<T, D, Step>(&a.k_map, &a.v_map, kv_ring + 2 * slot * S::kKVBytes, bar(1 + slot), tile, it.h,
+                                                 it.b);
+                    marks.mark(kMarkLoadIssued, tile);
+                }
+            }
+            marks.mark(kMarkEnd, 0, true);
+        }
+        return;  // the producer has nothing to write
+    }
+
+    setmaxnreg_inc<kF.consumer_registers>();  // the consumers get the registers back
+    marks.mark(kMarkStart, 0, true);
+    const int consumer = thread / 128 - 1, ct = thread % 128;
+    const uint32_t q_rows = smem_address(q_tile) + uint32_t(consumer) * 64 * 128;  // this group's 64 rows
+    int rounds = 0, ring = 0;
+    for (int r = 0;; ++r) {
+        const int e = r & 1;
+        mbarrier_wait_parity(bar(kItemFull + e), uint32_t((r / 2) & 1));  // the producer has posted item r
+        const unsigned w = mailbox[e];
+        mbarrier_arrive(bar(kItemEmpty + e));  // entry e may be written again
+        if (w >= items) break;
+        const Item it = item(w);
+        marks.mark(kMarkItem, tiles_mark(it.end));
+        const int row_lo = it.q0 + 64 * consumer + 16 * (ct / 32) + (ct % 32) / 4;  // row g of this warp; g + 8 is the other
+        ConsumerState<D> st;
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) st.o[i] = 0.0f;
+        st.m[0] = st.m[1] = -INFINITY;
+        st.l[0] = st.l[1] = 0.0f;
+        if (it.end > 0) {
+            mbarrier_wait_parity(q_full, uint32_t(rounds & 1));  // this item's Q has landed
+            marks.mark(kMarkQLanded);
+            const int base = ring;
+            consume_tiles_pipelined<T, D, Step>(
+                st, q_rows, kv_ring, it.full, it.end, row_lo, a, thread, consumer,
+                [&](int tile) {
+                    const int k = base + tile;
+                    mbarrier_wait_parity(bar(1 + k % kF.stages), uint32_t((k / kF.stages) & 1));
+                },
+                [&](int tile) { mbarrier_arrive(bar(1 + kF.stages + (base + tile) % kF.stages)); }, marks, base, rounds == 0,
+                false, [&] { mbarrier_arrive(q_empty); });
+            ring += it.end;
+            ++rounds;
+        }
+        write_output<T, D>(st, a, it.b, it.h, row_lo, ct);
+        marks.mark(kMarkEpilogue);
+    }
+    // The last warpgroup's last turn opened warpgroup 0's for an item that never came: warpgroup 0
+    // takes it, so that no named barrier is left half-arrived when the block ends.
+    if (consumer == 0 && rounds > 0) named_barrier_sync(kTurnBarrier, 256);
+    marks.mark(kMarkEnd, 0, true);
+}
+//! [persistent]
 
 }  // namespace detail
 
@@ -626,6 +823,13 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
     uint64_t* barriers = reinterpret_cast<uint64_t*>(kv_ring + 2 * kF.stages * S::kKVBytes);
     // barriers[0]: Q landed; [1 + s]: slot s full; [1 + stages + s]: slot s empty (producer step)
     const auto bar = [&](int i) { return fa::cuda::ptx::smem_address(barriers + i); };
+
+    using Marks = std::conditional_t<kF.timeline, fa::cuda::TimelineRecorder, fa::cuda::NoTimeline>;
+    if constexpr (kF.persistent) {  // step 9: one block per SM, looping over the work (detail::run_persistent)
+        Marks marks = detail::make_marks<Marks>(a, int(threadIdx.x));
+        detail::run_persistent<T, D, Step>(a, q_tile, kv_ring, barriers, marks);
+        return;
+    }
 
     // Causal problems start with the last query tiles: they see the most keys. Head by head
     // (each head's tiles from the heaviest), or, from step 6 under a causal mask, rank by rank
@@ -648,7 +852,6 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
     //! [timeline_marks]
     // The instrumented build: thread 0 of each warpgroup of block a.timeline_block writes that
     // warpgroup's marks (warpgroup w's list starts at mark w * kTimelineMarks); other builds record nothing.
-    using Marks = std::conditional_t<kF.timeline, fa::cuda::TimelineRecorder, fa::cuda::NoTimeline>;
     Marks marks = detail::make_marks<Marks>(a, thread);
     //! [timeline_marks]
 
@@ -661,9 +864,9 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh;  // [Nq, d] global
     const T* k_head = a.k + b * a.k_sb + h * a.k_sh;  // [Nk, d] global
     const T* v_head = a.v + b * a.v_sb + h * a.v_sh;  // [Nk, d] global
-    const uint32_t kv_tx = 2u * S::kKVBytes;          // bytes the TMA delivers per K/V tile
 
     // One thread issues the TMA copies of tile `tile` (K and V, d/64 boxes each) onto its slot's barrier.
+    const uint32_t kv_tx = 2u * S::kKVBytes;          // bytes the TMA delivers per K/V tile
     const auto tma_load_kv = [&](int tile) {
         const int slot = tile % kF.stages;
         unsigned char* k_dst = kv_ring + 2 * slot * S::kKVBytes;
@@ -791,7 +994,7 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
                 detail::consume_tiles<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, slot_full, slot_empty, marks);
             } else {
                 detail::consume_tiles_pipelined<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, consumer, slot_full,
-                                                            slot_empty, marks);
+                                                            slot_empty, marks, 0, true, true, [] {});
             }
             //! [step3_roles]
         }

@@ -80,7 +80,7 @@ void write_timeline_json(const std::string& path, const fa::Problem& p, const fa
         << ", \"block\": " << t.block << ", \"q_tile\": " << t.q_tile << ", \"q_tiles\": " << t.q_tiles
         << ", \"batch\": " << t.batch << ", \"head\": " << t.head << ", \"key_tiles_unmasked\": " << t.full
         << ", \"key_tiles\": " << t.end << ", \"br\": " << t.br << ", \"bc\": " << t.bc << ", \"consumers\": " << t.consumers
-        << ", \"ping_pong\": " << flag(t.ping_pong) << ", \"overlap\": " << flag(t.overlap) << ",\n  \"median_ms\": "
+        << ", \"ping_pong\": " << flag(t.ping_pong) << ", \"overlap\": " << flag(t.overlap) << ", \"persistent\": " << flag(t.persistent) << ",\n  \"median_ms\": "
         << plain_ms << ", \"median_ms_instrumented\": " << instrumented_ms << ", \"ns_per_cycle\": " << ns_per_cycle
         << ",\n  \"codes\": [";
     for (int c = 0; c < fa::stage11::kMarkCodes; ++c) out << (c ? ", " : "") << '"' << fa::stage11::timeline_code_name(c) << '"';
@@ -128,10 +128,14 @@ fa::TimingStats bench_half(const fa::Problem& p, const fa::Inputs& in, const fa:
             std::vector<fa::cuda::TimelineMark> host(count);
             marks.copy_to_host(host.data(), count);
             write_timeline_json(g_timeline, p, t, step, host, stats.median_ms, traced.median_ms);
-            std::printf("timeline: block %d of %d (query tile %d of batch %d, head %d; %d key tiles, %d unmasked), %d "
-                        "warpgroups -> %s; instrumented kernel %.4f ms, plain %.4f ms (medians)\n",
-                        t.block, t.blocks, t.q_tile, t.batch, t.head, t.end, t.full, 1 + t.consumers, g_timeline.c_str(),
-                        traced.median_ms, stats.median_ms);
+            const std::string work =
+                t.persistent ? "work items taken at run time"
+                             : "query tile " + std::to_string(t.q_tile) + " of batch " + std::to_string(t.batch) + ", head " +
+                                   std::to_string(t.head) + "; " + std::to_string(t.end) + " key tiles, " + std::to_string(t.full) +
+                                   " unmasked";
+            std::printf("timeline: block %d of %d (%s), %d warpgroups -> %s; instrumented kernel %.4f ms, plain %.4f ms "
+                        "(medians)\n",
+                        t.block, t.blocks, work.c_str(), 1 + t.consumers, g_timeline.c_str(), traced.median_ms, stats.median_ms);
         }
     }
     return stats;

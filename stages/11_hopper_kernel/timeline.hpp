@@ -16,7 +16,10 @@
 ///
 /// At step 3 (no turns) a tile is issued (S), s_ready, softmax, rescaled, issued (P V), pv_done.
 /// The producer's marks: slot_empty (waited for a slot the consumers released), load_issued (the
-/// TMA copies of K_j and V_j issued).
+/// TMA copies of K_j and V_j issued). The persistent grid (step 9) opens each work item with an
+/// `item` mark (its tile field: how many key tiles the item has) and repeats a consumer's
+/// q_landed, tiles and epilogue for each, and the producer's q_empty (waited for the consumers to
+/// release Q's buffer, from the second item with keys on), q_issued and tiles.
 #pragma once
 
 namespace fa::stage11 {
@@ -40,6 +43,8 @@ enum TimelineCode : unsigned short {
     kMarkRescaled,     ///< consumer: O rescaled, P rounded into registers
     kMarkEpilogue,     ///< consumer: O and LSE written
     kMarkEnd,          ///< the warpgroup's last mark; carries the ns clock
+    kMarkQEmpty,       ///< producer, persistent grid: waited for the consumers to release Q's buffer
+    kMarkItem,         ///< persistent grid: a work item taken (its tile field: the item's key tiles)
     kMarkCodes         ///< how many codes there are
 };
 
@@ -47,7 +52,7 @@ enum TimelineCode : unsigned short {
 inline const char* timeline_code_name(int code) {
     static const char* const names[kMarkCodes] = {"start",   "q_issued", "slot_empty", "load_issued", "q_landed",
                                                   "slot_full", "turn",   "issued",     "s_ready",     "softmax",
-                                                  "pv_done", "rescaled", "epilogue",   "end"};
+                                                  "pv_done", "rescaled", "epilogue",   "end",         "q_empty",  "item"};
     return code >= 0 && code < kMarkCodes ? names[code] : "?";
 }
 

@@ -44,6 +44,7 @@ __device__ __forceinline__ uint64_t sm_clock64() {
 /// sees the list end early, never a record out of bounds).
 class TimelineRecorder {
 public:
+    /// Records into `out` (`capacity` records), or nothing when `out` is null.
     __device__ TimelineRecorder(TimelineMark* out, int capacity) : out_(out), capacity_(capacity) {}
 
     /// Records that `what` (of tile `tile`) ended now; `with_ns` also reads the nanosecond clock.
@@ -63,6 +64,7 @@ private:
 /// The recorder of a kernel built without the instrumentation: mark() is empty, so the calls
 /// compile to nothing and the kernel's code is that of the plain build.
 struct NoTimeline {
+    /// Records nothing.
     __device__ __forceinline__ void mark(uint16_t, int = 0, bool = false) {}
 };
 
