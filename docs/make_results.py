@@ -238,6 +238,8 @@ def read_gpu_meta(csv_path):
             out["ceilings"] = {k: v for k, v in meta["ceilings"].items() if isinstance(v, dict) and "value" in v}
         if meta.get("wgmma_ceiling_tflops"):
             out["wgmma_ceiling_tflops"] = float(meta["wgmma_ceiling_tflops"])
+        if meta.get("stage11_final_step") is not None:
+            out["stage11_final_step"] = int(meta["stage11_final_step"])
     except (OSError, ValueError, TypeError, AttributeError):
         pass
     if not out.get("wgmma_ceiling_tflops"):
@@ -890,7 +892,10 @@ def stage11_section(rows, meta, road11, first_contact, groups_table, images, out
           f"the same sweep. Measured on **{md(', '.join(gpus))}**, SM clock "
           f"{span((r['sm_clock_mhz'] for r in side), 'MHz')}, {span(r['date'] for r in side)}."
           + (f" The dense `wgmma` bf16 ceiling of `bench/wgmma_ceiling.cu` on this GPU: {fmt_num(wgmma)} TFLOP/s."
-             if wgmma else ""))
+             if wgmma else "")
+          + (f" The rows named stage 11 are step {meta['stage11_final_step']} of its road, the default of the build that "
+             f"measured them; the lesson measures the later steps beside it (\\ref stage11_measured)."
+             if meta.get("stage11_final_step") is not None else ""))
         w("")
         for gpu, d, mask, anchor, g in gpu_sections(side, "results_stage11", gpus, w):
             tflops_table(g, dtypes, STAGE11_IMPLS, w)

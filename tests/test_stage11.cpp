@@ -352,23 +352,30 @@ TEST_CASE("stage 11's instrumented build computes what the plain build does, bit
                 FA_CUDA_CHECK(cudaMemcpy(o_plain.data(), half.o.data, o_elems * 2, cudaMemcpyDeviceToHost));
                 FA_CUDA_CHECK(cudaMemcpy(lse_plain.data(), dev.lse.data, lse_elems * 4, cudaMemcpyDeviceToHost));
 
-                const stage11::TimelineBlock t = stage11::timeline_block(p, step);
+                stage11::TimelineBlock t = stage11::timeline_block(p, step);
                 const size_t count = size_t(1 + t.consumers) * stage11::kTimelineMarks;
                 cuda::DeviceBuffer<cuda::TimelineMark> marks(count);
-                FA_CUDA_CHECK(cudaMemset(marks.data(), 0, marks.bytes()));
-                FA_CUDA_CHECK(cudaMemset(half.o.data, 0xff, o_elems * 2));  // NaN: an unwritten element shows
-                stage11::attention_device_timeline(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step, marks.data());
-                FA_CUDA_CHECK(cudaDeviceSynchronize());
+                std::vector<cuda::TimelineMark> host(count);
+                // A persistent block takes its items at run time, and with as many blocks as items a
+                // block may find none left: the run is repeated with the next block until one took some.
+                for (int block = t.block; block < t.blocks; ++block) {
+                    FA_CUDA_CHECK(cudaMemset(marks.data(), 0, marks.bytes()));
+                    FA_CUDA_CHECK(cudaMemset(half.o.data, 0xff, o_elems * 2));  // NaN: an unwritten element shows
+                    stage11::attention_device_timeline(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step, marks.data(),
+                                                       block);
+                    FA_CUDA_CHECK(cudaDeviceSynchronize());
+                    marks.copy_to_host(host.data(), count);
+                    if (!t.persistent || !items_of(marks_of(host, 1)).empty()) break;
+                    t = stage11::timeline_block(p, step, block + 1);
+                }
                 FA_CUDA_CHECK(cudaMemcpy(o_traced.data(), half.o.data, o_elems * 2, cudaMemcpyDeviceToHost));
                 FA_CUDA_CHECK(cudaMemcpy(lse_traced.data(), dev.lse.data, lse_elems * 4, cudaMemcpyDeviceToHost));
-                std::vector<cuda::TimelineMark> host(count);
-                marks.copy_to_host(host.data(), count);
 
                 INFO("step " << step << ", d " << d << (causal ? ", causal" : "") << "; block " << t.block << " of "
                              << t.blocks << ", " << t.end << " key tiles");
                 CHECK(o_traced == o_plain);
                 CHECK(std::memcmp(lse_traced.data(), lse_plain.data(), lse_elems * 4) == 0);
-                CHECK(t.block == (t.persistent ? 0 : std::min(cuda::gpu_info().sm_count, t.blocks - 1)));
+                if (!t.persistent) CHECK(t.block == std::min(cuda::gpu_info().sm_count, t.blocks - 1));
                 CHECK(t.stages == (step >= 4 ? 3 : 2));  // the ring: two slots at step 3, three from ping-pong on
                 // The block's items: the one the grid gives it, or those a persistent block took.
                 const std::vector<int> items = t.persistent ? items_of(marks_of(host, 1)) : t.item_key_tiles;
@@ -392,6 +399,7 @@ TEST_CASE("stage 11's instrumented build computes what the plain build does, bit
                 stage11::attention_device_timeline(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step, marks.data(), 0);
                 FA_CUDA_CHECK(cudaDeviceSynchronize());
                 marks.copy_to_host(host.data(), count);
+                // (A persistent block 0 may take no item: then its consumers' marks are "start end".)
                 const std::vector<int> first_items = first.persistent ? items_of(marks_of(host, 1)) : first.item_key_tiles;
                 CHECK(codes_text(marks_of(host, 1)) == expected_codes(1, first, first_items));
             }
@@ -470,7 +478,9 @@ TEST_CASE("stage 11 step 9's blocks run several work items each and give step 8'
                                 CHECK(codes_text(marks_of(host, g)) == expected_codes(g, t, items));
                             }
                         }
-                        CHECK(most >= 2);
+                        // The recording block runs a few percent slower than the others, so it is among
+                        // the last to ask for a second item: only with three items per block is one sure to be left for it.
+                        if (int64_t(t.q_tiles) * p.batch * p.heads >= 3 * int64_t(t.blocks)) CHECK(most >= 2);
                     } else {
                         cuda::HalfTensors<__half> half(p, layout);
                         half.load(dev.q, dev.k, dev.v);

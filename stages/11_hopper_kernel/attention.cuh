@@ -30,10 +30,9 @@
 ///
 /// **Measured:** every step, and the final kernel beside stage 07 and SDPA's flash and cuDNN
 /// backends in one run (bench/gpu_session.sh road11: docs/results/road11.csv, stage11_sweep.csv;
-/// the lesson and the results page show them). On an H100 80GB HBM3 step 8 is level with or ahead
-/// of cuDNN from N = 4096 up, except causal d = 64, and behind it at N = 1024; step 9, the default,
-/// gains ×1.02–1.21 over it at N = 1024 and at d = 64, loses ×0.94–0.98 at d = 128 without a mask
-/// from N = 4096 (docs/results/stage11_persistent_road.txt).
+/// the lesson and the results page show them). On an H100 80GB HBM3 the default, step 9, is at or
+/// above SDPA's cuDNN backend from N = 4096 up in bf16 and fp16 and behind it at N = 1024 (0.81 to
+/// 0.96; docs/results/stage11_persistent_road.txt).
 #pragma once
 
 #include <string>
