@@ -96,9 +96,11 @@
 #   timeline11 stage 11's instrumented build: one thread block's marks (stages/11_hopper_kernel/timeline.hpp)
 #              at steps TIMELINE11_STEPS (3 4 5 8 9) for the shapes TIMELINE11_SHAPES ("d:N:causal" as in
 #              the road's sweep, B*N = 16384, H*d = 2048; default 128:4096:0 64:4096:0 128:1024:0
-#              64:1024:1), bf16, each timed beside its plain build; docs/make_timeline.py draws them and
-#              tabulates where each warpgroup's time went: timeline11/stage11_timeline_*.json (copy them
-#              to docs/results/), timeline11/timeline.svg, timeline11/timeline_table.txt
+#              64:1024:1), bf16, each timed beside its plain build; docs/make_timeline.py draws each shape
+#              and tabulates where each warpgroup's cycles went: timeline11/stage11_timeline_<shape>_step<N>.json,
+#              timeline11/timeline_<shape>.svg, timeline11/timeline_table_<shape>.txt. The lesson's figures
+#              read docs/results/stage11_timeline_d{64,128}_n4096_step{3,4,5,8}.json and
+#              stage11_persistent_<shape>_step{8,9}.json (docs/CMakeLists.txt): copy the records there
 #   ncu        Nsight Compute on the stage 05 kernel
 #   ncu05road  Nsight Compute on every step of stage 05's road, d 64, N 2048: memory throughput,
 #              bank conflicts, occupancy, registers, instructions: ncu_stage05_road.txt

@@ -296,7 +296,7 @@ std::vector<int> items_of(const std::vector<cuda::TimelineMark>& marks) {
 }
 
 /// What the marks of one warpgroup of block `t` must read (timeline.hpp) for its work items
-/// `items` (the key tiles of each, in order: t.item_key_tiles, or a persistent block's items_of()).
+/// `items` (the key tiles of each, in order: {t.end}, or a persistent block's items_of()).
 std::string expected_codes(int warpgroup, const stage11::TimelineBlock& t, const std::vector<int>& items) {
     const auto at = [](const char* code, int tile) { return std::string(" ") + code + ":" + std::to_string(tile); };
     std::string text = "start";
@@ -378,7 +378,7 @@ TEST_CASE("stage 11's instrumented build computes what the plain build does, bit
                 if (!t.persistent) CHECK(t.block == std::min(cuda::gpu_info().sm_count, t.blocks - 1));
                 CHECK(t.stages == (step >= 4 ? 3 : 2));  // the ring: two slots at step 3, three from ping-pong on
                 // The block's items: the one the grid gives it, or those a persistent block took.
-                const std::vector<int> items = t.persistent ? items_of(marks_of(host, 1)) : t.item_key_tiles;
+                const std::vector<int> items = t.persistent ? items_of(marks_of(host, 1)) : std::vector<int>{t.end};
                 REQUIRE(!items.empty());
                 CHECK(items[0] > 0);
                 for (int g = 0; g <= t.consumers; ++g) {
@@ -400,7 +400,7 @@ TEST_CASE("stage 11's instrumented build computes what the plain build does, bit
                 FA_CUDA_CHECK(cudaDeviceSynchronize());
                 marks.copy_to_host(host.data(), count);
                 // (A persistent block 0 may take no item: then its consumers' marks are "start end".)
-                const std::vector<int> first_items = first.persistent ? items_of(marks_of(host, 1)) : first.item_key_tiles;
+                const std::vector<int> first_items = first.persistent ? items_of(marks_of(host, 1)) : std::vector<int>{first.end};
                 CHECK(codes_text(marks_of(host, 1)) == expected_codes(1, first, first_items));
             }
         }

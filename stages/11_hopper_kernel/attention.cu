@@ -86,15 +86,12 @@ int group_heads_of(const Problem& p) {
 template <class T>
 using LaunchFn = void (*)(const Args<T>&, cudaStream_t);
 
-/// The GPU's SM count (read once).
+/// The current GPU's SM count.
 int sm_count() {
-    static const int count = [] {
-        int device = 0, sms = 0;
-        FA_CUDA_CHECK(cudaGetDevice(&device));
-        FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        return sms;
-    }();
-    return count;
+    int device = 0, sms = 0;
+    FA_CUDA_CHECK(cudaGetDevice(&device));
+    FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
 }
 
 /// Thread blocks of a launch: one per work item (query tile, head), or with the persistent grid
@@ -186,13 +183,6 @@ LaunchFn<T> find_launcher(int d, int step) {
 }
 
 int resolve(int step) { return step < 0 ? kDefaultStep : step; }
-
-/// "3, 4, 5, 8": the steps with an instrumented build, for messages.
-std::string timeline_steps_text() {
-    std::string text;
-    for (const int s : kTimelineSteps) text += (text.empty() ? "" : ", ") + std::to_string(s);
-    return text;
-}
 
 /// Runs step `step` on device views; with `timeline` set, its instrumented build, block
 /// `timeline_block` writing its marks there.
@@ -365,6 +355,12 @@ void attention(const Problem& p, View4<const float> q, View4<const float> k, Vie
 
 const std::vector<int>& timeline_steps() { return kTimelineSteps; }
 
+std::string timeline_steps_text() {
+    std::string text;
+    for (const int s : kTimelineSteps) text += (text.empty() ? "" : ", ") + std::to_string(s);
+    return text;
+}
+
 TimelineBlock timeline_block(const Problem& p, int step, int block) {
     step = resolve(step);
     check_supported(p, step);
@@ -386,7 +382,7 @@ TimelineBlock timeline_block(const Problem& p, int step, int block) {
     t.block = block;
     const int group = f.heaviest_first_grid && p.causal ? group_heads_of(p) : 1;
     // The block's work item. The persistent grid's blocks take theirs at run time: its fields
-    // stay -1 and item_key_tiles empty.
+    // stay -1.
     if (f.persistent) {
         t.q_tile = t.batch = t.head = t.full = t.end = -1;
     } else {
@@ -395,7 +391,6 @@ TimelineBlock timeline_block(const Problem& p, int step, int block) {
         t.batch = w.bh / int(p.heads);
         t.head = w.bh % int(p.heads);
         key_tiles(w.q_tile * f.br(), f.br(), f.bc, int(p.seq_q), int(p.seq_k), p.causal, t.full, t.end);
-        t.item_key_tiles.push_back(t.end);
     }
     t.br = f.br();
     t.bc = f.bc;

@@ -104,6 +104,9 @@ void attention(const Problem& problem, View4<const float> q, View4<const float> 
 /// Steps with an instrumented build (bf16), whose kernels can record a timeline (timeline.hpp).
 const std::vector<int>& timeline_steps();
 
+/// timeline_steps() as text for messages: "3, 4, 5, 8, 9".
+std::string timeline_steps_text();
+
 /// The block an instrumented run records, and what it computes.
 struct TimelineBlock {
     int blocks = 0;      ///< thread blocks in the grid
@@ -121,7 +124,6 @@ struct TimelineBlock {
     bool overlap = false;    ///< the softmax runs under the previous P V
     bool persistent = false; ///< the block loops over several work items (step 9)
     int stages = 0;          ///< slots of the K/V ring
-    std::vector<int> item_key_tiles;  ///< the key tiles of its work item; empty for the persistent grid
 };
 
 /// The block that records step `step`'s timeline for `problem`: `block`, or with -1 the first

@@ -275,6 +275,14 @@ struct ConsumerState {
     float o[D / 2];  ///< O_c accumulator, unnormalized (wgmma_layout::accumulator_element)
     float m[2];      ///< running max of the raw scores of this thread's rows g and g + 8
     float l[2];      ///< running sum of P over this thread's columns of those rows
+
+    /// The state before the first K/V tile: O = 0, m = -inf, l = 0.
+    __device__ __forceinline__ void clear() {
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.0f;
+    }
 };
 
 // Named barriers (0 is __syncthreads').
@@ -476,14 +484,15 @@ __device__ __forceinline__ void consume_tiles(ConsumerState<D>& st, uint32_t q_t
 ///
 /// The persistent grid (step 9) runs this once per work item with the turns passed on from item to
 /// item: warpgroup 0 opens its own first turn only on the block's first item (`first_item`), and
-/// the last warpgroup's last turn opens nothing only on its last (`last_item`). K/V tile `tile` of
+/// the last warpgroup's last turn always opens warpgroup 0's next one (run_persistent() takes the
+/// one left open when the items run out). K/V tile `tile` of
 /// the item is the block's tile `ring_base + tile` in the ring; `q_done()` runs once S_{end-1},
 /// the item's last read of Q, is in registers.
 template <class T, int D, class Step, class Ready, class Done, class Marks, class QDone>
 __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, uint32_t q_rows, unsigned char* kv_ring, int full,
                                                         int end, int row_lo, const Args<T>& a, int thread, int consumer,
                                                         Ready slot_ready, Done slot_done, Marks& marks, int ring_base,
-                                                        bool first_item, bool last_item, QDone q_done) {
+                                                        bool first_item, QDone q_done) {
     using S = Shape<T, D, Step>;
     constexpr Features kF = S::kF;
     constexpr int kBc = S::kBc;
@@ -496,10 +505,11 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     const uint32_t next_turn = kTurnBarrier + uint32_t((consumer + 1) % kF.consumers);
     // This warpgroup's GEMMs wait until the previous warpgroup has issued its own.
     const auto turn_begin = [&] { named_barrier_sync(my_turn, kPair); };
-    // Issued: the next warpgroup may issue. The last turn of the last warpgroup opens nothing,
-    // so no barrier is left half-arrived when the block ends.
+    // Issued: the next warpgroup may issue. The last turn of the last warpgroup opens nothing
+    // (except in the persistent grid, where the next item follows), so no barrier is left
+    // half-arrived when the block ends.
     const auto turn_end = [&](bool last) {
-        if (!(last && last_item && consumer == kF.consumers - 1)) named_barrier_arrive(next_turn, kPair);
+        if (!(last && !kF.persistent && consumer == kF.consumers - 1)) named_barrier_arrive(next_turn, kPair);
     };
     const auto softmax = [&](float (&s)[kBc / 2], float (&alpha)[2], int tile) {
         if (tile < full) {
@@ -778,10 +788,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
         marks.mark(kMarkItem, tiles_mark(it.end));
         const int row_lo = it.q0 + 64 * consumer + 16 * (ct / 32) + (ct % 32) / 4;  // row g of this warp; g + 8 is the other
         ConsumerState<D> st;
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) st.o[i] = 0.0f;
-        st.m[0] = st.m[1] = -INFINITY;
-        st.l[0] = st.l[1] = 0.0f;
+        st.clear();
         if (it.end > 0) {
             mbarrier_wait_parity(q_full, uint32_t(rounds & 1));  // this item's Q has landed
             marks.mark(kMarkQLanded);
@@ -793,7 +800,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
                     mbarrier_wait_parity(bar(1 + k % kF.stages), uint32_t((k / kF.stages) & 1));
                 },
                 [&](int tile) { mbarrier_arrive(bar(1 + kF.stages + (base + tile) % kF.stages)); }, marks, base, rounds == 0,
-                false, [&] { mbarrier_arrive(q_empty); });
+                [&] { mbarrier_arrive(q_empty); });
             ring += it.end;
             ++rounds;
         }
@@ -856,10 +863,7 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
     //! [timeline_marks]
 
     detail::ConsumerState<D> st;
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) st.o[i] = 0.0f;
-    st.m[0] = st.m[1] = -INFINITY;
-    st.l[0] = st.l[1] = 0.0f;
+    st.clear();
 
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh;  // [Nq, d] global
     const T* k_head = a.k + b * a.k_sb + h * a.k_sh;  // [Nk, d] global
@@ -994,7 +998,7 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
                 detail::consume_tiles<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, slot_full, slot_empty, marks);
             } else {
                 detail::consume_tiles_pipelined<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, consumer, slot_full,
-                                                            slot_empty, marks, 0, true, true, [] {});
+                                                            slot_empty, marks, 0, true, [] {});
             }
             //! [step3_roles]
         }

@@ -29,13 +29,6 @@ int g_step = -1;  // the final kernel
 std::string g_timeline;    // --timeline: where the instrumented run's marks go ("": no timeline)
 int g_timeline_block = -1;  // --timeline-block: which block records (-1: the first of the second wave)
 
-/// "3, 4, 5, 8": the steps with an instrumented build.
-std::string timeline_steps_text() {
-    std::string text;
-    for (const int s : fa::stage11::timeline_steps()) text += (text.empty() ? "" : ", ") + std::to_string(s);
-    return text;
-}
-
 //! [timeline_json]
 /// Writes the recorded block's marks as JSON (docs/make_timeline.py draws them): the problem,
 /// the block and what it computes, the times of the plain and the instrumented kernel, the SM's
@@ -172,7 +165,7 @@ int main(int argc, char** argv) {
         app.add_option("--step", g_step, fa::road_help(fa::stage11::road(), fa::stage11::final_step()))->check(CLI::Range(0, int(fa::stage11::road().size()) - 1));
         app.add_option("--timeline", g_timeline,
                        "with --bench, bf16: also time the step's instrumented build and write one block's timeline to this "
-                       "JSON file (docs/make_timeline.py draws it; steps " + timeline_steps_text() + ")");
+                       "JSON file (docs/make_timeline.py draws it; steps " + fa::stage11::timeline_steps_text() + ")");
         app.add_option("--timeline-block", g_timeline_block,
                        "with --timeline: the block that records (default: the first block of the second wave)")
             ->check(CLI::NonNegativeNumber);
@@ -184,11 +177,7 @@ int main(int argc, char** argv) {
         }
         if (!opt.bench) throw fa::InputError("--timeline records during the benchmark: add --bench");
         if (g_dtype != fa::cuda::DType::BF16) throw fa::InputError("--timeline: the instrumented build is bf16; use --dtype bf16");
-        const int step = g_step < 0 ? fa::stage11::final_step() : g_step;
-        const auto& steps = fa::stage11::timeline_steps();
-        if (std::find(steps.begin(), steps.end(), step) == steps.end()) {
-            throw fa::InputError("--timeline: step " + std::to_string(step) + " has no instrumented build; use --step 3, 4, 5 or 8");
-        }
+        fa::stage11::timeline_block(opt.problem, g_step, g_timeline_block);  // the step and the block exist, or exit 2
     };
     spec.precision = [] { return g_dtype == fa::cuda::DType::BF16 ? fa::Precision::BFloat16 : fa::Precision::Float16; };
     spec.bench = [](const fa::Problem& p, const fa::Inputs& in, const fa::CommonOptions& opt) {
