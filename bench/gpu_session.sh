@@ -94,13 +94,13 @@
 #              largest meaning every head in one group), bf16, d 64/128, N 1024/4096/16384 as in the
 #              sweep (B*N = 16384, H*d = 2048) and B 1, H 16, N 4096: groups11/groups11_table.txt
 #   timeline11 stage 11's instrumented build: one thread block's marks (stages/11_hopper_kernel/timeline.hpp)
-#              at steps TIMELINE11_STEPS (3 4 5 8 9) for the shapes TIMELINE11_SHAPES ("d:N:causal" as in
+#              at steps TIMELINE11_STEPS (3 4 5 8 9 10) for the shapes TIMELINE11_SHAPES ("d:N:causal" as in
 #              the road's sweep, B*N = 16384, H*d = 2048; default 128:4096:0 64:4096:0 128:1024:0
 #              64:1024:1), bf16, each timed beside its plain build; docs/make_timeline.py draws each shape
 #              and tabulates where each warpgroup's cycles went: timeline11/stage11_timeline_<shape>_step<N>.json,
 #              timeline11/timeline_<shape>.svg, timeline11/timeline_table_<shape>.txt. The lesson's figures
 #              read docs/results/stage11_timeline_d{64,128}_n4096_step{3,4,5,8}.json and
-#              stage11_persistent_<shape>_step{8,9}.json (docs/CMakeLists.txt): copy the records there
+#              stage11_persistent_<shape>_step{8,9,10}.json (docs/CMakeLists.txt): copy the records there
 #   ncu        Nsight Compute on the stage 05 kernel
 #   ncu05road  Nsight Compute on every step of stage 05's road, d 64, N 2048: memory throughput,
 #              bank conflicts, occupancy, registers, instructions: ncu_stage05_road.txt
@@ -111,6 +111,10 @@
 #              non-causal, d NCUFLASH_DIMS (64 128), the same counters side by side: ncu_flash09.txt
 #   ncu11      Nsight Compute on stage 11's default kernel, bf16, d 64 and 128, N 4096, non-causal:
 #              tensor-pipe use (wgmma), stall reasons, registers: ncu_stage11_d64/d128
+#   ncu11road  Nsight Compute's counters at every step of stage 11's road (NCU11_STEPS, default all;
+#              NCU11_DIMS "64 128"), bf16, N 4096, non-causal: the tensor pipe (wgmma), the exp2 pipe,
+#              FMA/ALU, issue slots, registers, the epilogue's global stores, stall reasons, one row per
+#              step (bench/ncu_steps11.py): ncu_stage11_road.txt
 #   ncu09      Nsight Compute on stage 09's main backward kernel (atomic dQ), bf16, d 64 and 128,
 #              N 4096, and the time of each of the backward's three kernels; the same report of the
 #              warp-tiled kernel (step 1): ncu_stage09_tiled_d64/d128, and of steps 2 and 3 at d 128
@@ -172,7 +176,7 @@ build_targets() {
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts test_stage11_schedule make_npy_inputs) ;;
             timeline11) targets+=(stage11_hopper_kernel) ;;
-            road | road05 | road11 | groups11 | switches07 | stage10 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncu11)
+            road | road05 | road11 | groups11 | switches07 | stage10 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncu11 | ncu11road)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -522,14 +526,14 @@ PY
 }
 
 step_timeline11() {
-    note "timeline11: stage 11's instrumented build, one block's marks, bf16, steps ${TIMELINE11_STEPS:-3 4 5 8 9}"
+    note "timeline11: stage 11's instrumented build, one block's marks, bf16, steps ${TIMELINE11_STEPS:-3 4 5 8 9 10}"
     local dir="$RESULTS/timeline11" shape d n causal step name flag
     mkdir -p "$dir"
     for shape in ${TIMELINE11_SHAPES:-128:4096:0 64:4096:0 128:1024:0 64:1024:1}; do
         IFS=: read -r d n causal <<<"$shape"
         flag=() && name="d${d}_n${n}"
         [ "$causal" = 1 ] && flag=(--causal) && name="${name}_causal"
-        for step in ${TIMELINE11_STEPS:-3 4 5 8 9}; do
+        for step in ${TIMELINE11_STEPS:-3 4 5 8 9 10}; do
             "$STAGE11" --batch $((16384 / n)) --heads $((2048 / d)) --seq-q "$n" --seq-k "$n" --head-dim "$d" "${flag[@]}" \
                 --step "$step" --bench --repeat 20 --warmup 3 --reference never \
                 --timeline "$dir/stage11_timeline_${name}_step$step.json" >>"$LOGS/timeline11.log" 2>&1 || status=1
@@ -904,6 +908,11 @@ NCU11_METRICS=(
     sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
     sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
     sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
+    sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active
+    sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active
+    smsp__issue_active.avg.pct_of_peak_sustained_active
+    l1tex__t_requests_pipe_lsu_mem_global_op_st.sum
+    l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum
     launch__registers_per_thread
     launch__occupancy_limit_registers
     launch__occupancy_limit_shared_mem
@@ -941,6 +950,26 @@ step_ncu11() {
             "$RESULTS/ncu_stage11_d${d}_metrics.txt" | tee -a "$LOGS/summary.txt"
         grep -h "does not know" "$LOGS/ncu_stage11_d$d.log" 2>/dev/null | sort -u | tee -a "$LOGS/summary.txt"
     done
+}
+
+# Every step of stage 11's road under Nsight Compute's counters (NCU11_METRICS), one bench_gpu run
+# per head dimension with every launch of the kernel profiled; bench/ncu_steps11.py keeps the first
+# launch of each step and tabulates them: ncu_stage11_road.txt.
+step_ncu11road() {
+    local steps=${NCU11_STEPS:-all} d reports=()
+    note "ncu11road: stage 11, steps $steps, bf16, N=4096 non-causal, d=64 (B=4 H=32) and d=128 (B=4 H=16), counters of each step"
+    for d in ${NCU11_DIMS:-64 128}; do
+        # shellcheck disable=SC2086  # NCU11_STEPS is a list
+        timeout 500 ncu --clock-control none -k "regex:$KERNEL11" --metrics "$(known_metrics "${NCU11_METRICS[@]}" 2>>"$LOGS/ncu11road.log")" \
+            "$BUILD/bench/bench_gpu" --stages 11 --steps11 $steps --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no --repeat 1 \
+            --warmup 0 --check false --json /tmp/ncu.json --csv /tmp/ncu.csv >"$RESULTS/ncu_stage11_road_d${d}_metrics.txt" 2>&1 || status=1
+        reports+=("$RESULTS/ncu_stage11_road_d${d}_metrics.txt")
+    done
+    {
+        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 11's road in Nsight Compute counters (gpu_session.sh ncu11road), bf16, non-causal, B 4, N 4096, H d = 2048, the first launch of each step"
+        python3 bench/ncu_steps11.py "${reports[@]}"
+    } >"$RESULTS/ncu_stage11_road.txt" 2>&1 || status=1
+    tee -a "$LOGS/summary.txt" <"$RESULTS/ncu_stage11_road.txt"
 }
 
 step_ncu09() {
@@ -1268,7 +1297,7 @@ trap 'kill "$packer" 2>/dev/null' EXIT
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncuflash09 ncu11 lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncuflash09 ncu11 ncu11road lessons"
         status=2
         continue
     fi

@@ -4,8 +4,8 @@ comparisons and tables on synthetic rows of three rounds as bench_gpu and the SD
 (grouped heads beside three backends, a window beside the plain causal kernels, dropout whose
 backward stage 09 refuses, the packed batch beside the uniform one and SDPA's nested and padded
 batches); stage 09's tables and ratios when --steps09 steps have their backward alone, and
-docs/make_results.py's reading of those tables; and ncu_side_by_side.py's reading of Nsight
-Compute's units. Run: python3 bench/test_sdpa_compare.py"""
+docs/make_results.py's reading of those tables; ncu_side_by_side.py's reading of Nsight
+Compute's units; ncu_steps11.py's rows, one per step of stage 11. Run: python3 bench/test_sdpa_compare.py"""
 import contextlib
 import csv
 import doctest
@@ -515,6 +515,46 @@ class NcuSideBySide(unittest.TestCase):
             self.assertEqual(local.split()[-2:], ["1,300.00", "0.00"])
             with self.assertRaises(SystemExit):
                 nsb.main(["no-label"])
+
+
+class NcuSteps11(unittest.TestCase):
+    """ncu_steps11.py, which tabulates stage 11's road in Nsight Compute counters."""
+
+    REPORT = """stage 11   bf16; steps: 9 (persistent) 10 (wide stores); each checked against stage 07 step 6 (x)
+==PROF== Profiling "void fa::stage11::hopper_forward_kernel<__nv_bfloat16, (int)128, fa::stage11::(anonymous namespace)::StepN<(int)9>>": 0%
+  void hopper_forward_kernel<__nv_bfloat16, 128, StepN<9>>(Args<T1>) (132, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    gpu__time_duration.sum                                                               us       834.00
+    sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active                %        74.90
+    smsp__average_warps_issue_stalled_wait_per_issue_active.ratio                      inst         1.86
+  void hopper_forward_kernel<__nv_bfloat16, 128, StepN<9>>(Args<T1>) (132, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    gpu__time_duration.sum                                                               us       999.00
+  void hopper_forward_kernel<__nv_bfloat16, 128, StepN<10>>(Args<T1>) (132, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    gpu__time_duration.sum                                                               ms         0.81
+    l1tex__t_requests_pipe_lsu_mem_global_op_st.sum                                               262,144
+"""
+
+    def test_first_launch_of_each_step(self):
+        import ncu_steps11 as ns
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "r.txt")
+            with open(path, "w") as f:
+                f.write(self.REPORT)
+            runs, names = {}, {}
+            ns.read(path, runs, names)
+            self.assertEqual(sorted(runs), [(128, 9, False), (128, 10, False)])
+            self.assertAlmostEqual(runs[(128, 9, False)]["gpu__time_duration.sum"], 834.0)  # the first launch's
+            self.assertAlmostEqual(runs[(128, 10, False)]["gpu__time_duration.sum"], 810.0)  # ms read as us
+            self.assertEqual(runs[(128, 10, False)]["l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"], 262144.0)
+            self.assertEqual(names, {9: "persistent", 10: "wide stores"})
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                ns.main([path])
+            rows = [line.split() for line in out.getvalue().splitlines()[2:]]
+            self.assertEqual([r[:2] for r in rows], [["128", "9"], ["128", "10"]])
+            self.assertEqual(rows[0][3:5], ["834.0", "74.9"])
+            self.assertIn("1.86", rows[0])
+            with self.assertRaises(SystemExit):
+                ns.main([])
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 
 #include "fa/cuda/buffer.hpp"
 #include "fa/cuda/check.hpp"
+#include "fa/cuda/fragments.cuh"
 #include "fa/cuda/mbarrier.cuh"
 #include "fa/cuda/ptx.cuh"
 #include "fa/cuda/tensor_map.hpp"
@@ -92,6 +93,14 @@ __global__ void mbarrier_kernel(int* flags) {
         f[2] = mbarrier_try_wait_parity(bar_addr, uint32_t((p + 1) % 2));  // the next phase lacks this thread
         f[3] = 1;
     }
+}
+
+__global__ void quad_transpose_kernel(uint32_t* words) {
+    const int lane = int(threadIdx.x);
+    uint32_t v[4];
+    for (int j = 0; j < 4; ++j) v[j] = words[4 * lane + j];
+    fa::cuda::quad_transpose(v, lane % 4);
+    for (int j = 0; j < 4; ++j) words[4 * lane + j] = v[j];
 }
 
 // 384 threads: the register split of stage 11's step 3 (128 x 24 + 256 x 240 <= 65536).
@@ -276,6 +285,17 @@ std::vector<int> mbarrier_round_trip() {
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<int> h(64 * 3 * 4);
     FA_CUDA_CHECK(cudaMemcpy(h.data(), flags.data(), h.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    return h;
+}
+
+std::vector<uint32_t> quad_transpose_words(const std::vector<uint32_t>& in) {
+    cuda::DeviceBuffer<uint32_t> words(128);
+    FA_CUDA_CHECK(cudaMemcpy(words.data(), in.data(), 128 * sizeof(uint32_t), cudaMemcpyHostToDevice));
+    quad_transpose_kernel<<<1, 32>>>(words.data());
+    FA_CUDA_CHECK_LAUNCH("quad_transpose_kernel");
+    FA_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint32_t> h(128);
+    FA_CUDA_CHECK(cudaMemcpy(h.data(), words.data(), h.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
     return h;
 }
 

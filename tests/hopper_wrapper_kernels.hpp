@@ -52,4 +52,8 @@ std::vector<int> warp_specialization_round_trip();
 std::vector<float> wgmma_product(cuda::DType dtype, int n, int k, bool rs, bool trans_b, const std::vector<float>& a,
                                  const std::vector<float>& b, bool swap_b_offsets = false);
 
+/// fa::cuda::quad_transpose in one warp: lane L starts with words in[4L .. 4L + 3]; returns
+/// each lane's four words afterwards, in the same order.
+std::vector<uint32_t> quad_transpose_words(const std::vector<uint32_t>& in);
+
 }  // namespace fa::test::hopper

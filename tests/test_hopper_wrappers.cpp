@@ -174,6 +174,22 @@ TEST_CASE("mbarrier: arrivals complete a phase, its parity flips, the next phase
     CHECK(bad == 0);
 }
 
+TEST_CASE("quad_transpose: lane t of each quad ends with column t of the quad's 4 x 4 words") {
+    std::vector<uint32_t> in(128);
+    uint32_t x = 0x9e3779b9u;
+    for (uint32_t& w : in) w = (x = x * 1664525u + 1013904223u);  // distinct words, none zero in practice
+    const std::vector<uint32_t> out = quad_transpose_words(in);
+    int bad = 0;
+    for (int lane = 0; lane < 32; ++lane)
+        for (int j = 0; j < 4; ++j) {
+            // Lane 4q + t now holds word t of lane 4q + j at position j.
+            const int quad = lane / 4, t = lane % 4;
+            bad += out[size_t(4 * lane + j)] != in[size_t(4 * (4 * quad + j) + t)];
+        }
+    INFO(bad << " of 128 words misplaced");
+    CHECK(bad == 0);
+}
+
 TEST_CASE("setmaxnreg, named barriers and elect.sync: one producer and two consumer warpgroups") {
     const std::vector<int> codes = warp_specialization_round_trip();
     const char* meaning[] = {"never got there", "ok", "bar.sync 2 saw no value from bar.arrive", "bar.sync 1 exchange wrong",

@@ -150,9 +150,17 @@ TEST_CASE("stage 11 step 9 (persistent grid) matches the float64 reference, bf16
     }
 }
 
+TEST_CASE("stage 11 step 10 (the epilogue's 16-byte stores) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
+    if (!under_test(10)) return;
+    for (const test::Case& c : test::standard_cases({64, 128})) {
+        check_case(c, DType::BF16, 10);
+        check_case(c, DType::FP16, 10);
+    }
+}
+
 TEST_CASE("stage 11's road: every step has a test case above, and the default step is on the road") {
     // A new step needs its own test case (a failure then names the step): update this count with it.
-    CHECK(stage11::road().size() == 10);
+    CHECK(stage11::road().size() == 11);
     CHECK(stage11::final_step() >= 1);
     CHECK(stage11::final_step() < int(stage11::road().size()));
 }
@@ -427,15 +435,28 @@ std::pair<std::vector<uint16_t>, std::vector<float>> run_step(const Problem& p, 
     return {o, l};
 }
 
+// Steps 9 and 10 (those under test) on `half`: O (16-bit words) and LSE equal step 8's bit for bit.
+template <class T>
+void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<float> lse) {
+    const auto step8 = run_step(p, half, lse, 8);
+    for (int step : {9, 10}) {
+        if (!under_test(step)) continue;
+        INFO("step " << step);
+        const auto persistent = run_step(p, half, lse, step);
+        CHECK(persistent.first == step8.first);
+        CHECK(std::memcmp(persistent.second.data(), step8.second.data(), step8.second.size() * 4) == 0);
+    }
+}
+
 }  // namespace
 
-TEST_CASE("stage 11 step 9's blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
-    if (!under_test(9)) return;
+TEST_CASE("stage 11 steps 9 and 10: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
+    if (!under_test(9) && !under_test(10)) return;
     // More work items than SMs, so that each persistent block loops: (query tiles x B x H) items,
     // grid = SMs. Under a causal mask with Nq > Nk whole query tiles see no key (end = 0): the
     // producer skips them, the consumers write O = 0 and LSE = -inf, and the Q and ring phases
-    // must still agree. Steps 8 and 9 do the same arithmetic (only the epilogue's stores differ):
-    // their O and LSE are compared bit for bit.
+    // must still agree. Steps 8, 9 and 10 do the same arithmetic (only the epilogue's stores
+    // differ): their O and LSE are compared bit for bit.
     const int64_t shapes[][4] = {{4, 16, 1024, 1024}, {3, 20, 700, 900}, {2, 40, 1000, 300}};
     uint64_t seed = 1600;
     for (const auto& sh : shapes) {
@@ -456,9 +477,8 @@ TEST_CASE("stage 11 step 9's blocks run several work items each and give step 8'
                     if (dtype == DType::BF16) {
                         cuda::HalfTensors<__nv_bfloat16> half(p, layout);
                         half.load(dev.q, dev.k, dev.v);
-                        const auto step8 = run_step(p, half, dev.lse, 8), step9 = run_step(p, half, dev.lse, 9);
-                        CHECK(step9.first == step8.first);
-                        CHECK(std::memcmp(step9.second.data(), step8.second.data(), step8.second.size() * 4) == 0);
+                        check_persistent_steps(p, half, dev.lse);
+                        if (!under_test(9)) continue;
                         // Each block's timeline lists the items it took, Q released and reloaded
                         // between them; with more items than blocks, some block took several.
                         const size_t count = size_t(1 + t.consumers) * stage11::kTimelineMarks;
@@ -484,9 +504,7 @@ TEST_CASE("stage 11 step 9's blocks run several work items each and give step 8'
                     } else {
                         cuda::HalfTensors<__half> half(p, layout);
                         half.load(dev.q, dev.k, dev.v);
-                        const auto step8 = run_step(p, half, dev.lse, 8), step9 = run_step(p, half, dev.lse, 9);
-                        CHECK(step9.first == step8.first);
-                        CHECK(std::memcmp(step9.second.data(), step8.second.data(), step8.second.size() * 4) == 0);
+                        check_persistent_steps(p, half, dev.lse);
                     }
                 }
             }

@@ -32,9 +32,11 @@ constexpr Features kStep6 = kStep5.with_heaviest_first_grid();  // + causal: a g
 constexpr Features kStep7 = kStep6.with_tma_store();            // + O leaves through shared memory and the TMA
 constexpr Features kStep8 = kStep7.with_three_consumers_at_d64();  // + d = 64: three consumers, Br = 192
 constexpr Features kStep9 = kStep8.with_persistent_grid();  // + one block per SM loops over the work; O by plain stores
+constexpr Features kStep10 = kStep9.with_wide_stores();     // + the epilogue's stores 16 bytes a lane (a quad transpose)
 
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9};  // [0]: stage 07
-constexpr int kLastStep = 9;
+// [0]: stage 07 (its own kernel; kStep1 fills the place)
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10};
+constexpr int kLastStep = 10;
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -43,9 +45,11 @@ struct StepN {
 };
 
 /// The step attention_device() runs by default: the one expected fastest. The road table
-/// (docs/results/) is what says whether it is: step 9 beat step 8 at 10 of the 12 points of the
-/// road's grid, and lost ×0.98-0.99 at the other two (stage11_persistent_road.txt).
-constexpr int kDefaultStep = 9;
+/// (docs/results/) is what says whether it is: in three runs on an H100, step 10 was level with
+/// step 9 or ahead of it at every point with N = 1024 and 4096 (×1.00-1.09), and at N = 16384
+/// within the spread of that point between runs (×0.94-1.05; stage11_road_table.txt,
+/// stage11_own_key_tiles.txt).
+constexpr int kDefaultStep = 10;
 //! [road]
 
 /// Step N's instrumented build: the same kernel, its marks recorded (timeline.hpp).
@@ -55,8 +59,9 @@ struct TimelineStepN {
 };
 
 /// The steps with an instrumented build (bf16): no overlap (3), ping-pong (4), the softmax under
-/// P V (5), the tile shapes of step 8 (7 at d = 128), and the persistent grid (9).
-const std::vector<int> kTimelineSteps{3, 4, 5, 8, 9};
+/// P V (5), the tile shapes of step 8 (7 at d = 128), the persistent grid (9) and its wide
+/// stores (10).
+const std::vector<int> kTimelineSteps{3, 4, 5, 8, 9, 10};
 
 //! [group_budget]
 /// Step 6's groups of heads: as many heads as have their K and V within this many bytes, so
@@ -139,7 +144,8 @@ size_t smem_of_step(int step, int d) {
         case 6: return smem_of<6>(d);
         case 7: return smem_of<7>(d);
         case 8: return smem_of<8>(d);
-        default: return smem_of<9>(d);
+        case 9: return smem_of<9>(d);
+        default: return smem_of<10>(d);
     }
 }
 
@@ -161,6 +167,7 @@ LaunchFn<T> find_timeline_launcher(int d, int step) {
             case 5: return at(launch_timeline<T, 64, 5>, launch_timeline<T, 128, 5>);
             case 8: return at(launch_timeline<T, 64, 8>, launch_timeline<T, 128, 8>);
             case 9: return at(launch_timeline<T, 64, 9>, launch_timeline<T, 128, 9>);
+            case 10: return at(launch_timeline<T, 64, 10>, launch_timeline<T, 128, 10>);
             default: return nullptr;
         }
     }
@@ -178,6 +185,7 @@ LaunchFn<T> find_launcher(int d, int step) {
         case 7: return launcher_for<T, 7>(d);
         case 8: return launcher_for<T, 8>(d);
         case 9: return launcher_for<T, 9>(d);
+        case 10: return launcher_for<T, 10>(d);
         default: return nullptr;
     }
 }
@@ -301,6 +309,9 @@ const std::vector<Step>& road() {
         {"persistent", "a persistent grid: one block per SM loops over the work items in the order above; the next "
                        "item's Q and K/V tiles load while this item's last tiles and epilogue run (a Q-empty barrier); "
                        "O by plain stores, since Q's buffer is already refilling"},
+        {"wide stores", "step 9's epilogue with 16-byte stores: each quad transposes its rounded words (four "
+                        "shuffles), so a lane holds eight adjacent columns of O and a warp's store writes 8 rows x "
+                        "64 bytes, whole sectors, with a quarter of the store instructions"},
     };
     return steps;
 }
@@ -437,8 +448,8 @@ std::string describe_config(const Problem& p, int step) {
                   f.producer ? " + 1 producer warpgroup" : "", f.stages, f.tma ? "the TMA" : "cp.async",
                   f.ping_pong ? ", ping-pong" : "", f.overlap ? ", softmax under P V" : "",
                   f.heaviest_first_grid && p.causal ? ", heaviest tiles first across groups of " : "", group.c_str(),
-                  f.tma_store ? ", O by TMA store" : "", persistent.c_str(), smem, unmasked, total, masked,
-                  total - unmasked - masked);
+                  f.tma_store ? ", O by TMA store" : f.wide_stores ? ", O by 16-byte stores" : "", persistent.c_str(), smem,
+                  unmasked, total, masked, total - unmasked - masked);
     return buf;
 }
 

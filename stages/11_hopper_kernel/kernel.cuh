@@ -18,7 +18,7 @@
 /// the heaviest causal query tiles of a group of heads first; step 7 writes O through shared memory
 /// with a TMA store; step 8 gives d = 64 three consumer warpgroups; step 9 keeps one block per SM,
 /// taking work items from a counter, so that the next item's loads run under this one's end
-/// (detail::run_persistent).
+/// (detail::run_persistent); step 10 stores O 16 bytes a lane (detail::write_output, kWide).
 #pragma once
 
 #include <cstdint>
@@ -60,6 +60,7 @@ struct Features {
     int consumers_d64 = 0;   ///< at d = 64: consumer warpgroups (0: `consumers`)
     int consumer_registers_d64 = 0;  ///< at d = 64 with `consumers_d64`: registers per consumer thread
     bool persistent = false;  ///< one block per SM loops over the work; the next tile's loads overlap this tile's end
+    bool wide_stores = false;  ///< plain-store epilogue: a quad transposes its words and each lane stores 16 bytes
     bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
@@ -136,6 +137,17 @@ struct Features {
         Features f = *this;
         f.persistent = true;
         f.tma_store = false;
+        return f;
+    }
+    /// Step 10: the plain-store epilogue of step 9, rearranged. A lane holds two columns (4 bytes)
+    /// of each 8-column block of its rows, so a warp's 4-byte stores write 8 rows x 16 bytes: 8
+    /// cache lines, each half a 32-byte sector, for 4 bytes a lane. A transpose inside each quad
+    /// (fa::cuda::quad_transpose, four shuffles) gives each lane a whole block of four; one 16-byte
+    /// store per lane then writes 8 rows x 64 bytes: a quarter of the store instructions and
+    /// whole sectors.
+    constexpr Features with_wide_stores() const {
+        Features f = *this;
+        f.wide_stores = true;
         return f;
     }
     /// The instrumented build of a step: one thread per warpgroup of block Args::timeline_block
@@ -216,6 +228,7 @@ struct Shape {
     static_assert(!kF.timeline || kF.producer, "the timeline records a producer warpgroup and its consumers");
     static_assert(!kF.persistent || (kF.ping_pong && !kF.tma_store),
                   "the persistent grid passes the turns from item to item, and Q's buffer is not free for O");
+    static_assert(!kF.wide_stores || kF.persistent, "the wide stores rearrange the persistent grid's plain-store epilogue");
     static_assert(!kF.producer || kF.producer_registers + kF.consumers * kF.consumer_registers <= 512,
                   "setmaxnreg: the warpgroups' registers fit the register file (64 K per SM, 512 per lane of a warpgroup)");
     static constexpr int kBr = kF.br();            ///< query rows per block
@@ -420,8 +433,24 @@ __device__ __forceinline__ void consume_tile(ConsumerState<D>& st, uint32_t q_ro
 }
 //! [consume_tile]
 
+/// Writes the LSE of row `row` of head (b, h) from its running max `m` (raw score) and its
+/// whole sum `l`: LSE = ln(sum_j exp(scale*s_j)) = m*|scale| + ln(l), natural-log units; -inf for
+/// a row that saw no key.
+template <class T>
+__device__ __forceinline__ void store_lse(const Args<T>& a, int b, int h, int row, float m, float l) {
+    a.lse[b * a.lse_sb + h * a.lse_sh + row * a.lse_sn] = l > 0.0f ? m * a.scale + logf(l) : -INFINITY;
+}
+
+//! [wide_stores]
 /// Normalizes O, writes this warpgroup's rows of O and their LSE (rows past Nq are skipped).
-template <class T, int D>
+///
+/// Lane t of a quad holds columns 2t and 2t + 1 of every 8-column block of its two rows. Without
+/// `kWide` each lane stores those two columns (4 bytes) per block. With `kWide` (step 10) the quad
+/// first transposes the words it holds for each run of four blocks (fa::cuda::quad_transpose),
+/// after which lane t holds the whole block 4k + t, eight columns in order, and stores them at once
+/// (16 bytes). Every lane shuffles, rows past Nq included; only the stores are skipped for those
+/// rows.
+template <class T, int D, bool kWide = false>
 __device__ __forceinline__ void write_output(ConsumerState<D>& st, const Args<T>& a, int b, int h, int row_lo, int thread) {
     const int t = (thread % 32) % 4;
     T* o_head = a.o + b * a.o_sb + h * a.o_sh;
@@ -430,20 +459,34 @@ __device__ __forceinline__ void write_output(ConsumerState<D>& st, const Args<T>
         const float l = quad_sum(st.l[hh]);
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // l = 0: the row saw no key, O = 0
         const int row = row_lo + 8 * hh;
-        if (row < a.seq_q) {
+        if constexpr (kWide) {
+            T* o_row = o_head + int64_t(row) * a.o_sn;
+#pragma unroll
+            for (int k = 0; k < D / 32; ++k) {
+                uint32_t words[4];  // words[j]: this lane's two columns of block 4k + j
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int i = 4 * k + j;
+                    words[j] = pack2<T>(st.o[4 * i + 2 * hh] * inv, st.o[4 * i + 2 * hh + 1] * inv);
+                }
+                fa::cuda::quad_transpose(words, t);  // words[j]: lane j's two columns of block 4k + t
+                if (row < a.seq_q) {
+                    *reinterpret_cast<uint4*>(o_row + 8 * (4 * k + t)) = make_uint4(words[0], words[1], words[2], words[3]);
+                }
+            }
+            if (t == 0 && row < a.seq_q) store_lse(a, b, h, row, st.m[hh], l);
+        } else if (row < a.seq_q) {
             T* o_row = o_head + int64_t(row) * a.o_sn;
 #pragma unroll
             for (int i = 0; i < D / 8; ++i) {
                 *reinterpret_cast<uint32_t*>(o_row + 8 * i + 2 * t) =
                     pack2<T>(st.o[4 * i + 2 * hh] * inv, st.o[4 * i + 2 * hh + 1] * inv);
             }
-            if (t == 0) {
-                // LSE = ln(sum_j exp(scale*s_j)) = m*|scale| + ln(l), natural-log units.
-                a.lse[b * a.lse_sb + h * a.lse_sh + row * a.lse_sn] = l > 0.0f ? st.m[hh] * a.scale + logf(l) : -INFINITY;
-            }
+            if (t == 0) store_lse(a, b, h, row, st.m[hh], l);
         }
     }
 }
+//! [wide_stores]
 
 /// Runs tiles [0, end) for one consumer warpgroup, the masked ones from `full` on; `slot_ready`
 /// (tile) blocks until the tile's K and V are in their slot, `slot_done(tile)` says they have
@@ -621,10 +664,7 @@ __device__ __forceinline__ void write_output_tma(ConsumerState<D>& st, const Arg
                 pack2<T>(st.o[4 * i + 2 * hh] * inv, st.o[4 * i + 2 * hh + 1] * inv);
         }
         const int row = q0 + 64 * consumer + r;
-        if (t == 0 && row < a.seq_q) {
-            // LSE = ln(sum_j exp(scale*s_j)) = m*|scale| + ln(l), natural-log units.
-            a.lse[b * a.lse_sb + h * a.lse_sh + row * a.lse_sn] = l > 0.0f ? st.m[hh] * a.scale + logf(l) : -INFINITY;
-        }
+        if (t == 0 && row < a.seq_q) store_lse(a, b, h, row, st.m[hh], l);
     }
     fence_proxy_async();  // this thread's plain stores are visible to the TMA (the async proxy) ...
     named_barrier_sync(kEpilogueBarrier + uint32_t(consumer), 128);  // ... and every thread of the warpgroup has written
@@ -804,7 +844,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
             ring += it.end;
             ++rounds;
         }
-        write_output<T, D>(st, a, it.b, it.h, row_lo, ct);
+        write_output<T, D, kF.wide_stores>(st, a, it.b, it.h, row_lo, ct);
         marks.mark(kMarkEpilogue);
     }
     // The last warpgroup's last turn opened warpgroup 0's for an item that never came: warpgroup 0
