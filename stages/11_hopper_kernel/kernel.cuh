@@ -679,6 +679,18 @@ __device__ __forceinline__ void write_output_tma(ConsumerState<D>& st, const Arg
 }
 //! [tma_store]
 
+/// Initializes the barriers of a producer step's ring (one thread): barrier 0, Q's (one arrival and
+/// the bytes), then per slot s a *full* barrier 1 + s (one arrival and the bytes) and an *empty*
+/// barrier 1 + stages + s (every consumer thread arrives once it has read the slot).
+template <int kStages, int kConsumers, class Bar>
+__device__ __forceinline__ void init_ring_barriers(Bar bar) {
+    mbarrier_init(bar(0), 1);
+    for (int s = 0; s < kStages; ++s) {
+        mbarrier_init(bar(1 + s), 1);
+        mbarrier_init(bar(1 + kStages + s), 128 * kConsumers);
+    }
+}
+
 //! [tma_loads]
 /// One thread issues the TMA copies of K/V tile `tile` of head (b, h) into `k_dst` (K, then V
 /// kKVBytes further; d/64 boxes each) and arms barrier `full_bar` with their bytes. The tensor
@@ -761,11 +773,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
     const auto tiles_mark = [](int end) { return end < 0xffff ? end : 0xffff; };  // a mark's tile field is 16 bits
 
     if (thread == 0) {
-        mbarrier_init(q_full, 1);
-        for (int s = 0; s < kF.stages; ++s) {
-            mbarrier_init(bar(1 + s), 1);
-            mbarrier_init(bar(1 + kF.stages + s), 128 * kF.consumers);
-        }
+        init_ring_barriers<kF.stages, kF.consumers>(bar);  // Q full (barrier 0 = q_full), slots full and empty
         mbarrier_init(q_empty, 128 * kF.consumers);
         for (int e = 0; e < 2; ++e) {
             mbarrier_init(bar(kItemFull + e), 1);
@@ -995,11 +1003,7 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward
             // delivered its bytes (1 arrival + bytes), *empty* when every consumer thread has
             // finished reading it (128 x consumers arrivals).
             if (thread == 0) {
-                fa::cuda::ptx::mbarrier_init(bar(0), 1);
-                for (int s = 0; s < kF.stages; ++s) {
-                    fa::cuda::ptx::mbarrier_init(bar(1 + s), 1);
-                    fa::cuda::ptx::mbarrier_init(bar(1 + kF.stages + s), 128 * kF.consumers);
-                }
+                detail::init_ring_barriers<kF.stages, kF.consumers>(bar);
                 fa::cuda::ptx::fence_mbarrier_init();  // the TMA unit sees the initialized barriers
             }
             __syncthreads();  // the barriers are initialized before either side uses them
