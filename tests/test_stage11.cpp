@@ -158,9 +158,17 @@ TEST_CASE("stage 11 step 10 (the epilogue's 16-byte stores) matches the float64 
     }
 }
 
+TEST_CASE("stage 11 step 11 (small blocks for short causal heads at d = 64) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
+    if (!under_test(11)) return;
+    for (const test::Case& c : test::standard_cases({64, 128})) {
+        check_case(c, DType::BF16, 11);
+        check_case(c, DType::FP16, 11);
+    }
+}
+
 TEST_CASE("stage 11's road: every step has a test case above, and the default step is on the road") {
     // A new step needs its own test case (a failure then names the step): update this count with it.
-    CHECK(stage11::road().size() == 11);
+    CHECK(stage11::road().size() == 12);
     CHECK(stage11::final_step() >= 1);
     CHECK(stage11::final_step() < int(stage11::road().size()));
 }
@@ -233,7 +241,7 @@ TEST_CASE("stage 11 on longer sequences and several heads, both layouts") {
     for (int step : steps_under_test()) {
         for (bool causal : {false, true}) {
             test::Case c;
-            c.problem = test::make_problem(2, 3, 1000, 1000, step % 2 ? 128 : 64, causal);
+            c.problem = test::make_problem(2, 3, 1000, 1000, step % 2 && step != 11 ? 128 : 64, causal);
             c.layout = step % 2 ? Layout::BNHD : Layout::BHND;
             c.seed = seed++;
             check_case(c, DType::BF16, step);
@@ -435,11 +443,13 @@ std::pair<std::vector<uint16_t>, std::vector<float>> run_step(const Problem& p, 
     return {o, l};
 }
 
-// Steps 9 and 10 (those under test) on `half`: O (16-bit words) and LSE equal step 8's bit for bit.
+// Steps 9, 10 and 11 (those under test) on `half`: O (16-bit words) and LSE equal step 8's bit for
+// bit (step 11 where it runs step 10's kernel; its small blocks sum in another order).
 template <class T>
 void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<float> lse) {
     const auto step8 = run_step(p, half, lse, 8);
-    for (int step : {9, 10}) {
+    for (int step : {9, 10, 11}) {
+        if (step == 11 && stage11::runs_small_blocks(p, 11)) continue;
         if (!under_test(step)) continue;
         INFO("step " << step);
         const auto persistent = run_step(p, half, lse, step);
@@ -450,8 +460,8 @@ void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<
 
 }  // namespace
 
-TEST_CASE("stage 11 steps 9 and 10: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
-    if (!under_test(9) && !under_test(10)) return;
+TEST_CASE("stage 11 steps 9, 10 and 11: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
+    if (!under_test(9) && !under_test(10) && !under_test(11)) return;
     // More work items than SMs, so that each persistent block loops: (query tiles x B x H) items,
     // grid = SMs. Under a causal mask with Nq > Nk whole query tiles see no key (end = 0): the
     // producer skips them, the consumers write O = 0 and LSE = -inf, and the Q and ring phases
@@ -510,6 +520,28 @@ TEST_CASE("stage 11 steps 9 and 10: blocks run several work items each and give 
             }
         }
     }
+}
+
+TEST_CASE("stage 11 step 11's small blocks: three per SM, each running several work items, match float64") {
+    if (!under_test(11)) return;
+    // d = 64, causal, Nk <= 1024: 2 x 20 heads x 11 query tiles of 64 rows = 440 items, more than
+    // three blocks on each of 132 SMs, so some block takes a second item; Nq > Nk in one case, so
+    // whole query tiles see no key and are skipped.
+    uint64_t seed = 1700;
+    for (const auto& size : {std::pair<int64_t, int64_t>{700, 900}, {900, 700}, {1024, 1024}}) {
+        test::Case c;
+        c.problem = test::make_problem(2, 20, size.first, size.second, 64, true);
+        c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
+        c.seed = seed++;
+        INFO(stage11::describe_config(c.problem, 11));
+        CHECK(stage11::runs_small_blocks(c.problem, 11));
+        check_case(c, DType::BF16, 11);
+        check_case(c, DType::FP16, 11);
+    }
+    CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1025, 64, true), 11));
+    CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1024, 64, false), 11));
+    CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1024, 128, true), 11));
+    CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1024, 64, true), 10));
 }
 
 TEST_CASE("stage 11 refuses what it cannot do, naming the option") {

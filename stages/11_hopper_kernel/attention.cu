@@ -33,10 +33,11 @@ constexpr Features kStep7 = kStep6.with_tma_store();            // + O leaves th
 constexpr Features kStep8 = kStep7.with_three_consumers_at_d64();  // + d = 64: three consumers, Br = 192
 constexpr Features kStep9 = kStep8.with_persistent_grid();  // + one block per SM loops over the work; O by plain stores
 constexpr Features kStep10 = kStep9.with_wide_stores();     // + the epilogue's stores 16 bytes a lane (a quad transpose)
+constexpr Features kStep11 = kStep10.with_small_blocks_for_short_causal_heads();  // + d = 64, causal, Nk <= 1024: small blocks
 
 // [0]: stage 07 (its own kernel; kStep1 fills the place)
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10};
-constexpr int kLastStep = 10;
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11};
+constexpr int kLastStep = 11;
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -48,9 +49,16 @@ struct StepN {
 /// (docs/results/) is what says whether it is: in three runs on an H100, step 10 was level with
 /// step 9 or ahead of it at every point with N = 1024 and 4096 (×1.00-1.09), and at N = 16384
 /// within the spread of that point between runs (×0.94-1.05; stage11_road_table.txt,
-/// stage11_own_key_tiles.txt).
-constexpr int kDefaultStep = 10;
+/// stage11_own_key_tiles.txt). Step 11 runs step 10's kernel except on short causal heads at
+/// d = 64, where its small blocks were ×1.18 in bf16 and fp16 at N = 1024 (stage11_small_blocks.txt).
+constexpr int kDefaultStep = 11;
 //! [road]
+
+/// Step N's small blocks (Features::small_blocks()), the kernel step 11 runs on short causal heads at d = 64.
+template <int N>
+struct SmallBlocksN {
+    static constexpr Features value = kSteps[N].small_blocks();
+};
 
 /// Step N's instrumented build: the same kernel, its marks recorded (timeline.hpp).
 template <int N>
@@ -103,13 +111,17 @@ int sm_count() {
 /// one per SM (at most one per item), each looping over its items.
 unsigned grid_blocks(const Features& f, int q_tiles, int batch_heads) {
     const unsigned items = unsigned(q_tiles) * unsigned(batch_heads);
-    return f.persistent ? std::min(items, unsigned(sm_count())) : items;
+    return f.persistent ? std::min(items, unsigned(sm_count() * f.blocks_per_sm)) : items;
 }
 
 template <class T, int D, class Step>
 void launch_step(const Args<T>& a, cudaStream_t stream, const std::string& what) {
     using S = Shape<T, D, Step>;
     cuda::allow_dynamic_shared_memory<hopper_forward_kernel<T, D, Step>>(S::kSmemBytes);
+    if constexpr (S::kF.blocks_per_sm > 1) {  // as much of each SM's 256 KB as it gives to shared memory
+        FA_CUDA_CHECK(cudaFuncSetAttribute(hopper_forward_kernel<T, D, Step>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           int(cudaSharedmemCarveoutMaxShared)));
+    }
     const unsigned blocks = grid_blocks(S::kF, a.q_tiles, a.batch_heads);
     hopper_forward_kernel<T, D, Step><<<blocks, S::kThreads, S::kSmemBytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH("stage11 hopper_forward_kernel<d=" + std::to_string(D) + ", " + what + ">");
@@ -120,21 +132,38 @@ void launch(const Args<T>& a, cudaStream_t stream) {
     launch_step<T, D, StepN<N>>(a, stream, "step " + std::to_string(N));
 }
 
+/// Step 11's small blocks (d = 64).
+template <class T>
+void launch_step_small(const Args<T>& a, cudaStream_t stream) {
+    launch_step<T, 64, SmallBlocksN<11>>(a, stream, "step 11, small blocks");
+}
+
 template <class T, int D, int N>
 void launch_timeline(const Args<T>& a, cudaStream_t stream) {
     launch_step<T, D, TimelineStepN<N>>(a, stream, "step " + std::to_string(N) + ", instrumented");
 }
 
-/// The step's features at head dimension d (for the host: block rows, tile size, whether tensor
-/// maps are needed).
-Features features_of(int step, int d) { return kSteps[step >= 1 && step <= kLastStep ? step : 1].at_head_dim(d); }
+/// Whether step `step` runs its small blocks on problem p (step 11: d = 64, causal, Nk <= kSmallBlocksMaxKeys).
+bool small_blocks_for(int step, const Problem& p) {
+    return step >= 1 && step <= kLastStep && kSteps[step].small_blocks_short_causal && p.head_dim == 64 && p.causal &&
+           p.seq_k <= kSmallBlocksMaxKeys;
+}
+
+/// The features step `step` runs problem p with (for the host: block rows, tile size, whether
+/// tensor maps are needed, blocks per SM).
+Features features_of(int step, const Problem& p) {
+    const Features f = kSteps[step >= 1 && step <= kLastStep ? step : 1];
+    return (small_blocks_for(step, p) ? f.small_blocks() : f).at_head_dim(int(p.head_dim));
+}
 
 template <int N>
 size_t smem_of(int d) {
     return d == 64 ? Shape<__nv_bfloat16, 64, StepN<N>>::kSmemBytes : Shape<__nv_bfloat16, 128, StepN<N>>::kSmemBytes;
 }
 
-size_t smem_of_step(int step, int d) {
+size_t smem_of_step(int step, const Problem& p) {
+    const int d = int(p.head_dim);
+    if (small_blocks_for(step, p)) return Shape<__nv_bfloat16, 64, SmallBlocksN<11>>::kSmemBytes;
     switch (step) {
         case 1: return smem_of<1>(d);
         case 2: return smem_of<2>(d);
@@ -145,7 +174,7 @@ size_t smem_of_step(int step, int d) {
         case 7: return smem_of<7>(d);
         case 8: return smem_of<8>(d);
         case 9: return smem_of<9>(d);
-        default: return smem_of<10>(d);
+        default: return smem_of<10>(d);  // 10 and 11 (step 11's other problems run step 10's kernel)
     }
 }
 
@@ -185,7 +214,10 @@ LaunchFn<T> find_launcher(int d, int step) {
         case 7: return launcher_for<T, 7>(d);
         case 8: return launcher_for<T, 8>(d);
         case 9: return launcher_for<T, 9>(d);
-        case 10: return launcher_for<T, 10>(d);
+        // Step 11 differs from step 10 only on short causal heads at d = 64 (run_device() launches its
+        // small blocks there); elsewhere its kernel would be step 10's, instruction for instruction.
+        case 10:
+        case 11: return launcher_for<T, 10>(d);
         default: return nullptr;
     }
 }
@@ -203,8 +235,9 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
         stage07::attention_device(p, q, k, v, o, lse, stream);
         return;
     }
-    const LaunchFn<T> launcher =
-        timeline != nullptr ? find_timeline_launcher<T>(int(p.head_dim), step) : find_launcher<T>(int(p.head_dim), step);
+    const LaunchFn<T> launcher = timeline != nullptr          ? find_timeline_launcher<T>(int(p.head_dim), step)
+                                 : small_blocks_for(step, p) ? launch_step_small<T>
+                                                             : find_launcher<T>(int(p.head_dim), step);
     if (launcher == nullptr) {
         throw InputError(timeline != nullptr ? "stage 11: step " + std::to_string(step) + " has no instrumented build in this "
                                                    "dtype (--timeline: bf16, steps " + timeline_steps_text() + ")"
@@ -214,7 +247,7 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
     cuda::require_16_byte_rows("stage 11", "k", k);
     cuda::require_16_byte_rows("stage 11", "v", v);
     cuda::require_16_byte_rows("stage 11", "o", o);
-    const Features f = features_of(step, int(p.head_dim));
+    const Features f = features_of(step, p);
     Args<T> a{};
     if (f.tma) {
         const DType dtype = std::is_same_v<T, __half> ? DType::FP16 : DType::BF16;
@@ -312,6 +345,9 @@ const std::vector<Step>& road() {
         {"wide stores", "step 9's epilogue with 16-byte stores: each quad transposes its rounded words (four "
                         "shuffles), so a lane holds eight adjacent columns of O and a warp's store writes 8 rows x "
                         "64 bytes, whole sectors, with a quarter of the store instructions"},
+        {"small blocks", "at d = 64 under a causal mask with Nk <= 1024: blocks of one producer and one consumer "
+                         "warpgroup (Br = 64, Bc = 64, a four-slot ring, 136 registers), three per SM, interleaved by "
+                         "the warp schedulers; every other problem as step 10"},
     };
     return steps;
 }
@@ -364,6 +400,8 @@ void attention(const Problem& p, View4<const float> q, View4<const float> k, Vie
     host_entry(DType::BF16)(p, q, k, v, o, lse);
 }
 
+bool runs_small_blocks(const Problem& p, int step) { return small_blocks_for(resolve(step), p); }
+
 const std::vector<int>& timeline_steps() { return kTimelineSteps; }
 
 std::string timeline_steps_text() {
@@ -379,7 +417,7 @@ TimelineBlock timeline_block(const Problem& p, int step, int block) {
         throw InputError("--timeline: step " + std::to_string(step) + " has no instrumented build; use --step " +
                          timeline_steps_text() + " (or leave --step out: the default step " + std::to_string(kDefaultStep) + ")");
     }
-    const Features f = features_of(step, int(p.head_dim));
+    const Features f = features_of(step, p);
     TimelineBlock t;
     t.q_tiles = int((p.seq_q + f.br() - 1) / f.br());
     t.blocks = int(grid_blocks(f, t.q_tiles, int(p.batch * p.heads)));
@@ -424,8 +462,8 @@ std::string describe_config(const Problem& p, int step) {
     step = resolve(step);
     check_supported(p, step);
     if (step == 0) return "step 0 (stage 07's final kernel): " + stage07::describe_config(p);
-    const Features f = features_of(step, int(p.head_dim));
-    const size_t smem = smem_of_step(step, int(p.head_dim));
+    const Features f = features_of(step, p);
+    const size_t smem = smem_of_step(step, p);
     const int q_tiles = int((p.seq_q + f.br() - 1) / f.br()), k_tiles = int((p.seq_k + f.bc - 1) / f.bc);
     long long unmasked = 0, masked = 0;
     for (int t = 0; t < q_tiles; ++t) {
@@ -437,7 +475,8 @@ std::string describe_config(const Problem& p, int step) {
     const long long total = (long long)q_tiles * k_tiles;
     const std::string group = f.heaviest_first_grid && p.causal ? std::to_string(group_heads_of(p)) + " heads" : "";
     const std::string persistent =
-        f.persistent ? ", persistent grid of " + std::to_string(grid_blocks(f, q_tiles, int(p.batch * p.heads))) + " blocks for " +
+        f.persistent ? ", persistent grid of " + std::to_string(grid_blocks(f, q_tiles, int(p.batch * p.heads))) + " blocks (" +
+                           std::to_string(f.blocks_per_sm) + " per SM) for " +
                            std::to_string((long long)q_tiles * p.batch * p.heads) + " work items"
                      : "";
     char buf[768];

@@ -103,6 +103,10 @@ AttentionFn host_entry(DType dtype, int step = -1);
 void attention(const Problem& problem, View4<const float> q, View4<const float> k, View4<const float> v,
                View4<float> o, View3<float> lse);
 
+/// Whether step `step` (default: the final kernel) runs `problem` with its small blocks: step 11
+/// and after, d = 64, causal, at most 1024 keys (otherwise step 10's kernel).
+bool runs_small_blocks(const Problem& problem, int step = -1);
+
 /// Steps with an instrumented build (bf16), whose kernels can record a timeline (timeline.hpp).
 const std::vector<int>& timeline_steps();
 

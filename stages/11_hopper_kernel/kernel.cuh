@@ -61,6 +61,8 @@ struct Features {
     int consumer_registers_d64 = 0;  ///< at d = 64 with `consumers_d64`: registers per consumer thread
     bool persistent = false;  ///< one block per SM loops over the work; the next tile's loads overlap this tile's end
     bool wide_stores = false;  ///< plain-store epilogue: a quad transposes its words and each lane stores 16 bytes
+    int blocks_per_sm = 1;     ///< blocks an SM holds at once (the launch bounds; the persistent grid's blocks per SM)
+    bool small_blocks_short_causal = false;  ///< at d = 64, causal, Nk <= kSmallBlocksMaxKeys: small_blocks()' kernel
     bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
@@ -150,6 +152,33 @@ struct Features {
         f.wide_stores = true;
         return f;
     }
+    /// Step 11: at d = 64 under a causal mask with few keys (Nk <= kSmallBlocksMaxKeys), the host
+    /// launches small_blocks()' kernel instead of step 10's. The choice follows the problem, as a
+    /// library chooses tile shapes; every other problem runs step 10.
+    constexpr Features with_small_blocks_for_short_causal_heads() const {
+        Features f = *this;
+        f.small_blocks_short_causal = true;
+        return f;
+    }
+    /// The shape step 11 runs on short causal heads at d = 64: blocks of one producer and one
+    /// consumer warpgroup (Br = 64), three per SM, each with its own ring of four 64-key tiles.
+    /// The warp schedulers interleave the blocks as the turns of step 4 interleaved the consumers
+    /// of one block (a block of one consumer takes no turns), and the consumer keeps step 5's
+    /// overlap. A causal diagonal tile now costs 64 query rows, not 192, and no row past Nq is
+    /// computed. Registers: 65536 / (3 x 256) gives 80 a thread at launch; the producer keeps 24
+    /// and the consumer takes 136 (setmaxnreg), enough for S, P and O of 64-key tiles at d = 64.
+    constexpr Features small_blocks() const {
+        Features f = *this;
+        f.small_blocks_short_causal = false;
+        f.consumers = 1;
+        f.consumers_d64 = 0;  // no d = 64 override: this is the d = 64 shape
+        f.consumer_registers = 136;
+        f.consumer_registers_d64 = 0;
+        f.bc = 64;
+        f.stages = 4;
+        f.blocks_per_sm = 3;
+        return f;
+    }
     /// The instrumented build of a step: one thread per warpgroup of block Args::timeline_block
     /// records when each wait, GEMM issue, softmax and epilogue ends (fa/cuda/timeline.cuh), so
     /// that the lesson's timeline is measured. Not a step of the road: the same kernel, observed.
@@ -169,7 +198,19 @@ struct Features {
     }
     constexpr int br() const { return 64 * consumers; }                      ///< query rows per block
     constexpr int threads() const { return 128 * (consumers + (producer ? 1 : 0)); }  ///< threads per block
+    /// Registers per thread a block is launched with: the 64 K of an SM's register file shared by
+    /// `blocks_per_sm` blocks, in the granules of 8 the hardware allocates, at most 255;
+    /// setmaxnreg then moves them between the block's warpgroups.
+    constexpr int launch_registers() const {
+        const int per_thread = 65536 / (threads() * blocks_per_sm) / 8 * 8;
+        return per_thread < 255 ? per_thread : 255;
+    }
 };
+
+/// Step 11: the most keys a causal head at d = 64 may have for the small blocks
+/// (Features::small_blocks()). Measured on an H100 (bf16): x1.18 over step 10 at Nk = 1024,
+/// x0.98 at Nk = 2048 (docs/results/stage11_small_blocks.txt).
+constexpr int kSmallBlocksMaxKeys = 1024;
 //! [features]
 
 /// Pointers, strides (in elements), sizes and tensor maps the kernel reads.
@@ -229,8 +270,10 @@ struct Shape {
     static_assert(!kF.persistent || (kF.ping_pong && !kF.tma_store),
                   "the persistent grid passes the turns from item to item, and Q's buffer is not free for O");
     static_assert(!kF.wide_stores || kF.persistent, "the wide stores rearrange the persistent grid's plain-store epilogue");
-    static_assert(!kF.producer || kF.producer_registers + kF.consumers * kF.consumer_registers <= 512,
-                  "setmaxnreg: the warpgroups' registers fit the register file (64 K per SM, 512 per lane of a warpgroup)");
+    static_assert(!kF.producer ||
+                      kF.producer_registers + kF.consumers * kF.consumer_registers <= (kF.consumers + 1) * kF.launch_registers(),
+                  "setmaxnreg: the warpgroups' registers fit what the block is launched with (64 K per SM, shared by its blocks)");
+    static_assert(kF.blocks_per_sm == 1 || kF.persistent, "several blocks per SM: written for the persistent grid");
     static constexpr int kBr = kF.br();            ///< query rows per block
     static constexpr int kBc = kF.bc;              ///< keys per tile
     static constexpr int kThreads = kF.threads();  ///< threads per block
@@ -546,13 +589,19 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     const auto v_tile = [&](int tile) { return k_tile(tile) + uint32_t(S::kKVBytes); };
     const uint32_t my_turn = kTurnBarrier + uint32_t(consumer);
     const uint32_t next_turn = kTurnBarrier + uint32_t((consumer + 1) % kF.consumers);
-    // This warpgroup's GEMMs wait until the previous warpgroup has issued its own.
-    const auto turn_begin = [&] { named_barrier_sync(my_turn, kPair); };
+    // This warpgroup's GEMMs wait until the previous warpgroup has issued its own. A block of one
+    // consumer (step 11's small blocks) takes no turns: the blocks an SM holds interleave instead.
+    constexpr bool kTurns = kF.consumers > 1;
+    const auto turn_begin = [&] {
+        if constexpr (kTurns) named_barrier_sync(my_turn, kPair);
+    };
     // Issued: the next warpgroup may issue. The last turn of the last warpgroup opens nothing
     // (except in the persistent grid, where the next item follows), so no barrier is left
     // half-arrived when the block ends.
     const auto turn_end = [&](bool last) {
-        if (!(last && !kF.persistent && consumer == kF.consumers - 1)) named_barrier_arrive(next_turn, kPair);
+        if constexpr (kTurns) {
+            if (!(last && !kF.persistent && consumer == kF.consumers - 1)) named_barrier_arrive(next_turn, kPair);
+        }
     };
     const auto softmax = [&](float (&s)[kBc / 2], float (&alpha)[2], int tile) {
         if (tile < full) {
@@ -565,7 +614,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     float s[kBc / 2];       // S_j, then P_j in float32
     uint32_t p[kBc / 16][4];  // P_{j-1}, the A operand of the turn's P V
     float alpha[2];
-    if (consumer == 0 && first_item) named_barrier_arrive(my_turn, kPair);  // warpgroup 0 takes the first turn
+    if (kTurns && consumer == 0 && first_item) named_barrier_arrive(my_turn, kPair);  // warpgroup 0 takes the first turn
 
     slot_ready(0);
     marks.mark(kMarkSlotFull, 0);
@@ -857,7 +906,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
     }
     // The last warpgroup's last turn opened warpgroup 0's for an item that never came: warpgroup 0
     // takes it, so that no named barrier is left half-arrived when the block ends.
-    if (consumer == 0 && rounds > 0) named_barrier_sync(kTurnBarrier, 256);
+    if (kF.consumers > 1 && consumer == 0 && rounds > 0) named_barrier_sync(kTurnBarrier, 256);
     marks.mark(kMarkEnd, 0, true);
 }
 //! [persistent]
@@ -867,7 +916,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
 //! [kernel]
 /// The whole forward pass for one query tile of one (batch, head); grid: query tiles x B x H.
 template <class T, int D, class Step>
-__global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, 1) hopper_forward_kernel(const __grid_constant__ Args<T> a) {
+__global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, Shape<T, D, Step>::kF.blocks_per_sm) hopper_forward_kernel(const __grid_constant__ Args<T> a) {
     using S = Shape<T, D, Step>;
     constexpr Features kF = S::kF;
     extern __shared__ unsigned char smem_raw[];
