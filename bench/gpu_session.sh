@@ -112,7 +112,8 @@
 #   ncu11      Nsight Compute on stage 11's default kernel, bf16, d 64 and 128, N 4096, non-causal:
 #              tensor-pipe use (wgmma), stall reasons, registers: ncu_stage11_d64/d128
 #   ncu11road  Nsight Compute's counters at every step of stage 11's road (NCU11_STEPS, default all;
-#              NCU11_DIMS "64 128"), bf16, N 4096, non-causal: the tensor pipe (wgmma), the exp2 pipe,
+#              NCU11_DIMS "64 128"), bf16, N 4096 (NCU11_SIZE), non-causal (NCU11_CAUSAL=yes: causal): the
+#              tensor pipe (wgmma), the exp2 pipe,
 #              FMA/ALU, issue slots, registers, the epilogue's global stores, stall reasons, one row per
 #              step (bench/ncu_steps11.py): ncu_stage11_road.txt
 #   ncu09      Nsight Compute on stage 09's main backward kernel (atomic dQ), bf16, d 64 and 128,
@@ -956,17 +957,19 @@ step_ncu11() {
 # per head dimension with every launch of the kernel profiled; bench/ncu_steps11.py keeps the first
 # launch of each step and tabulates them: ncu_stage11_road.txt.
 step_ncu11road() {
-    local steps=${NCU11_STEPS:-all} d reports=()
-    note "ncu11road: stage 11, steps $steps, bf16, N=4096 non-causal, d=64 (B=4 H=32) and d=128 (B=4 H=16), counters of each step"
+    local steps=${NCU11_STEPS:-all} n=${NCU11_SIZE:-4096} causal=${NCU11_CAUSAL:-no} d reports=()
+    local mask=non-causal
+    [ "$causal" = yes ] && mask=causal
+    note "ncu11road: stage 11, steps $steps, bf16, N=$n $mask, d=64 and d=128 (B*N = 16384, H*d = 2048), counters of each step"
     for d in ${NCU11_DIMS:-64 128}; do
         # shellcheck disable=SC2086  # NCU11_STEPS is a list
         timeout 500 ncu --clock-control none -k "regex:$KERNEL11" --metrics "$(known_metrics "${NCU11_METRICS[@]}" 2>>"$LOGS/ncu11road.log")" \
-            "$BUILD/bench/bench_gpu" --stages 11 --steps11 $steps --dtypes bf16 --sizes 4096 --head-dims "$d" --causal no --repeat 1 \
+            "$BUILD/bench/bench_gpu" --stages 11 --steps11 $steps --dtypes bf16 --sizes "$n" --head-dims "$d" --causal "$causal" --repeat 1 \
             --warmup 0 --check false --json /tmp/ncu.json --csv /tmp/ncu.csv >"$RESULTS/ncu_stage11_road_d${d}_metrics.txt" 2>&1 || status=1
         reports+=("$RESULTS/ncu_stage11_road_d${d}_metrics.txt")
     done
     {
-        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 11's road in Nsight Compute counters (gpu_session.sh ncu11road), bf16, non-causal, B 4, N 4096, H d = 2048, the first launch of each step"
+        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 11's road in Nsight Compute counters (gpu_session.sh ncu11road), bf16, $mask, B $((16384 / n)), N $n, H d = 2048, the first launch of each step"
         python3 bench/ncu_steps11.py "${reports[@]}"
     } >"$RESULTS/ncu_stage11_road.txt" 2>&1 || status=1
     tee -a "$LOGS/summary.txt" <"$RESULTS/ncu_stage11_road.txt"

@@ -6,7 +6,8 @@ dimension, every launch of hopper_forward_kernel profiled).
     ncu_steps11.py REPORT [REPORT ...]
 
 A report holds, per profiled launch, a header line naming the kernel instance
-(`hopper_forward_kernel<__nv_bfloat16, 128, StepN<9>>`) and its counters; the first launch of
+(`hopper_forward_kernel<__nv_bfloat16, 128, StepN<9>>`, or `SmallBlocksN<11>` for step 11's small
+blocks) and its counters; the first launch of
 each (step, d) is kept. The step names come from bench_gpu's own line
 (`stage 11   bf16; steps: 1 (wgmma) 2 (TMA ring) ...`). Columns: the kernel's time, the tensor
 pipe's active cycles (`sm__pipe_tensor_op_hmma_cycles_active`: on sm_90 the pipe wgmma drives, the
@@ -18,7 +19,7 @@ counts as "wait"/"barrier", one waiting on an mbarrier's try_wait as "long score
 import re
 import sys
 
-KERNEL = re.compile(r"hopper_forward_kernel<(?:__nv_bfloat16|__half), (?:\(int\))?(\d+), [^<]*?(Timeline)?StepN<(?:\(int\))?(\d+)>")
+KERNEL = re.compile(r"hopper_forward_kernel<(?:__nv_bfloat16|__half), (?:\(int\))?(\d+), [^<]*?(Timeline)?(?:StepN|SmallBlocksN)<(?:\(int\))?(\d+)>")
 STEPS = re.compile(r"^stage 11 .*steps:(.*?); each", re.M)
 STEP_NAME = re.compile(r"(\d+) \(([^)]*)\)")
 ROW = re.compile(r"^\s*([a-z][a-z0-9_]*__[A-Za-z0-9_.]+)\s+(?:(\S+)\s+)?([0-9][0-9,]*(?:\.[0-9]+)?)\s*$")

@@ -485,7 +485,7 @@ std::string describe_config(const Problem& p, int step) {
                   "memory; per head %lld of %lld key tiles unmasked, %lld masked, %lld skipped",
                   step, road()[size_t(step)].name.c_str(), f.br(), f.bc, f.consumers,
                   f.producer ? " + 1 producer warpgroup" : "", f.stages, f.tma ? "the TMA" : "cp.async",
-                  f.ping_pong ? ", ping-pong" : "", f.overlap ? ", softmax under P V" : "",
+                  f.ping_pong && f.consumers > 1 ? ", ping-pong" : "", f.overlap ? ", softmax under P V" : "",
                   f.heaviest_first_grid && p.causal ? ", heaviest tiles first across groups of " : "", group.c_str(),
                   f.tma_store ? ", O by TMA store" : f.wide_stores ? ", O by 16-byte stores" : "", persistent.c_str(), smem,
                   unmasked, total, masked, total - unmasked - masked);

@@ -18,7 +18,8 @@
 /// the heaviest causal query tiles of a group of heads first; step 7 writes O through shared memory
 /// with a TMA store; step 8 gives d = 64 three consumer warpgroups; step 9 keeps one block per SM,
 /// taking work items from a counter, so that the next item's loads run under this one's end
-/// (detail::run_persistent); step 10 stores O 16 bytes a lane (detail::write_output, kWide).
+/// (detail::run_persistent); step 10 stores O 16 bytes a lane (detail::write_output, kWide); step
+/// 11 runs short causal heads at d = 64 in small blocks, three per SM (Features::small_blocks()).
 #pragma once
 
 #include <cstdint>
