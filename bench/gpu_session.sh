@@ -112,10 +112,9 @@
 #   ncu11      Nsight Compute on stage 11's default kernel, bf16, d 64 and 128, N 4096, non-causal:
 #              tensor-pipe use (wgmma), stall reasons, registers: ncu_stage11_d64/d128
 #   ncu11road  Nsight Compute's counters at every step of stage 11's road (NCU11_STEPS, default all;
-#              NCU11_DIMS "64 128"), bf16, N 4096 (NCU11_SIZE), non-causal (NCU11_CAUSAL=yes: causal): the
-#              tensor pipe (wgmma), the exp2 pipe,
-#              FMA/ALU, issue slots, registers, the epilogue's global stores, stall reasons, one row per
-#              step (bench/ncu_steps11.py): ncu_stage11_road.txt
+#              NCU11_DIMS "64 128"), bf16, N 4096 (NCU11_SIZE), non-causal (NCU11_CAUSAL=yes: causal):
+#              the tensor pipe (wgmma), the exp2 pipe, FMA/ALU, issue slots, registers, the epilogue's
+#              global stores, stall reasons, one row per step (bench/ncu_steps11.py): ncu_stage11_road.txt
 #   ncu09      Nsight Compute on stage 09's main backward kernel (atomic dQ), bf16, d 64 and 128,
 #              N 4096, and the time of each of the backward's three kernels; the same report of the
 #              warp-tiled kernel (step 1): ncu_stage09_tiled_d64/d128, and of steps 2 and 3 at d 128
@@ -960,7 +959,7 @@ step_ncu11road() {
     local steps=${NCU11_STEPS:-all} n=${NCU11_SIZE:-4096} causal=${NCU11_CAUSAL:-no} d reports=()
     local mask=non-causal
     [ "$causal" = yes ] && mask=causal
-    note "ncu11road: stage 11, steps $steps, bf16, N=$n $mask, d=64 and d=128 (B*N = 16384, H*d = 2048), counters of each step"
+    note "ncu11road: stage 11, steps $steps, bf16, N=$n $mask, d ${NCU11_DIMS:-64 128} (B*N = 16384, H*d = 2048), counters of each step"
     for d in ${NCU11_DIMS:-64 128}; do
         # shellcheck disable=SC2086  # NCU11_STEPS is a list
         timeout 500 ncu --clock-control none -k "regex:$KERNEL11" --metrics "$(known_metrics "${NCU11_METRICS[@]}" 2>>"$LOGS/ncu11road.log")" \

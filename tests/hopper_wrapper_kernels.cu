@@ -290,12 +290,12 @@ std::vector<int> mbarrier_round_trip() {
 
 std::vector<uint32_t> quad_transpose_words(const std::vector<uint32_t>& in) {
     cuda::DeviceBuffer<uint32_t> words(128);
-    FA_CUDA_CHECK(cudaMemcpy(words.data(), in.data(), 128 * sizeof(uint32_t), cudaMemcpyHostToDevice));
+    words.copy_from_host(in.data(), 128);
     quad_transpose_kernel<<<1, 32>>>(words.data());
     FA_CUDA_CHECK_LAUNCH("quad_transpose_kernel");
     FA_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint32_t> h(128);
-    FA_CUDA_CHECK(cudaMemcpy(h.data(), words.data(), h.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
+    words.copy_to_host(h.data(), h.size());
     return h;
 }
 

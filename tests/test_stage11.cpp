@@ -466,7 +466,8 @@ TEST_CASE("stage 11 steps 9, 10 and 11: blocks run several work items each and g
     // grid = SMs. Under a causal mask with Nq > Nk whole query tiles see no key (end = 0): the
     // producer skips them, the consumers write O = 0 and LSE = -inf, and the Q and ring phases
     // must still agree. Steps 8, 9 and 10 do the same arithmetic (only the epilogue's stores
-    // differ): their O and LSE are compared bit for bit.
+    // differ), and so does step 11 wherever it runs step 10's kernel: their O and LSE are compared
+    // bit for bit (step 11's small blocks have their own case below).
     const int64_t shapes[][4] = {{4, 16, 1024, 1024}, {3, 20, 700, 900}, {2, 40, 1000, 300}};
     uint64_t seed = 1600;
     for (const auto& sh : shapes) {

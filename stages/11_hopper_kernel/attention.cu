@@ -117,11 +117,7 @@ unsigned grid_blocks(const Features& f, int q_tiles, int batch_heads) {
 template <class T, int D, class Step>
 void launch_step(const Args<T>& a, cudaStream_t stream, const std::string& what) {
     using S = Shape<T, D, Step>;
-    cuda::allow_dynamic_shared_memory<hopper_forward_kernel<T, D, Step>>(S::kSmemBytes);
-    if constexpr (S::kF.blocks_per_sm > 1) {  // as much of each SM's 256 KB as it gives to shared memory
-        FA_CUDA_CHECK(cudaFuncSetAttribute(hopper_forward_kernel<T, D, Step>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                           int(cudaSharedmemCarveoutMaxShared)));
-    }
+    cuda::allow_dynamic_shared_memory<hopper_forward_kernel<T, D, Step>>(S::kSmemBytes, S::kF.blocks_per_sm > 1);
     const unsigned blocks = grid_blocks(S::kF, a.q_tiles, a.batch_heads);
     hopper_forward_kernel<T, D, Step><<<blocks, S::kThreads, S::kSmemBytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH("stage11 hopper_forward_kernel<d=" + std::to_string(D) + ", " + what + ">");
@@ -142,6 +138,11 @@ template <class T, int D, int N>
 void launch_timeline(const Args<T>& a, cudaStream_t stream) {
     launch_step<T, D, TimelineStepN<N>>(a, stream, "step " + std::to_string(N) + ", instrumented");
 }
+
+/// Step 11: the most keys a causal head at d = 64 may have for the small blocks
+/// (Features::small_blocks()). Measured on an H100 (bf16 and fp16): x1.18 over step 10 at
+/// Nk = 1024, x0.98 at Nk = 2048 (docs/results/stage11_small_blocks.txt).
+constexpr int kSmallBlocksMaxKeys = 1024;
 
 /// Whether step `step` runs its small blocks on problem p (step 11: d = 64, causal, Nk <= kSmallBlocksMaxKeys).
 bool small_blocks_for(int step, const Problem& p) {

@@ -63,7 +63,7 @@ struct Features {
     bool persistent = false;  ///< one block per SM loops over the work; the next tile's loads overlap this tile's end
     bool wide_stores = false;  ///< plain-store epilogue: a quad transposes its words and each lane stores 16 bytes
     int blocks_per_sm = 1;     ///< blocks an SM holds at once (the launch bounds; the persistent grid's blocks per SM)
-    bool small_blocks_short_causal = false;  ///< at d = 64, causal, Nk <= kSmallBlocksMaxKeys: small_blocks()' kernel
+    bool small_blocks_short_causal = false;  ///< at d = 64, causal, few keys: small_blocks()' kernel (the host's rule)
     bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
@@ -153,8 +153,8 @@ struct Features {
         f.wide_stores = true;
         return f;
     }
-    /// Step 11: at d = 64 under a causal mask with few keys (Nk <= kSmallBlocksMaxKeys), the host
-    /// launches small_blocks()' kernel instead of step 10's. The choice follows the problem, as a
+    /// Step 11: at d = 64 under a causal mask with few keys (attention.cu's kSmallBlocksMaxKeys), the
+    /// host launches small_blocks()' kernel instead of step 10's. The choice follows the problem, as a
     /// library chooses tile shapes; every other problem runs step 10.
     constexpr Features with_small_blocks_for_short_causal_heads() const {
         Features f = *this;
@@ -207,11 +207,6 @@ struct Features {
         return per_thread < 255 ? per_thread : 255;
     }
 };
-
-/// Step 11: the most keys a causal head at d = 64 may have for the small blocks
-/// (Features::small_blocks()). Measured on an H100 (bf16): x1.18 over step 10 at Nk = 1024,
-/// x0.98 at Nk = 2048 (docs/results/stage11_small_blocks.txt).
-constexpr int kSmallBlocksMaxKeys = 1024;
 //! [features]
 
 /// Pointers, strides (in elements), sizes and tensor maps the kernel reads.

@@ -57,11 +57,17 @@ namespace fa::cuda {
 
 /// Lets kernel `kKernel` launch with `bytes` of dynamic shared memory. Above 48 KiB a kernel
 /// must opt in with cudaFuncSetAttribute; this does it once per process and kernel (the first
-/// call's `bytes` counts: a kernel instance always asks for the same amount).
+/// call's arguments count: a kernel instance always asks for the same). With
+/// `max_shared_carveout` it also asks for the largest carveout of the SM's 256 KB for shared
+/// memory, so that several blocks that each need much of it fit on one SM (stage 11's small blocks).
 template <auto kKernel>
-void allow_dynamic_shared_memory(size_t bytes) {
-    static const bool allowed = [bytes] {
+void allow_dynamic_shared_memory(size_t bytes, bool max_shared_carveout = false) {
+    static const bool allowed = [bytes, max_shared_carveout] {
         FA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+        if (max_shared_carveout) {
+            FA_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               int(cudaSharedmemCarveoutMaxShared)));
+        }
         return true;
     }();
     (void)allowed;
