@@ -18,6 +18,7 @@
 #include <functional>
 #include <iterator>
 #include <limits>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -329,6 +330,33 @@ TEST_CASE("the dropout map: which counter and key words hold what, which byte de
     all.validate();
     all.dropout.p = 0.1;
     CHECK(contains(all.describe(), "dropout=0.1 (runs as 26/256)"));
+}
+
+TEST_CASE("dropout_keep4: four bytes compared at once equal the byte-by-byte comparison, for every threshold") {
+    // Every threshold t and every value of each byte, the other three bytes random, and the
+    // boundaries (t - 1, t, t + 1 in all four bytes): bit k is 1 iff byte k >= t.
+    std::mt19937 rng(20261126);
+    for (uint32_t t = 0; t < 256; ++t) {
+        const uint32_t t4 = t * 0x01010101u;
+        const auto want = [t](uint32_t word) {
+            uint32_t bits = 0;
+            for (uint32_t k = 0; k < 4; ++k) bits |= uint32_t(((word >> (8 * k)) & 0xffu) >= t) << k;
+            return bits;
+        };
+        int wrong = 0;
+        for (uint32_t k = 0; k < 4; ++k)
+            for (uint32_t byte = 0; byte < 256; ++byte) {
+                const uint32_t word = (rng() & ~(0xffu << (8 * k))) | (byte << (8 * k));
+                wrong += dropout_keep4(word, t4) != want(word);
+            }
+        for (uint32_t b : {t - 1, t, t + 1}) {
+            const uint32_t word = (b & 0xffu) * 0x01010101u;
+            wrong += dropout_keep4(word, t4) != want(word);
+        }
+        CHECK_MESSAGE(wrong == 0, "threshold " << t);
+    }
+    CHECK(dropout_keep4(0x00ff7f80u, 128u * 0x01010101u) == 0b0101u);  // bytes 0x80, 0x7f, 0xff, 0x00
+    CHECK(dropout_keep4(0x12345678u, 0u) == 0xfu);                      // t = 0 keeps everything
 }
 
 TEST_CASE("dropout keeps 1 - p' of 10^6 entries to within 5 standard deviations, in each of the 16 bytes") {

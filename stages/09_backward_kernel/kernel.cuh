@@ -203,7 +203,6 @@ struct Args {
     // threshold, with b the batch entry or packed sequence, h the query head, i and j counted
     // within the sequence: stage 07's forward map, regenerated here bit for bit.
     uint32_t dropout_threshold;  ///< kDropout: t = round(256 p); a score whose byte is below t is dropped
-    float dropout_keep_scale;    ///< kDropout: 256 / (256 - t) = 1 / (1 - p'), a kept entry's factor
     uint32_t dropout_seed_lo;    ///< kDropout: the seed's bits 0..31, Philox key word 0
     uint32_t dropout_seed_hi;    ///< kDropout: the seed's bits 32..63, Philox key word 1
     uint32_t dropout_offset;     ///< kDropout: Philox counter word 3
@@ -245,6 +244,11 @@ struct PreprocessArgs {
     int seq_q;          ///< Nq
     int seq_q_padded;   ///< Nq rounded up to a whole number of query blocks
     int br;             ///< Br of the main kernel (a turn counter per query block)
+    /// Dropout: log2 of c = 1/(1 - p'), subtracted from each row's L log2(e), so that the main
+    /// kernel's exp2 gives c P (0 without dropout).
+    float lse_log2_shift;
+    /// Dropout: 1/c = 1 - p', each row's D multiplied by it (1 without dropout).
+    float delta_scale;
 };
 
 /// What the postprocessing kernel reads and writes.
@@ -389,11 +393,11 @@ __global__ void __launch_bounds__(kPrePostThreads) backward_preprocess_kernel(co
     acc[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (chunk == 0) {
-        a.delta[row] = sum;
+        a.delta[row] = sum * a.delta_scale;
         const float lse = real ? a.lse[b * a.lse_sb + h * a.lse_sh + n * a.lse_sn] : -INFINITY;
         // P = exp2(s*scale*log2e - L*log2e). A row that sees no key has L = -inf; +inf here makes
         // its P exactly 0 for every score (exp2(-inf) = 0) instead of exp2(+inf) = inf.
-        a.lse_log2[row] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f;
+        a.lse_log2[row] = lse == -INFINITY ? INFINITY : lse * 1.4426950408889634f - a.lse_log2_shift;
         if (a.turns != nullptr && n % a.br == 0) a.turns[int64_t(bh) * (a.seq_q_padded / a.br) + n / a.br] = 0;
     }
 }

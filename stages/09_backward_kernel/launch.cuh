@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -466,6 +467,7 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
     pre.lse_sb = lse.stride[0], pre.lse_sh = lse.stride[1], pre.lse_sn = lse.stride[2];
     pre.rows = c.batch_heads * c.seq_q_padded;
     pre.heads = int(p.heads), pre.seq_q = int(p.seq_q), pre.seq_q_padded = int(c.seq_q_padded), pre.br = geo.br;
+    pre.lse_log2_shift = 0.0f, pre.delta_scale = 1.0f;  // dropout sets them below
     l.pre_blocks = ceil_div(pre.rows, kPrePostThreads / (D / 8));
 
     Args<T>& a = l.main;
@@ -495,7 +497,10 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
     }
     if (m.dropout.enabled()) {  // stage 07's map (fa/philox.hpp), as its forward drew it
         a.dropout_threshold = dropout_threshold(m.dropout.p);
-        a.dropout_keep_scale = float(dropout_keep_scale(m.dropout.p));
+        // The kept entries' factor c = 1/(1 - p') rides in P itself: exp2 of the scores minus
+        // L log2(e) - log2(c) is c P, and D is divided by c (warp_tiled.cuh's dS).
+        pre.lse_log2_shift = float(std::log2(dropout_keep_scale(m.dropout.p)));
+        pre.delta_scale = float(1.0 / dropout_keep_scale(m.dropout.p));
         a.dropout_seed_lo = uint32_t(m.dropout.seed), a.dropout_seed_hi = uint32_t(m.dropout.seed >> 32);
         a.dropout_offset = m.dropout.offset;
     }

@@ -314,6 +314,7 @@ __device__ __forceinline__ void dropout_keep_bits(uint32_t (&keep)[TiledShape<T,
     const int g = lane / 4, t = lane % 4;
     const uint32_t parity = uint32_t(g % 2);
     const PhiloxKey key{{a.dropout_seed_lo, a.dropout_seed_hi}};
+    const uint32_t threshold4 = a.dropout_threshold * 0x01010101u;  // t in each byte
 #pragma unroll
     for (int m = 0; m < S::kKeyTiles / 2; ++m)
 #pragma unroll
@@ -322,9 +323,9 @@ __device__ __forceinline__ void dropout_keep_bits(uint32_t (&keep)[TiledShape<T,
             const uint32_t col = uint32_t(key0 + 32 * m + g);                 // key g of the 32
             const PhiloxWords bytes =
                 philox4x32_10(dropout_counter(a.dropout_offset, site.sequence, site.head, row, col), key);
-            uint32_t mine = 0;
-#pragma unroll
-            for (uint32_t b = 0; b < 16; ++b) mine |= uint32_t(philox_byte(bytes, b) >= a.dropout_threshold) << b;
+            // Byte b of the call decides bit b: four bytes at a time (fa/philox.hpp's dropout_keep4).
+            const uint32_t mine = dropout_keep4(bytes.w[0], threshold4) | dropout_keep4(bytes.w[1], threshold4) << 4 |
+                                  dropout_keep4(bytes.w[2], threshold4) << 8 | dropout_keep4(bytes.w[3], threshold4) << 12;
             const uint32_t theirs = __shfl_xor_sync(0xffffffffu, mine, 4);  // key g ^ 1's lane: the other column
             // Low half: the call of column 2t, high half: of 2t + 1; shifted so that key parity g % 2 is bit 0.
             keep[m][n] = (parity != 0 ? theirs | mine << 16 : mine | theirs << 16) >> parity;
@@ -392,9 +393,10 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
     // Dropout: the keep bits of the step's scores, drawn before S^T (fewer registers live).
     [[maybe_unused]] uint32_t keep[kDropout<F> ? S::kKeyTiles / 2 : 1][kDropout<F> ? S::kNTiles / 2 : 1];
     if constexpr (kDropout<F>) dropout_keep_bits<T, D, F>(keep, kv0 + key_row0, q0 + c0, site, a, lane);
-    // Entry e of tile (mt, nt) of P~ (or Z dP~): x / (1 - p') if kept, else 0.
+    // Entry e of tile (mt, nt) of Z o x: x if kept, else 0. The factor 1/(1 - p') is already in P
+    // (the preprocessing folded it into the LSE) and the D it meets (divided by it): see below.
     [[maybe_unused]] const auto dropped = [&](float x, int mt, int nt, int e) {
-        return dropout_kept(keep, mt, nt, e) ? x * a.dropout_keep_scale : 0.0f;
+        return dropout_kept(keep, mt, nt, e) ? x : 0.0f;
     };
     //! [model_dropout_bits]
 
@@ -451,7 +453,8 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
             }
     }
     // P^T into shared memory (16-bit) for dV; the float32 P^T stays in registers for dS^T.
-    // Dropped: dV takes P~^T, the dropped and scaled P^T.
+    // Dropped: the registers hold c P^T (c = 1/(1 - p'), folded into the LSE by the
+    // preprocessing), and dV takes P~^T = M o c P^T, M the keep bits: the kept entries as they are.
     if constexpr (!kPtInRegisters<F>) {
         const auto pt = [&](int mt, int nt, int e) {
             if constexpr (kDropout<F>) {
@@ -474,7 +477,9 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
         float dp[S::kKeyTiles][S::kNTiles][4];
         product(dp, v_a, do_b);
         //! [model_dropout_ds]
-        // Dropped: the product is dP~^T = (dO V^T)^T; dS takes dP = dP~ o Z, and P (not P~).
+        // Dropped: the product is dP~^T = (dO V^T)^T, and dS = P o (dP - D) with dP = c M o dP~.
+        // The registers hold c P and the D slots D / c, so dS = c P o (M o dP~ - D / c): the kept
+        // entries of dP~ as they are, no multiply.
         if constexpr (kDropout<F>) {
 #pragma unroll
             for (int mt = 0; mt < S::kKeyTiles; ++mt)
@@ -510,7 +515,8 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
         }
         if constexpr (kPtInRegisters<F> && kDropout<F>) {
             //! [model_dropout_pt_registers]
-            // Dropped, P^T in registers: dS^T is formed, so the registers of P^T now take P~^T for dV.
+            // Dropped, P^T in registers: dS^T is formed, so the registers of c P^T now take
+            // P~^T = M o c P^T for dV.
 #pragma unroll
             for (int mt = 0; mt < S::kKeyTiles; ++mt)
 #pragma unroll

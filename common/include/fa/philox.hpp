@@ -167,6 +167,31 @@ FA_HD constexpr uint32_t dropout_byte(uint32_t row, uint32_t col) {
 /// \f$n\f$ known at compile time (dropout_byte() of each of its scores).
 FA_HD constexpr uint32_t philox_byte(const PhiloxWords& r, uint32_t n) { return (r.w[n / 4] >> (8u * (n % 4u))) & 0xffu; }
 
+/// The keep bits of one word's four bytes: bit \f$k\f$ is 1 iff byte \f$k\f$ of `word` is
+/// \f$\ge t\f$, where `threshold4` holds \f$t\f$ in each of its four bytes (\f$t \cdot\f$
+/// 0x01010101). The four comparisons at once, in the word's own bits ("SWAR"):
+///
+/// - \f$d = (w \lor \mathtt{0x80808080}) - (t_4 \land \mathtt{0x7f7f7f7f})\f$: in each byte
+///   \f$(128 + w_{\mathrm{low}}) - t_{\mathrm{low}} \ge 1\f$ (the low seven bits), so no byte
+///   borrows from the next, and the byte's top bit is 1 iff \f$w_{\mathrm{low}} \ge t_{\mathrm{low}}\f$;
+/// - a byte is \f$\ge t\f$ iff its top bit is 1 where \f$t\f$'s is 0, or the two top bits are
+///   equal and \f$d\f$'s is 1: \f$g = ((w \land \lnot t_4) \lor (\lnot(w \oplus t_4) \land d))
+///   \land \mathtt{0x80808080}\f$, one three-input logic op and a mask;
+/// - the product \f$g \cdot \mathtt{0x00204081}\f$ moves bit \f$8k + 7\f$ to bit \f$28 + k\f$
+///   (the partial products land on distinct bits, so nothing carries), and \f$\gg 28\f$ leaves the
+///   four keep bits.
+///
+/// About seven integer instructions a word where a byte at a time takes three or four a byte; the
+/// backward kernels, which draw the bits of every score they hold, use it (stage 09's
+/// dropout_keep_bits()). The tests compare it with the byte-by-byte definition for every
+/// threshold and byte value.
+FA_HD constexpr uint32_t dropout_keep4(uint32_t word, uint32_t threshold4) {
+    constexpr uint32_t kHigh = 0x80808080u;
+    const uint32_t d = (word | kHigh) - (threshold4 & ~kHigh);
+    const uint32_t ge = ((word & ~threshold4) | (~(word ^ threshold4) & d)) & kHigh;
+    return (ge * 0x00204081u) >> 28;
+}
+
 /// The keep bits of the whole group that holds score (`row`, `col`): bit \f$n\f$ is 1 iff byte
 /// \f$n\f$ of the Philox4x32-10 call is \f$\ge\f$ `threshold` (dropout_threshold()). One call.
 FA_HD constexpr uint32_t dropout_keep16(uint64_t seed, uint32_t offset, uint32_t batch, uint32_t head, uint32_t row,
