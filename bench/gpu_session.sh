@@ -124,6 +124,11 @@
 #   ncudrop    Nsight Compute on dropout's price: stage 07's forward and stage 09's backward, causal,
 #              bf16, N 4096, d NCUDROP_DIMS (default "64 128"), p 0 and 0.1: ncu_stage07_dropout<p>_d<d>,
 #              ncu_stage09_dropout<p>_d<d> (pipes, issue slots, stalls)
+#   ncugqa     Nsight Compute on stage 09's main backward kernel (atomic dQ), causal, bf16, at d
+#              NCUGQA_DIM (default 128) and N NCUGQA_N (default 16384): the plain causal kernel and
+#              the grouped-heads kernel with 4:1 and 8:1 groups (--model07 G/-1/0), with the SMs'
+#              busiest and average active cycles (the blocks' balance): ncu_stage09_gqa<G>_d<d>,
+#              gqa_price.txt
 #   lessons    the runs the lessons of stages 05, 06, 07, 09 and 10 show
 #
 # Run from the repository root. Logs and results are written under /tmp/fa-session, then packed
@@ -176,7 +181,7 @@ build_targets() {
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts test_stage11_schedule make_npy_inputs) ;;
             timeline11) targets+=(stage11_hopper_kernel) ;;
-            road | road05 | road11 | groups11 | switches07 | stage10 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncu11 | ncu11road)
+            road | road05 | road11 | groups11 | switches07 | stage10 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncugqa | ncu11 | ncu11road)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -1074,6 +1079,57 @@ NCUDROP_METRICS=(
     sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
 )
 
+# The grouped heads' price in the backward: the main kernel (atomic dQ) of a causal call, plain
+# and with groups G = 4, 8 (stage 10's --model07 G/-1/0: one block per key block of a K/V head
+# visits the group's query heads in turn, split over S blocks by launch.cuh's rule). Beside
+# ncudrop's counters, the SMs' active cycles, busiest and average: their ratio is how much longer
+# the busiest SM ran than the average one (the blocks' balance over the SMs).
+NCUGQA_METRICS=(
+    "${NCUDROP_METRICS[@]}"
+    sm__cycles_active.max
+    sm__cycles_active.avg
+)
+
+step_ncugqa() {
+    note "ncugqa: the grouped heads' price in stage 09's main backward kernel (atomic dQ), causal, bf16"
+    local d=${NCUGQA_DIM:-128} n=${NCUGQA_N:-16384} g name model filter out="$RESULTS/gqa_price.txt"
+    for g in plain 4 8; do
+        name="ncu_stage09_gqa${g}_d$d"
+        model=() && filter="$KERNEL09_TILED<.*$ATOMIC09"
+        if [ "$g" != plain ]; then
+            model=(--model07 "$g/-1/0")
+            filter="$KERNEL09_TILED<.*ModelFeatures.*$ATOMIC09"
+        fi
+        NCU_METRICS=NCUGQA_METRICS NCU_NAME_BASE=demangled ncu_one "$filter" "$name" --stages 07 09 --dtypes bf16 \
+            --sizes "$n" --head-dims "$d" --causal yes "${model[@]}"
+    done
+    {
+        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 09's main backward kernel, causal, bf16, d $d, N $n, H d = 2048 (gpu_session.sh ncugqa), one launch each"
+        printf '%-8s %10s %14s %8s %8s %12s %10s %8s %8s %8s %8s\n' groups time_us warp_inst issue% tensor% local_ld_MB busiest/avg long_sb wait barrier lg_thr
+        for g in plain 4 8; do
+            f="$RESULTS/ncu_stage09_gqa${g}_d${d}_metrics.txt"
+            [ -f "$f" ] || continue
+            awk -v g="$g" '
+                function num(s) { gsub(",", "", s); return s + 0 }
+                function scaled(unit, v) { return unit == "ms" ? v * 1000 : unit == "s" ? v * 1e6 : v }
+                function mb(unit, v) { return unit == "Gbyte" ? v * 1000 : unit == "Kbyte" ? v / 1000 : unit == "byte" ? v / 1e6 : v }
+                /gpu__time_duration.sum/ { t = scaled($(NF-1), num($NF)) }
+                /smsp__inst_executed.sum/ { inst = num($NF) }
+                /smsp__issue_active.avg.pct/ { issue = num($NF) }
+                /hmma_cycles_active/ { tc = num($NF) }
+                /local_op_ld.sum/ { lmem = NF == 3 ? mb($(NF-1), num($NF)) : num($NF) / 1e6 }
+                /sm__cycles_active.max/ { cmax = num($NF) }
+                /sm__cycles_active.avg/ { cavg = num($NF) }
+                /stalled_long_scoreboard/ { lsb = num($NF) }
+                /stalled_wait_per/ { wt = num($NF) }
+                /stalled_barrier/ { bar = num($NF) }
+                /stalled_lg_throttle/ { lg = num($NF) }
+                END { printf "%-8s %10.0f %14.0f %8.1f %8.1f %12.0f %10.2f %8.2f %8.2f %8.2f %8.2f\n", g, t, inst, issue, tc, lmem, (cavg > 0 ? cmax / cavg : 0), lsb, wt, bar, lg }' "$f"
+        done
+    } >"$out"
+    tee -a "$LOGS/summary.txt" <"$out"
+}
+
 # Dropout's price in one table, from the ncudrop step's counters: per kernel and d, p 0 against
 # p 0.1: the kernel's time, warp instructions, thread instructions per visible score (B H N^2 / 2
 # scores at N 4096, causal: the problem bench_gpu times, B N = 16384 and H d = 2048), issue slots
@@ -1299,7 +1355,7 @@ trap 'kill "$packer" 2>/dev/null' EXIT
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncuflash09 ncu11 ncu11road lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncu11 ncu11road lessons"
         status=2
         continue
     fi

@@ -254,13 +254,14 @@ using stage07::MaxSeqlens;
 /// (attention.cuh's kDefaultStep; attention.cu checks that they agree).
 inline constexpr int kModelStep = 9;
 
-/// The default main kernel with stage 10's switches: grouped-query heads and a sliding window
-/// (both runtime values: Hq / Hk = 1 and the full or causal window are their plain cases), and the
-/// soft cap where `Softcap` (a tanh per score and 1 - tanh^2 in dS), so that only the calls that
-/// ask for it pay it. Calls without any of them run the default kernel itself
-/// (ResolvedOptions::plain()).
-template <int D, bool Softcap>
-using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, true, Softcap>;
+/// The default main kernel with stage 10's switches: grouped-query heads (a runtime value: Hq / Hk
+/// = 1 is its plain case), a sliding window where `Window` (the window's bounds are runtime
+/// values, but its masks and query-block ranges cost registers even where the window is full or
+/// causal, so calls without a band run the instance without it), and the soft cap where `Softcap`
+/// (a tanh per score and 1 - tanh^2 in dS), so that only the calls that ask for it pay it. Calls
+/// without any of them run the default kernel itself (ResolvedOptions::plain()).
+template <int D, bool Softcap, bool Window = true>
+using ModelStep = ModelFeatures<TiledStepFeatures<D, kModelStep>, true, Window, Softcap>;
 
 /// stage07::resolve_options() (InputError for Hk not dividing Hq, a bound below -1, a negative
 /// or infinite cap, a dropout p out of range: Dropout::validate()), and what this backward adds:
@@ -288,13 +289,22 @@ decltype(auto) with_dropout_if(const ResolvedOptions& options, Run&& run) {
     return run(F{});
 }
 
+/// Whether `options` ask for a band of keys narrower than the full or causal window: then the
+/// window's instances run (ModelStep's `Window`).
+inline bool has_band(const ResolvedOptions& options) { return options.left >= 0 || options.right > 0; }
+
 /// Calls `run(F{})` with the features the default main kernel runs for `options`: its own when
-/// they are plain, otherwise ModelStep with or without the soft cap, Dropped with dropout.
+/// they are plain, otherwise ModelStep with or without the window and the soft cap, Dropped with
+/// dropout.
 template <int D, class Run>
 decltype(auto) with_model_features(const ResolvedOptions& options, Run&& run) {
     if (options.plain()) return run(TiledStepFeatures<D, kModelStep>{});
-    if (options.softcap > 0.0) return with_dropout_if<ModelStep<D, true>>(options, run);
-    return with_dropout_if<ModelStep<D, false>>(options, run);
+    if (options.softcap > 0.0) {
+        if (has_band(options)) return with_dropout_if<ModelStep<D, true>>(options, run);
+        return with_dropout_if<ModelStep<D, true, false>>(options, run);
+    }
+    if (has_band(options)) return with_dropout_if<ModelStep<D, false>>(options, run);
+    return with_dropout_if<ModelStep<D, false, false>>(options, run);
 }
 //! [model_steps]
 
