@@ -1079,11 +1079,26 @@ NCUDROP_METRICS=(
     sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
 )
 
+# The awk both Nsight Compute tables (ncudrop's, ncugqa's) begin with: numbers without their
+# commas, times in microseconds, bytes in MB, and the counters both print (time, warp
+# instructions, issue slots, the tensor pipe, local loads).
+NCU_TABLE_AWK='
+    function num(s) { gsub(",", "", s); return s + 0 }
+    function scaled(unit, v) { return unit == "ms" ? v * 1000 : unit == "s" ? v * 1e6 : v }
+    function mb(unit, v) { return unit == "Gbyte" ? v * 1000 : unit == "Kbyte" ? v / 1000 : unit == "byte" ? v / 1e6 : v }
+    /gpu__time_duration.sum/ { t = scaled($(NF-1), num($NF)) }
+    /smsp__inst_executed.sum/ { inst = num($NF) }
+    /smsp__issue_active.avg.pct/ { issue = num($NF) }
+    /hmma_cycles_active/ { tc = num($NF) }
+    /local_op_ld.sum/ { lmem = NF == 3 ? mb($(NF-1), num($NF)) : num($NF) / 1e6 }
+'
+
 # The grouped heads' price in the backward: the main kernel (atomic dQ) of a causal call, plain
 # and with groups G = 4, 8 (stage 10's --model07 G/-1/0: one block per key block of a K/V head
 # visits the group's query heads in turn, split over S blocks by launch.cuh's rule). Beside
 # ncudrop's counters, the SMs' active cycles, busiest and average: their ratio is how much longer
 # the busiest SM ran than the average one (the blocks' balance over the SMs).
+# shellcheck disable=SC2034  # read by name: NCU_METRICS=NCUGQA_METRICS (ncu_command's nameref)
 NCUGQA_METRICS=(
     "${NCUDROP_METRICS[@]}"
     sm__cycles_active.max
@@ -1092,7 +1107,8 @@ NCUGQA_METRICS=(
 
 step_ncugqa() {
     note "ncugqa: the grouped heads' price in stage 09's main backward kernel (atomic dQ), causal, bf16"
-    local d=${NCUGQA_DIM:-128} n=${NCUGQA_N:-16384} g name model filter out="$RESULTS/gqa_price.txt"
+    local d=${NCUGQA_DIM:-128} n=${NCUGQA_N:-16384} g f name filter table="$RESULTS/gqa_price.txt"
+    local -a model
     for g in plain 4 8; do
         name="ncu_stage09_gqa${g}_d$d"
         model=() && filter="$KERNEL09_TILED<.*$ATOMIC09"
@@ -1109,15 +1125,7 @@ step_ncugqa() {
         for g in plain 4 8; do
             f="$RESULTS/ncu_stage09_gqa${g}_d${d}_metrics.txt"
             [ -f "$f" ] || continue
-            awk -v g="$g" '
-                function num(s) { gsub(",", "", s); return s + 0 }
-                function scaled(unit, v) { return unit == "ms" ? v * 1000 : unit == "s" ? v * 1e6 : v }
-                function mb(unit, v) { return unit == "Gbyte" ? v * 1000 : unit == "Kbyte" ? v / 1000 : unit == "byte" ? v / 1e6 : v }
-                /gpu__time_duration.sum/ { t = scaled($(NF-1), num($NF)) }
-                /smsp__inst_executed.sum/ { inst = num($NF) }
-                /smsp__issue_active.avg.pct/ { issue = num($NF) }
-                /hmma_cycles_active/ { tc = num($NF) }
-                /local_op_ld.sum/ { lmem = NF == 3 ? mb($(NF-1), num($NF)) : num($NF) / 1e6 }
+            awk -v g="$g" "$NCU_TABLE_AWK"'
                 /sm__cycles_active.max/ { cmax = num($NF) }
                 /sm__cycles_active.avg/ { cavg = num($NF) }
                 /stalled_long_scoreboard/ { lsb = num($NF) }
@@ -1126,8 +1134,8 @@ step_ncugqa() {
                 /stalled_lg_throttle/ { lg = num($NF) }
                 END { printf "%-8s %10.0f %14.0f %8.1f %8.1f %12.0f %10.2f %8.2f %8.2f %8.2f %8.2f\n", g, t, inst, issue, tc, lmem, (cavg > 0 ? cmax / cavg : 0), lsb, wt, bar, lg }' "$f"
         done
-    } >"$out"
-    tee -a "$LOGS/summary.txt" <"$out"
+    } >"$table"
+    tee -a "$LOGS/summary.txt" <"$table"
 }
 
 # Dropout's price in one table, from the ncudrop step's counters: per kernel and d, p 0 against
@@ -1142,16 +1150,8 @@ dropout_price_table() {
             for p in 0 0.1; do
                 f="$dir/ncu_${k}_dropout${p}_d${d}_metrics.txt"
                 [ -f "$f" ] || continue
-                awk -v k="$k" -v d="$d" -v p="$p" '
-                    function num(s) { gsub(",", "", s); return s + 0 }
-                    function scaled(unit, v) { return unit == "ms" ? v * 1000 : unit == "s" ? v * 1e6 : v }
-                    function mb(unit, v) { return unit == "Gbyte" ? v * 1000 : unit == "Kbyte" ? v / 1000 : unit == "byte" ? v / 1e6 : v }
-                    /gpu__time_duration.sum/ { t = scaled($(NF-1), num($NF)) }
-                    /smsp__inst_executed.sum/ { inst = num($NF) }
-                    /smsp__issue_active.avg.pct/ { issue = num($NF) }
-                    /hmma_cycles_active/ { tc = num($NF) }
+                awk -v k="$k" -v d="$d" -v p="$p" "$NCU_TABLE_AWK"'
                     /sm__pipe_alu_cycles_active/ { alu = num($NF) }
-                    /local_op_ld.sum/ { lmem = NF == 3 ? mb($(NF-1), num($NF)) : num($NF) / 1e6 }
                     END {
                         scores = 4 * (2048 / d) * 4096 * 4096 / 2
                         printf "%-18s %4d %4s %10.0f %14.0f %14.1f %8.1f %8.1f %8.1f %12.0f\n", k, d, p, t, inst, 32 * inst / scores, issue, tc, alu, lmem
