@@ -393,8 +393,9 @@ __device__ __forceinline__ void tiled_scores(DkvAccumulators<T, D, F>& dk, DkvAc
     // Dropout: the keep bits of the step's scores, drawn before S^T (fewer registers live).
     [[maybe_unused]] uint32_t keep[kDropout<F> ? S::kKeyTiles / 2 : 1][kDropout<F> ? S::kNTiles / 2 : 1];
     if constexpr (kDropout<F>) dropout_keep_bits<T, D, F>(keep, kv0 + key_row0, q0 + c0, site, a, lane);
-    // Entry e of tile (mt, nt) of Z o x: x if kept, else 0. The factor 1/(1 - p') is already in P
-    // (the preprocessing folded it into the LSE) and the D it meets (divided by it): see below.
+    // Entry e of tile (mt, nt) of M o x, M the keep bits: x if kept, else 0. The factor
+    // c = 1/(1 - p') is already in P (the preprocessing folded it into the LSE) and in the D it
+    // meets (divided by it): see below.
     [[maybe_unused]] const auto dropped = [&](float x, int mt, int nt, int e) {
         return dropout_kept(keep, mt, nt, e) ? x : 0.0f;
     };
