@@ -1108,8 +1108,8 @@ NCUGQA_METRICS=(
 step_ncugqa() {
     note "ncugqa: the grouped heads' price in stage 09's main backward kernel (atomic dQ), causal, bf16"
     local d=${NCUGQA_DIM:-128} n=${NCUGQA_N:-16384} g f name filter table="$RESULTS/gqa_price.txt"
-    local -a model
-    for g in plain 4 8; do
+    local -a model groups=(plain 4 8)
+    for g in "${groups[@]}"; do
         name="ncu_stage09_gqa${g}_d$d"
         model=() && filter="$KERNEL09_TILED<.*$ATOMIC09"
         if [ "$g" != plain ]; then
@@ -1122,7 +1122,7 @@ step_ncugqa() {
     {
         echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 09's main backward kernel, causal, bf16, d $d, N $n, H d = 2048 (gpu_session.sh ncugqa), one launch each"
         printf '%-8s %10s %14s %8s %8s %12s %10s %8s %8s %8s %8s\n' groups time_us warp_inst issue% tensor% local_ld_MB busiest/avg long_sb wait barrier lg_thr
-        for g in plain 4 8; do
+        for g in "${groups[@]}"; do
             f="$RESULTS/ncu_stage09_gqa${g}_d${d}_metrics.txt"
             [ -f "$f" ] || continue
             awk -v g="$g" "$NCU_TABLE_AWK"'

@@ -42,9 +42,12 @@ struct ResolvedOptions {
     double softcap = 0.0;  ///< c; 0: off
     Dropout dropout;       ///< p (0: off), seed, offset
 
+    /// A band of keys narrower than the full or causal window: a left bound, or a right one past
+    /// the diagonal.
+    bool has_band() const { return left >= 0 || right > 0; }
     /// No grouping, no cap, no dropout, and the window full or causal: the road's final kernel runs
     /// as it is.
-    bool plain() const { return kv_group == 1 && softcap == 0.0 && !dropout.enabled() && left < 0 && right <= 0; }
+    bool plain() const { return kv_group == 1 && softcap == 0.0 && !dropout.enabled() && !has_band(); }
 };
 
 /// Checks `options` against `problem` (InputError naming what is wrong and what is allowed) and

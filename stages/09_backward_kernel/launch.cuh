@@ -289,21 +289,17 @@ decltype(auto) with_dropout_if(const ResolvedOptions& options, Run&& run) {
     return run(F{});
 }
 
-/// Whether `options` ask for a band of keys narrower than the full or causal window: then the
-/// window's instances run (ModelStep's `Window`).
-inline bool has_band(const ResolvedOptions& options) { return options.left >= 0 || options.right > 0; }
-
 /// Calls `run(F{})` with the features the default main kernel runs for `options`: its own when
-/// they are plain, otherwise ModelStep with or without the window and the soft cap, Dropped with
-/// dropout.
+/// they are plain, otherwise ModelStep with or without the soft cap, with the window's code only
+/// for a band (ResolvedOptions::has_band()), Dropped with dropout.
 template <int D, class Run>
 decltype(auto) with_model_features(const ResolvedOptions& options, Run&& run) {
     if (options.plain()) return run(TiledStepFeatures<D, kModelStep>{});
     if (options.softcap > 0.0) {
-        if (has_band(options)) return with_dropout_if<ModelStep<D, true>>(options, run);
+        if (options.has_band()) return with_dropout_if<ModelStep<D, true>>(options, run);
         return with_dropout_if<ModelStep<D, true, false>>(options, run);
     }
-    if (has_band(options)) return with_dropout_if<ModelStep<D, false>>(options, run);
+    if (options.has_band()) return with_dropout_if<ModelStep<D, false>>(options, run);
     return with_dropout_if<ModelStep<D, false, false>>(options, run);
 }
 //! [model_steps]
@@ -509,8 +505,9 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
         a.dropout_threshold = dropout_threshold(m.dropout.p);
         // The kept entries' factor c = 1/(1 - p') rides in P itself: exp2 of the scores minus
         // L log2(e) - log2(c) is c P, and D is divided by c (warp_tiled.cuh's dS).
-        pre.lse_log2_shift = float(std::log2(dropout_keep_scale(m.dropout.p)));
-        pre.delta_scale = float(1.0 / dropout_keep_scale(m.dropout.p));
+        const double c = dropout_keep_scale(m.dropout.p);
+        pre.lse_log2_shift = float(std::log2(c));
+        pre.delta_scale = float(1.0 / c);
         a.dropout_seed_lo = uint32_t(m.dropout.seed), a.dropout_seed_hi = uint32_t(m.dropout.seed >> 32);
         a.dropout_offset = m.dropout.offset;
     }
