@@ -60,6 +60,10 @@
 #              batches; ROUNDS rounds, STAGE10_REPEAT timed runs (default 10); STAGE10_MODELS
 #              (--model07 points), STAGE10_DTYPES and STAGE10_VARLEN=0 (no packed batch) run a part:
 #              stage10/stage10.txt (the tables) and stage10/stage10.csv (each ratio, median over rounds)
+#   order07    stage 07's packed forward on stage 10's batch of mixed lengths, bf16 and fp16, d 64/128,
+#              causal, its blocks entry by entry with the heads innermost (the default when the
+#              lengths differ) and head by head (FA_STAGE07_BLOCK_ORDER=heads), ROUNDS rounds
+#              interleaved: order07.txt
 #   order09    stage 09's backward with grouped heads (8:1, 4:1) under a causal mask, bf16, d 64/128,
 #              N 4096/16384, its blocks longest loops first (the default) and head by head
 #              (FA_STAGE09_BLOCK_ORDER=heads), ROUNDS rounds interleaved: order09.txt
@@ -608,6 +612,26 @@ step_stage10() {
     compare stage10 "$RESULTS/stage10" --stages 10 --dtypes ${STAGE10_DTYPES:-bf16 fp16} --sizes 4096 16384 --head-dims 64 128 \
         --causal yes --model07 ${STAGE10_MODELS:-8/-1/0 4/-1/0 1/4095/0 1/-1/0/0/0.1} "${varlen[@]}" \
         --repeat "${STAGE10_REPEAT:-10}" --warmup 3 --check false
+}
+
+# Stage 07's packed forward on stage 10's batch of mixed lengths, its blocks in two orders: entry
+# by entry of the schedule with the heads innermost (the default when the lengths differ) and head
+# by head (FA_STAGE07_BLOCK_ORDER=heads), ROUNDS rounds of both, interleaved: order07.txt.
+step_order07() {
+    note "order07: stage 07's packed blocks, entry by entry with the heads innermost against head by head"
+    local r order lengths out="$RESULTS/order07.txt"
+    lengths=$(packed_lengths)
+    record "packed lengths: $lengths"
+    : >"$out"
+    for r in $(seq 1 "${ROUNDS:-3}"); do
+        for order in entries heads; do
+            echo "== round $r, block order $order" >>"$out"
+            FA_STAGE07_BLOCK_ORDER=$order "$BUILD/bench/bench_gpu" --stages 07 --dtypes bf16 fp16 --sizes 4096 \
+                --head-dims 64 128 --causal yes --varlen07 "$lengths" --repeat 20 --warmup 3 --check false \
+                >>"$out" 2>&1 || { record "FAIL  order07 (see order07.txt)"; status=1; }
+        done
+    done
+    grep -E "^== |^stage07 varlen" "$out" | tee -a "$LOGS/summary.txt"
 }
 
 # Stage 09's backward with grouped heads under a causal mask, its blocks in two orders: key block

@@ -239,7 +239,8 @@ struct VarlenCase {
 /// The packed cases: sequences of length 0 and 1 (queries, keys or both), primes, Nq != Nk both
 /// ways within one batch, one long sequence among many short ones, Hq/Hk = 1 and 2, causal, a
 /// window narrower than a tile, both bounds, no mask at all, the soft cap, a negative scale,
-/// longest lengths given larger than needed, bf16 and fp16, d 64 and 128.
+/// longest lengths given larger than needed, bf16 and fp16, d 64 and 128; one batch of equal
+/// lengths, whose blocks go head by head.
 inline std::vector<VarlenCase> varlen_cases() {
     const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
     return {
@@ -253,6 +254,8 @@ inline std::vector<VarlenCase> varlen_cases() {
         {64, fp16, {97, 1, 61, 0, 19}, {53, 64, 61, 3, 23}, 4, 2, Window{20, 7}, 5.0, -0.3, 50},
         {64, fp16, {29, 131, 3}, {31, 127, 140}, 2, 1, Window::causal(), 0.0, 0.125},
         {128, bf16, {3, 71, 17}, {150, 70, 17}, 2, 1, Window{16, 16}, 30.0, 0.088},
+        // equal lengths: the blocks go head by head (the others: entry by entry, heads innermost)
+        {64, bf16, {70, 70, 70}, {90, 90, 90}, 4, 2, Window::causal(), 0.0, 0.125},
     };
 }
 

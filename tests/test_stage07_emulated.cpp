@@ -109,6 +109,7 @@ bool run_varlen_emulated(const VarlenProblem& vp, const MaxSeqlens& max, const t
                                               int64_t(schedule.size() / 2));
         REQUIRE(S::kSmemBytes <= sizeof smem_raw);
         CHECK(F::kDropout == vp.dropout.enabled());
+        CHECK(a.heads_innermost == vp.lengths_differ());  // the two block orders (model_cases.hpp has both)
         emu::launch(long(grid_blocks(a)), S::kThreads, smem_raw, S::kSmemBytes, [&] { flash_forward_kernel<T, D, F>(a); });
         return PacksSequences<F>::value && F::kWindow && F::kGroupedHeads;
     });

@@ -498,6 +498,12 @@ TEST_CASE("the packed problem: lengths, windows as key ranges, uniform batches")
     CHECK(p.visible_pairs_per_head() == 3 * 5 + 7 * 7);
     CHECK(reference_varlen_flops(p) == 4.0 * (15 + 49) * 4 * 16);
     CHECK(contains(p.describe(), "seqlens_q=3,0,7 seqlens_k=5,2,7"));
+    // Lengths differ when two sequences differ in queries or in keys (one sequence never does).
+    CHECK(p.lengths_differ());
+    CHECK_FALSE(make_varlen({4, 4}, {6, 6}, 1, 1, 8).lengths_differ());
+    CHECK(make_varlen({4, 4}, {6, 5}, 1, 1, 8).lengths_differ());
+    CHECK(make_varlen({4, 3}, {6, 6}, 1, 1, 8).lengths_differ());
+    CHECK_FALSE(make_varlen({9}, {2}, 1, 1, 8).lengths_differ());
 
     // The key range of every row is the explicit window predicate, for windows narrower than a
     // row and wider than the sequence, causal and not, Nq < Nk and Nq > Nk.

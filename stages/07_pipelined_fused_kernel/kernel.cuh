@@ -251,6 +251,9 @@ struct Args {
     uint32_t dropout_seed_lo;    ///< kDropout: the seed's bits 0..31, Philox key word 0
     uint32_t dropout_seed_hi;    ///< kDropout: the seed's bits 32..63, Philox key word 1
     uint32_t dropout_offset;     ///< kDropout: Philox counter word 3
+    /// kVarlen: the blocks go entry by entry of the schedule, heads innermost (block = entry H +
+    /// h), instead of head by head (block = h q_tiles + entry); make_varlen_args() says which.
+    bool heads_innermost;
 };
 
 /// Shape constants of one kernel instance, derived from the head dimension and the features.
@@ -646,7 +649,8 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 
 //! [model_varlen_block]
 /// Where one block of a packed batch (kVarlen) works: entry `blockIdx.x mod q_tiles` of the host's
-/// tile schedule names its sequence and query tile (`tile`); cu_seqlens give the sequence's first
+/// tile schedule (`blockIdx.x / H` with heads_innermost) names its sequence and query tile
+/// (`tile`); cu_seqlens give the sequence's first
 /// query and key rows (`q_row0`, `k_row0`) and its lengths (`seq_q`, `seq_k`). From there the
 /// block reads its sequence as stage 07 reads a dense head, bottom-right causal alignment and
 /// windows included, and never touches another sequence's rows. `seq` is the sequence's index
@@ -654,7 +658,7 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 template <class T>
 __device__ __forceinline__ void find_sequence(const Args<T>& a, int& tile, int& q_row0, int& k_row0, int& seq_q,
                                               int& seq_k, int& seq) {
-    const int entry = int(blockIdx.x % unsigned(a.q_tiles));
+    const int entry = int(a.heads_innermost ? blockIdx.x / unsigned(a.heads) : blockIdx.x % unsigned(a.q_tiles));
     seq = a.tile_schedule[2 * entry];
     tile = a.tile_schedule[2 * entry + 1];
     const int q_begin = a.cu_seqlens_q[seq], k_begin = a.cu_seqlens_k[seq];
@@ -728,8 +732,10 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     // One flat grid (its x dimension holds 2^31 - 1 blocks; y and z only 65535): query tile
     // fastest, so the blocks running together share one head's K and V in L2.
     // A packed batch's blocks take their sequence and query tile from the schedule, in the order
-    // the host gave it (heaviest first as well), and see B = 1 (find_sequence); a dense call's
-    // blocks see Nq and Nk of the call and start at row 0.
+    // the host gave it (heaviest first as well), and see B = 1 (find_sequence); head by head when
+    // the sequences are equal, entry by entry with the heads innermost when their lengths differ,
+    // so that the longest sequence's heaviest tiles of the last heads do not start last. A dense
+    // call's blocks see Nq and Nk of the call and start at row 0.
     int scheduled_tile = 0, seq_q = 0, seq_k = 0;  // (kVarlen) the sequence's Nq and Nk: block_seq_q/k()
     int q_row0 = 0, k_row0 = 0;  // the sequence's first query and key rows (cu_seqlens are int32)
     int packed_seq = 0;          // (kVarlen) the sequence's index
@@ -737,7 +743,9 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     const int q_tile_index = int(blockIdx.x % unsigned(a.q_tiles));
     const int q0 = (PacksSequences<F>::value ? scheduled_tile
                     : a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
-    const int bh = int(blockIdx.x / unsigned(a.q_tiles)), b = bh / a.heads, h = bh % a.heads;
+    const bool heads_innermost = PacksSequences<F>::value && a.heads_innermost;  // B = 1: bh is the head
+    const int bh = int(heads_innermost ? blockIdx.x % unsigned(a.heads) : blockIdx.x / unsigned(a.q_tiles));
+    const int b = bh / a.heads, h = bh % a.heads;
     const int sequence = PacksSequences<F>::value ? packed_seq : b;  // dropout's b: the batch entry or the sequence
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh + q_row0 * a.q_sn;  // [Nq, d] global
     //! [model_heads]

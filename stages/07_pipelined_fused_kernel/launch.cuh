@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "fa/philox.hpp"
@@ -240,12 +242,25 @@ inline std::vector<int32_t> tile_schedule(const VarlenProblem& vp, const Resolve
 }
 //! [tile_schedule]
 
+/// Whether a packed call's blocks go entry by entry of the schedule, heads innermost, rather than
+/// head by head: when the sequences differ in length (VarlenProblem::lengths_differ()). Head by
+/// head, the blocks running at once share one head's K and V in L2, and with equal lengths every
+/// head ends with the same light tiles; with mixed lengths the last heads' heaviest tiles (the
+/// longest sequence's last query tiles) would start at the end of the run and run there alone.
+/// Stage 10's lesson measures both orders (FA_STAGE07_BLOCK_ORDER=heads: head by head always).
+inline bool packed_heads_innermost(const VarlenProblem& vp) {
+    const char* order = std::getenv("FA_STAGE07_BLOCK_ORDER");
+    if (order != nullptr && std::string(order) == "heads") return false;
+    return vp.lengths_differ();
+}
+
 //! [make_varlen_args]
 /// The kernel's arguments for one packed call: make_args() of the dense problem of one batch
 /// entry at the longest lengths (varlen_bounds_problem()), with the packed views q, o (1, Hq,
 /// total_q, d), k, v (1, Hk, total_k, d), lse (1, Hq, total_q), and the three device arrays:
 /// cu_seqlens_q and cu_seqlens_k (B+1 each) and the tile schedule of `schedule_entries` entries
-/// (tile_schedule(), 2 ints each). q_tiles is the schedule's length: blocks per head.
+/// (tile_schedule(), 2 ints each). q_tiles is the schedule's length: blocks per head; their order
+/// is packed_heads_innermost()'s.
 template <class T>
 Args<T> make_varlen_args(const VarlenProblem& vp, const MaxSeqlens& max, const ResolvedOptions& m, View4<const T> q,
                          View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse, const Geometry& geo,
@@ -255,6 +270,7 @@ Args<T> make_varlen_args(const VarlenProblem& vp, const MaxSeqlens& max, const R
     a.q_tiles = int(schedule_entries);
     a.causal = false;  // the schedule orders the tiles; the window masks
     a.cu_seqlens_q = cu_seqlens_q, a.cu_seqlens_k = cu_seqlens_k, a.tile_schedule = schedule;
+    a.heads_innermost = packed_heads_innermost(vp);
     return a;
 }
 //! [make_varlen_args]

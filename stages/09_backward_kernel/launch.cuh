@@ -724,10 +724,7 @@ inline std::vector<int32_t> kv_schedule(const VarlenProblem& vp, const ResolvedO
 inline bool packed_longest_first(const VarlenProblem& vp, const ResolvedOptions& m, bool deterministic) {
     if (deterministic || block_order_heads()) return false;
     if (m.kv_group > 1 && (m.left >= 0 || m.right >= 0)) return true;
-    for (int64_t b = 1; b < vp.batch(); ++b) {
-        if (vp.seq_q(b) != vp.seq_q(0) || vp.seq_k(b) != vp.seq_k(0)) return true;
-    }
-    return false;
+    return vp.lengths_differ();
 }
 //! [kv_schedule]
 

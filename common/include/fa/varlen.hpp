@@ -121,6 +121,14 @@ struct VarlenProblem {
     int64_t max_seq_q() const;
     /// The longest key sequence (`max_seqlen_k`).
     int64_t max_seq_k() const;
+    /// Whether two sequences differ in length (queries or keys): the kernels then order a packed
+    /// call's blocks entry by entry, heads innermost, so that every head's longest tiles start first.
+    bool lengths_differ() const {
+        for (int64_t b = 1; b < batch(); ++b) {
+            if (seq_q(b) != seq_q(0) || seq_k(b) != seq_k(0)) return true;
+        }
+        return false;
+    }
     /// Query heads per key/value head, \f$H_q / H_k\f$.
     int64_t group_size() const { return heads_q / heads_k; }
     /// The key/value head query head `h` reads.
