@@ -63,7 +63,8 @@ bool run_emulated(const test::ModelCase& c, const test::RoundedInputs& in, std::
         REQUIRE(S::kSmemBytes <= sizeof smem_raw);
         CHECK(F::kDropout == c.dropout.enabled());  // dropout 0 runs a kernel without it
         emu::launch(long(grid_blocks(a)), S::kThreads, smem_raw, S::kSmemBytes, [&] { flash_forward_kernel<T, D, F>(a); });
-        return F::kWindow;
+        CHECK(F::kWindow == m.has_band());  // the window's code only for a band
+        return F::kGroupedHeads;
     });
     for (size_t i = 0; i < o.size(); ++i) o[i] = emu::to_f<T>(o16[i]);
     return model;
@@ -372,4 +373,8 @@ TEST_CASE("emulated stage 07: the dropout check tells masks apart, and dropout 0
     plain.dropout.p = 0.1;
     CHECK(with_final_features<64>(resolve_options(p, plain),
                                   [](auto f) { return std::is_same_v<decltype(f), ModelStep<64, false, true>>; }));
+    // Without a band (the full or causal window), the instance without the window's code.
+    plain.window = Window::causal();
+    CHECK(with_final_features<64>(resolve_options(p, plain),
+                                  [](auto f) { return std::is_same_v<decltype(f), ModelStep<64, false, true, false>>; }));
 }

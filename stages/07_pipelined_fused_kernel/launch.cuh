@@ -91,41 +91,55 @@ using RoadStep = FeaturesOf<RoadSet<D, Step>>;
 /// \endcond
 
 //! [model_steps]
-/// The final kernel with stage 10's switches: grouped-query heads and a sliding window (both
-/// runtime values: Hq/Hk = 1 and the full or causal window are their plain cases), the soft cap
+/// The final kernel with stage 10's switches: grouped-query heads (a runtime value: Hq/Hk = 1 is
+/// its plain case), a sliding window where `Window` (its bounds are runtime values, but its tile
+/// ranges and two-sided masks cost registers even where the window is full or causal, so dense
+/// calls without a band run the instance without it and mask by the causal flag), the soft cap
 /// where `Softcap` (a tanh per score) and dropout where `Dropout` (a Philox call per 16 scores),
 /// so that only the calls that ask for those pay them. Calls without any of them run the final
 /// kernel itself (ResolvedOptions::plain()).
-template <int D, bool Softcap, bool Dropout = false>
+template <int D, bool Softcap, bool Dropout = false, bool Window = true>
 struct ModelSet {
-    /// the final kernel's features with the grouped heads and the window
-    static constexpr FeatureSet kModel = kStep8<D>.with_grouped_heads().with_window();
+    /// the final kernel's features with the grouped heads
+    static constexpr FeatureSet kGrouped = kStep8<D>.with_grouped_heads();
+    /// ... maybe with the window
+    static constexpr FeatureSet kModel = Window ? kGrouped.with_window() : kGrouped;
     /// ... maybe with the soft cap
     static constexpr FeatureSet kCapped = Softcap ? kModel.with_softcap() : kModel;
     /// ... and maybe with dropout
     static constexpr FeatureSet kFeatures = Dropout ? kCapped.with_dropout() : kCapped;
 };
 /// The kernel's Features of the final kernel with stage 10's switches.
-template <int D, bool Softcap, bool Dropout = false>
-using ModelStep = FeaturesOf<ModelSet<D, Softcap, Dropout>>;
+template <int D, bool Softcap, bool Dropout = false, bool Window = true>
+using ModelStep = FeaturesOf<ModelSet<D, Softcap, Dropout, Window>>;
+
+/// Calls `run(F{})` with ModelStep<D, Softcap, Dropout, Window> for the soft cap and dropout that
+/// `options` ask for.
+template <int D, bool Window, class Run>
+decltype(auto) with_model_step(const ResolvedOptions& options, Run&& run) {
+    const bool capped = options.softcap > 0.0, dropped = options.dropout.enabled();
+    if (capped && dropped) return run(ModelStep<D, true, true, Window>{});
+    if (capped) return run(ModelStep<D, true, false, Window>{});
+    if (dropped) return run(ModelStep<D, false, true, Window>{});
+    return run(ModelStep<D, false, false, Window>{});
+}
 
 /// Calls `run(F{})` with the Features F the final kernel runs for `options`: the final kernel
-/// itself when they are plain, otherwise ModelStep with or without the soft cap and dropout.
+/// itself when they are plain, otherwise ModelStep with the switches they ask for, the window's
+/// code only for a band (ResolvedOptions::has_band()).
 template <int D, class Run>
 decltype(auto) with_final_features(const ResolvedOptions& options, Run&& run) {
     if (options.plain()) return run(RoadStep<D, kFinalStep>{});
-    const bool capped = options.softcap > 0.0, dropped = options.dropout.enabled();
-    if (capped && dropped) return run(ModelStep<D, true, true>{});
-    if (capped) return run(ModelStep<D, true, false>{});
-    if (dropped) return run(ModelStep<D, false, true>{});
-    return run(ModelStep<D, false, false>{});
+    if (options.has_band()) return with_model_step<D, true>(options, run);
+    return with_model_step<D, false>(options, run);
 }
 //! [model_steps]
 
 //! [varlen_steps]
 /// ModelSet on packed batches: the final kernel with grouped heads and the window (causal is the
 /// window (-1, 0) of each sequence), the soft cap where `Softcap`, dropout where `Dropout`, and
-/// the varlen switch.
+/// the varlen switch. Packed calls keep the window's code without a band: without it ptxas spilled
+/// more, not less (bf16, d = 128: 152 bytes of spill stores instead of 128; d = 64: 68 instead of 28).
 template <int D, bool Softcap, bool Dropout = false>
 struct VarlenSet {
     /// ModelSet's features with the varlen switch
