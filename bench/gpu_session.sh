@@ -128,11 +128,12 @@
 #   ncudrop    Nsight Compute on dropout's price: stage 07's forward and stage 09's backward, causal,
 #              bf16, N 4096, d NCUDROP_DIMS (default "64 128"), p 0 and 0.1: ncu_stage07_dropout<p>_d<d>,
 #              ncu_stage09_dropout<p>_d<d> (pipes, issue slots, stalls)
-#   ncugqa     Nsight Compute on stage 09's main backward kernel (atomic dQ), causal, bf16, at d
-#              NCUGQA_DIM (default 128) and N NCUGQA_N (default 16384): the plain causal kernel and
-#              the grouped-heads kernel with 4:1 and 8:1 groups (--model07 G/-1/0), with the SMs'
-#              busiest and average active cycles (the blocks' balance): ncu_stage09_gqa<G>_d<d>,
-#              gqa_price.txt
+#   ncugqa     Nsight Compute on stage 09's main backward kernel (atomic dQ), or with
+#              NCUGQA_STAGE=07 stage 07's forward kernel, causal, bf16, at d NCUGQA_DIM (default
+#              128) and N NCUGQA_N (default 16384): the plain causal kernel and the grouped-heads
+#              kernel with 4:1 and 8:1 groups (--model07 G/-1/0), with the SMs' busiest and average
+#              active cycles (the blocks' balance), L2's hit rate and DRAM bytes read:
+#              ncu_stage<NN>_gqa<G>_d<d>, gqa_price.txt (09) or gqa_price07.txt (07)
 #   lessons    the runs the lessons of stages 05, 06, 07, 09 and 10 show
 #
 # Run from the repository root. Logs and results are written under /tmp/fa-session, then packed
@@ -185,7 +186,7 @@ build_targets() {
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts test_stage11_schedule make_npy_inputs) ;;
             timeline11) targets+=(stage11_hopper_kernel) ;;
-            road | road05 | road11 | groups11 | switches07 | stage10 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncugqa | ncu11 | ncu11road)
+            road | road05 | road11 | groups11 | switches07 | stage10 | order07 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncugqa | ncu11 | ncu11road)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -1117,37 +1118,49 @@ NCU_TABLE_AWK='
     /local_op_ld.sum/ { lmem = NF == 3 ? mb($(NF-1), num($NF)) : num($NF) / 1e6 }
 '
 
-# The grouped heads' price in the backward: the main kernel (atomic dQ) of a causal call, plain
-# and with groups G = 4, 8 (stage 10's --model07 G/-1/0: one block per key block of a K/V head
-# visits the group's query heads in turn, split over S blocks by launch.cuh's rule). Beside
-# ncudrop's counters, the SMs' active cycles, busiest and average: their ratio is how much longer
-# the busiest SM ran than the average one (the blocks' balance over the SMs).
+# The grouped heads' price: stage 09's main backward kernel (atomic dQ) of a causal call, or with
+# NCUGQA_STAGE=07 stage 07's forward kernel, plain and with groups G = 4, 8 (stage 10's --model07
+# G/-1/0; the backward's blocks, one per key block of a K/V head, visit the group's query heads in
+# turn, split over S blocks by launch.cuh's rule; the forward's blocks go head by head, the query
+# heads of a group one after another). Beside ncudrop's counters, the SMs' active cycles, busiest
+# and average (their ratio is how much longer the busiest SM ran than the average one: the blocks'
+# balance over the SMs), L2's hit rate and the bytes read from DRAM (what sharing K and V saves).
 # shellcheck disable=SC2034  # read by name: NCU_METRICS=NCUGQA_METRICS (ncu_command's nameref)
 NCUGQA_METRICS=(
     "${NCUDROP_METRICS[@]}"
     sm__cycles_active.max
     sm__cycles_active.avg
+    lts__t_sector_hit_rate.pct
 )
 
 step_ncugqa() {
-    note "ncugqa: the grouped heads' price in stage 09's main backward kernel (atomic dQ), causal, bf16"
-    local d=${NCUGQA_DIM:-128} n=${NCUGQA_N:-16384} g f name filter table="$RESULTS/gqa_price.txt"
+    local stage=${NCUGQA_STAGE:-09}
+    local d=${NCUGQA_DIM:-128} n=${NCUGQA_N:-16384} g f name filter kernel what table stages
     local -a model groups=(plain 4 8)
+    case $stage in
+        09) kernel="$KERNEL09_TILED<" what="stage 09's main backward kernel (atomic dQ)" stages="07 09"
+            table="$RESULTS/gqa_price.txt" ;;
+        07) kernel="$KERNEL07<" what="stage 07's forward kernel" stages="07" table="$RESULTS/gqa_price07.txt" ;;
+        *) record "FAIL  ncugqa: NCUGQA_STAGE=$stage (07 or 09)"; status=1; return 1 ;;
+    esac
+    note "ncugqa: the grouped heads' price in $what, causal, bf16"
     for g in "${groups[@]}"; do
-        name="ncu_stage09_gqa${g}_d$d"
-        model=() && filter="$KERNEL09_TILED<.*$ATOMIC09"
-        if [ "$g" != plain ]; then
-            model=(--model07 "$g/-1/0")
-            filter="$KERNEL09_TILED<.*ModelFeatures.*$ATOMIC09"
-        fi
-        NCU_METRICS=NCUGQA_METRICS NCU_NAME_BASE=demangled ncu_one "$filter" "$name" --stages 07 09 --dtypes bf16 \
+        name="ncu_stage${stage}_gqa${g}_d$d"
+        # The plain call's first launch of the kernel is the plain instance; a grouped call's
+        # instance is a ModelFeatures one (stage 07 times the plain kernel first, then the switches).
+        model=() && filter="$kernel"
+        [ "$g" != plain ] && model=(--model07 "$g/-1/0") && filter="$kernel.*ModelFeatures"
+        [ "$stage" = 09 ] && filter="$filter.*$ATOMIC09"
+        # shellcheck disable=SC2086  # $stages is a list
+        NCU_METRICS=NCUGQA_METRICS NCU_NAME_BASE=demangled ncu_one "$filter" "$name" --stages $stages --dtypes bf16 \
             --sizes "$n" --head-dims "$d" --causal yes "${model[@]}"
     done
     {
-        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 09's main backward kernel, causal, bf16, d $d, N $n, H d = 2048 (gpu_session.sh ncugqa), one launch each"
-        printf '%-8s %10s %14s %8s %8s %12s %10s %8s %8s %8s %8s\n' groups time_us warp_inst issue% tensor% local_ld_MB busiest/avg long_sb wait barrier lg_thr
+        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): $what, causal, bf16, d $d, N $n, H d = 2048 (gpu_session.sh ncugqa), one launch each"
+        printf '%-8s %10s %14s %8s %8s %12s %10s %8s %8s %8s %8s %8s %10s\n' groups time_us warp_inst issue% tensor% local_ld_MB \
+            busiest/avg long_sb wait barrier lg_thr l2_hit% dram_MB
         for g in "${groups[@]}"; do
-            f="$RESULTS/ncu_stage09_gqa${g}_d${d}_metrics.txt"
+            f="$RESULTS/ncu_stage${stage}_gqa${g}_d${d}_metrics.txt"
             [ -f "$f" ] || continue
             awk -v g="$g" "$NCU_TABLE_AWK"'
                 /sm__cycles_active.max/ { cmax = num($NF) }
@@ -1156,7 +1169,9 @@ step_ncugqa() {
                 /stalled_wait_per/ { wt = num($NF) }
                 /stalled_barrier/ { bar = num($NF) }
                 /stalled_lg_throttle/ { lg = num($NF) }
-                END { printf "%-8s %10.0f %14.0f %8.1f %8.1f %12.0f %10.2f %8.2f %8.2f %8.2f %8.2f\n", g, t, inst, issue, tc, lmem, (cavg > 0 ? cmax / cavg : 0), lsb, wt, bar, lg }' "$f"
+                /lts__t_sector_hit_rate.pct/ { l2 = num($NF) }
+                /dram__bytes_read.sum/ { dram = mb($(NF-1), num($NF)) }
+                END { printf "%-8s %10.0f %14.0f %8.1f %8.1f %12.0f %10.2f %8.2f %8.2f %8.2f %8.2f %8.1f %10.0f\n", g, t, inst, issue, tc, lmem, (cavg > 0 ? cmax / cavg : 0), lsb, wt, bar, lg, l2, dram }' "$f"
         done
     } >"$table"
     tee -a "$LOGS/summary.txt" <"$table"
@@ -1379,7 +1394,7 @@ trap 'kill "$packer" 2>/dev/null' EXIT
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncu11 ncu11road lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncu11 ncu11road lessons"
         status=2
         continue
     fi

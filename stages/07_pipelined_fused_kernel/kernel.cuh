@@ -650,11 +650,10 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 //! [model_varlen_block]
 /// Where one block of a packed batch (kVarlen) works: entry `blockIdx.x mod q_tiles` of the host's
 /// tile schedule (`blockIdx.x / H` with heads_innermost) names its sequence and query tile
-/// (`tile`); cu_seqlens give the sequence's first
-/// query and key rows (`q_row0`, `k_row0`) and its lengths (`seq_q`, `seq_k`). From there the
-/// block reads its sequence as stage 07 reads a dense head, bottom-right causal alignment and
-/// windows included, and never touches another sequence's rows. `seq` is the sequence's index
-/// (dropout's coordinate b).
+/// (`tile`); cu_seqlens give the sequence's first query and key rows (`q_row0`, `k_row0`) and its
+/// lengths (`seq_q`, `seq_k`). From there the block reads its sequence as stage 07 reads a dense
+/// head, bottom-right causal alignment and windows included, and never touches another sequence's
+/// rows. `seq` is the sequence's index (dropout's coordinate b).
 template <class T>
 __device__ __forceinline__ void find_sequence(const Args<T>& a, int& tile, int& q_row0, int& k_row0, int& seq_q,
                                               int& seq_k, int& seq) {
