@@ -648,16 +648,15 @@ __device__ __forceinline__ void process_tile(WarpState<T, D, F>& st, const uint1
 //! [process_tile]
 
 //! [model_varlen_block]
-/// Where one block of a packed batch (kVarlen) works: entry `blockIdx.x mod q_tiles` of the host's
-/// tile schedule (`blockIdx.x / H` with heads_innermost) names its sequence and query tile
-/// (`tile`); cu_seqlens give the sequence's first query and key rows (`q_row0`, `k_row0`) and its
-/// lengths (`seq_q`, `seq_k`). From there the block reads its sequence as stage 07 reads a dense
-/// head, bottom-right causal alignment and windows included, and never touches another sequence's
-/// rows. `seq` is the sequence's index (dropout's coordinate b).
+/// Where one block of a packed batch (kVarlen) works: entry `entry` of the host's tile schedule
+/// (the kernel's block index: see its start) names its sequence and query tile (`tile`);
+/// cu_seqlens give the sequence's first query and key rows (`q_row0`, `k_row0`) and its lengths
+/// (`seq_q`, `seq_k`). From there the block reads its sequence as stage 07 reads a dense head,
+/// bottom-right causal alignment and windows included, and never touches another sequence's rows.
+/// `seq` is the sequence's index (dropout's coordinate b).
 template <class T>
-__device__ __forceinline__ void find_sequence(const Args<T>& a, int& tile, int& q_row0, int& k_row0, int& seq_q,
+__device__ __forceinline__ void find_sequence(const Args<T>& a, int entry, int& tile, int& q_row0, int& k_row0, int& seq_q,
                                               int& seq_k, int& seq) {
-    const int entry = int(a.heads_innermost ? blockIdx.x / unsigned(a.heads) : blockIdx.x % unsigned(a.q_tiles));
     seq = a.tile_schedule[2 * entry];
     tile = a.tile_schedule[2 * entry + 1];
     const int q_begin = a.cu_seqlens_q[seq], k_begin = a.cu_seqlens_k[seq];
@@ -735,14 +734,18 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     // the sequences are equal, entry by entry with the heads innermost when their lengths differ,
     // so that the longest sequence's heaviest tiles of the last heads do not start last. A dense
     // call's blocks see Nq and Nk of the call and start at row 0.
+    // The block's query tile (packed: its entry of the schedule) and (batch, head): the query tile
+    // fastest, or (packed, heads_innermost; B = 1) the head fastest.
+    const bool heads_innermost = PacksSequences<F>::value && a.heads_innermost;
+    const int q_tile_index = int(heads_innermost ? blockIdx.x / unsigned(a.heads) : blockIdx.x % unsigned(a.q_tiles));
     int scheduled_tile = 0, seq_q = 0, seq_k = 0;  // (kVarlen) the sequence's Nq and Nk: block_seq_q/k()
     int q_row0 = 0, k_row0 = 0;  // the sequence's first query and key rows (cu_seqlens are int32)
     int packed_seq = 0;          // (kVarlen) the sequence's index
-    if constexpr (PacksSequences<F>::value) detail::find_sequence(a, scheduled_tile, q_row0, k_row0, seq_q, seq_k, packed_seq);
-    const int q_tile_index = int(blockIdx.x % unsigned(a.q_tiles));
+    if constexpr (PacksSequences<F>::value) {
+        detail::find_sequence(a, q_tile_index, scheduled_tile, q_row0, k_row0, seq_q, seq_k, packed_seq);
+    }
     const int q0 = (PacksSequences<F>::value ? scheduled_tile
                     : a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
-    const bool heads_innermost = PacksSequences<F>::value && a.heads_innermost;  // B = 1: bh is the head
     const int bh = int(heads_innermost ? blockIdx.x % unsigned(a.heads) : blockIdx.x / unsigned(a.q_tiles));
     const int b = bh / a.heads, h = bh % a.heads;
     const int sequence = PacksSequences<F>::value ? packed_seq : b;  // dropout's b: the batch entry or the sequence

@@ -289,18 +289,23 @@ decltype(auto) with_dropout_if(const ResolvedOptions& options, Run&& run) {
     return run(F{});
 }
 
+/// Calls `run(F{})` with ModelStep<D, Softcap, Window> for the soft cap `options` ask for,
+/// Dropped with dropout (named apart from stage 07's with_model_step(), which argument-dependent
+/// lookup would also find for stage 07's ResolvedOptions).
+template <int D, bool Window, class Run>
+decltype(auto) with_capped_model_step(const ResolvedOptions& options, Run&& run) {
+    if (options.softcap > 0.0) return with_dropout_if<ModelStep<D, true, Window>>(options, run);
+    return with_dropout_if<ModelStep<D, false, Window>>(options, run);
+}
+
 /// Calls `run(F{})` with the features the default main kernel runs for `options`: its own when
-/// they are plain, otherwise ModelStep with or without the soft cap, with the window's code only
-/// for a band (ResolvedOptions::has_band()), Dropped with dropout.
+/// they are plain, otherwise ModelStep with the switches they ask for, the window's code only for
+/// a band (ResolvedOptions::has_band()).
 template <int D, class Run>
 decltype(auto) with_model_features(const ResolvedOptions& options, Run&& run) {
     if (options.plain()) return run(TiledStepFeatures<D, kModelStep>{});
-    if (options.softcap > 0.0) {
-        if (options.has_band()) return with_dropout_if<ModelStep<D, true>>(options, run);
-        return with_dropout_if<ModelStep<D, true, false>>(options, run);
-    }
-    if (options.has_band()) return with_dropout_if<ModelStep<D, false>>(options, run);
-    return with_dropout_if<ModelStep<D, false, false>>(options, run);
+    if (options.has_band()) return with_capped_model_step<D, true>(options, run);
+    return with_capped_model_step<D, false>(options, run);
 }
 //! [model_steps]
 
