@@ -388,21 +388,27 @@ TEST_CASE("emulated stage 09: the group split (S = 2 and G blocks per group), de
 }
 
 TEST_CASE("stage 09: the group split's rule, its override and what they refuse") {
-    // The smallest divisor of G that gives two blocks per SM, or G.
-    CHECK(group_split_rule(128, 8, 132) == 4);  // 256 < 264 <= 512
-    CHECK(group_split_rule(256, 8, 132) == 2);
-    CHECK(group_split_rule(264, 8, 132) == 1);
-    CHECK(group_split_rule(40, 6, 132) == 6);  // none is enough
-    CHECK(group_split_rule(100, 6, 132) == 3);  // 2 does not reach 264, 3 does
-    CHECK(group_split(256, 8, false, 132, 0) == 2);
-    CHECK(group_split(256, 8, false, 132, 2) == 2);  // the override
-    CHECK(group_split(256, 8, true, 132, 2) == 1);   // the deterministic mode keeps one block per group
-    CHECK(group_split(256, 1, false, 132, 0) == 1);
-    CHECK_THROWS_WITH_AS(group_split(256, 8, false, 132, 3),
+    // The smallest divisor of G that gives two blocks per SM, or G (loops of at most 512 query blocks).
+    CHECK(group_split_rule(128, 8, 132, 64) == 4);  // 256 < 264 <= 512
+    CHECK(group_split_rule(256, 8, 132, 64) == 2);  // 8:1, d = 128, N = 4096: S = 1 loops over 8 x 64 = 512
+    CHECK(group_split_rule(264, 8, 132, 64) == 1);
+    CHECK(group_split_rule(40, 6, 132, 64) == 6);   // none is enough
+    CHECK(group_split_rule(100, 6, 132, 64) == 3);  // 2 does not reach 264, 3 does
+    // Four blocks per SM while a block's loop is longer than 512 query blocks.
+    CHECK(group_split_rule(256, 8, 132, 256) == 4);   // 8:1, d = 128, N = 16384: S = 2 loops over 1024, 512 < 528
+    CHECK(group_split_rule(512, 4, 132, 256) == 2);   // 4:1 there: S = 1 loops over 1024 with 512 < 528 blocks
+    CHECK(group_split_rule(512, 8, 132, 128) == 2);   // 8:1, d = 64, N = 16384: S = 2 loops over 512
+    CHECK(group_split_rule(1024, 4, 132, 128) == 1);  // 4:1 there: S = 1 loops over 512
+    CHECK(group_split_rule(10, 8, 132, 4096) == 8);   // none is enough
+    CHECK(group_split(256, 8, 64, false, 132, 0) == 2);
+    CHECK(group_split(256, 8, 64, false, 132, 2) == 2);  // the override
+    CHECK(group_split(256, 8, 64, true, 132, 2) == 1);   // the deterministic mode keeps one block per group
+    CHECK(group_split(256, 1, 64, false, 132, 0) == 1);
+    CHECK_THROWS_WITH_AS(group_split(256, 8, 64, false, 132, 3),
                          "stage 09: a group split of 3 blocks (FA_STAGE09_GROUP_SPLIT) does not divide the 8 query heads "
                          "per K/V head: use 0 (the rule) or one of 1, 2, 4, 8",
                          InputError);
-    CHECK_THROWS_AS(group_split(256, 8, false, 132, -1), InputError);
+    CHECK_THROWS_AS(group_split(256, 8, 64, false, 132, -1), InputError);
     // make_launches() refuses a split the group or the mode cannot take.
     Problem p;
     p.batch = 2, p.heads = 8, p.seq_q = 100, p.seq_k = 300, p.head_dim = 64;

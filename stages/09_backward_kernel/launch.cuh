@@ -361,16 +361,26 @@ inline Counts counts(const Problem& problem, const Geometry& geo, int64_t extra_
 }
 
 //! [group_split_rule]
+/// A block's loop is long when it visits more than this many query blocks (its G / S query heads
+/// times the query blocks of a head, Tr at most): group_split_rule() then asks for four blocks
+/// per SM instead of two.
+inline constexpr int64_t kLongLoopQueryBlocks = 512;
+
 /// The group split's rule: S, the blocks that share one group of G = Hq / Hk query heads (each
 /// visiting G / S of them), is the smallest divisor of G that gives the grid at least two blocks
-/// per SM (`base_blocks` S >= 2 `sms`, base_blocks: the grid without the split), or G when none
-/// does. Under a causal mask the longest block of the grid without the split runs G Tr query
-/// blocks; it is no longer than an SM's average load once there are about two blocks per SM, and
-/// beyond that each split costs its float32 partials (measured on the H100, stage 09's lesson:
-/// four blocks per SM made 4:1 and 8:1 calls at N = 4096 up to 5 % slower).
-inline int group_split_rule(int64_t base_blocks, int kv_group, int sms) {
+/// per SM (`base_blocks` S >= 2 `sms`, base_blocks: the grid without the split), and four where a
+/// block's loop would still be long (G / S times `query_blocks`, the most query blocks a block
+/// visits per head, above kLongLoopQueryBlocks); G when none does. Under a causal mask the longest
+/// block of the grid without the split runs G Tr query blocks; it is no longer than an SM's
+/// average load once there are about two blocks per SM, and beyond that each split costs its
+/// float32 partials (measured on the H100, stage 09's lesson: four blocks per SM made 4:1 and 8:1
+/// calls at N = 4096 up to 5 % slower) except where the loops are long: at N = 16384, d = 128,
+/// 8:1 ran its backward 1 to 4 % faster with S = 4 (512 query blocks a block) than with S = 2 (1024).
+inline int group_split_rule(int64_t base_blocks, int kv_group, int sms, int64_t query_blocks) {
     for (int s = 1; s < kv_group; ++s) {
-        if (kv_group % s == 0 && base_blocks * s >= 2 * int64_t(sms)) return s;
+        if (kv_group % s != 0) continue;
+        const int64_t per_sm = (kv_group / s) * query_blocks > kLongLoopQueryBlocks ? 4 : 2;
+        if (base_blocks * s >= per_sm * int64_t(sms)) return s;
     }
     return kv_group;
 }
@@ -379,9 +389,11 @@ inline int group_split_rule(int64_t base_blocks, int kv_group, int sms) {
 /// The group split S for a call with G = `kv_group` query heads per K/V head: 1 in the
 /// deterministic mode (its turns and its block order are those of the grid without the split) and
 /// without grouped heads; otherwise `requested` (the override: FA_STAGE09_GROUP_SPLIT, or a test's
-/// choice), or group_split_rule() when it is 0. Throws fa::InputError for a requested S that is
+/// choice), or group_split_rule() when it is 0 (`query_blocks`: the most query blocks a block visits
+/// per query head). Throws fa::InputError for a requested S that is
 /// negative or does not divide G, or that makes the grid larger than 2^31 blocks.
-inline int group_split(int64_t base_blocks, int kv_group, bool deterministic, int sms, int requested) {
+inline int group_split(int64_t base_blocks, int kv_group, int64_t query_blocks, bool deterministic, int sms,
+                       int requested) {
     if (requested < 0 || (requested > 0 && !deterministic && kv_group % requested != 0)) {
         std::string divisors;
         for (int s = 1; s <= kv_group; ++s) {
@@ -392,7 +404,7 @@ inline int group_split(int64_t base_blocks, int kv_group, bool deterministic, in
                          " query heads per K/V head: use 0 (the rule) or one of " + divisors);
     }
     if (deterministic || kv_group == 1) return 1;
-    const int s = requested > 0 ? requested : group_split_rule(base_blocks, kv_group, sms);
+    const int s = requested > 0 ? requested : group_split_rule(base_blocks, kv_group, sms, query_blocks);
     if (base_blocks * s >= (int64_t(1) << 31)) {
         throw InputError("stage 09: the group split " + std::to_string(s) + " needs more than 2^31 thread blocks");
     }
