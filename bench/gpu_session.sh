@@ -615,24 +615,34 @@ step_stage10() {
         --repeat "${STAGE10_REPEAT:-10}" --warmup 3 --check false
 }
 
+# ROUNDS rounds of bench_gpu with each block order of a stage, interleaved, into $RESULTS/NAME.txt,
+# and the lines matching PATTERN into the summary. $1: NAME (the step's), $2: the environment
+# variable that picks the order, $3: its values (a list, the default first), $4: PATTERN; the rest:
+# bench_gpu's arguments.
+block_orders() {
+    local name=$1 variable=$2 orders=$3 pattern=$4 r order out="$RESULTS/$1.txt"
+    shift 4
+    : >"$out"
+    for r in $(seq 1 "${ROUNDS:-3}"); do
+        for order in $orders; do
+            echo "== round $r, block order $order" >>"$out"
+            env "$variable=$order" "$BUILD/bench/bench_gpu" "$@" >>"$out" 2>&1 \
+                || { record "FAIL  $name (see $name.txt)"; status=1; }
+        done
+    done
+    grep -E "$pattern" "$out" | tee -a "$LOGS/summary.txt"
+}
+
 # Stage 07's packed forward on stage 10's batch of mixed lengths, its blocks in two orders: entry
 # by entry of the schedule with the heads innermost (the default when the lengths differ) and head
 # by head (FA_STAGE07_BLOCK_ORDER=heads), ROUNDS rounds of both, interleaved: order07.txt.
 step_order07() {
     note "order07: stage 07's packed blocks, entry by entry with the heads innermost against head by head"
-    local r order lengths out="$RESULTS/order07.txt"
+    local lengths
     lengths=$(packed_lengths)
     record "packed lengths: $lengths"
-    : >"$out"
-    for r in $(seq 1 "${ROUNDS:-3}"); do
-        for order in entries heads; do
-            echo "== round $r, block order $order" >>"$out"
-            FA_STAGE07_BLOCK_ORDER=$order "$BUILD/bench/bench_gpu" --stages 07 --dtypes bf16 fp16 --sizes 4096 \
-                --head-dims 64 128 --causal yes --varlen07 "$lengths" --repeat 20 --warmup 3 --check false \
-                >>"$out" 2>&1 || { record "FAIL  order07 (see order07.txt)"; status=1; }
-        done
-    done
-    grep -E "^== |^stage07 varlen" "$out" | tee -a "$LOGS/summary.txt"
+    block_orders order07 FA_STAGE07_BLOCK_ORDER "entries heads" "^== |^stage07 varlen" --stages 07 --dtypes bf16 fp16 \
+        --sizes 4096 --head-dims 64 128 --causal yes --varlen07 "$lengths" --repeat 20 --warmup 3 --check false
 }
 
 # Stage 09's backward with grouped heads under a causal mask, its blocks in two orders: key block
@@ -640,17 +650,8 @@ step_order07() {
 # (FA_STAGE09_BLOCK_ORDER=heads), ROUNDS rounds of both, interleaved: order09.txt.
 step_order09() {
     note "order09: stage 09's grouped-head blocks, longest loops first against head by head"
-    local r order out="$RESULTS/order09.txt"
-    : >"$out"
-    for r in $(seq 1 "${ROUNDS:-3}"); do
-        for order in key-blocks heads; do
-            echo "== round $r, block order $order" >>"$out"
-            FA_STAGE09_BLOCK_ORDER=$order "$BUILD/bench/bench_gpu" --stages 07 09 --dtypes bf16 --sizes 4096 16384 \
-                --head-dims 64 128 --causal yes --model07 8/-1/0 4/-1/0 --repeat 10 --warmup 3 --check false \
-                >>"$out" 2>&1 || { record "FAIL  order09 (see order09.txt)"; status=1; }
-        done
-    done
-    grep -E "^== |^stage10 " "$out" | tee -a "$LOGS/summary.txt"
+    block_orders order09 FA_STAGE09_BLOCK_ORDER "key-blocks heads" "^== |^stage10 " --stages 07 09 --dtypes bf16 \
+        --sizes 4096 16384 --head-dims 64 128 --causal yes --model07 8/-1/0 4/-1/0 --repeat 10 --warmup 3 --check false
 }
 
 # Stage 09's backward with grouped heads under a causal mask, each group of query heads split over
