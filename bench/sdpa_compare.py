@@ -484,6 +484,38 @@ def index(rows, pass_="forward"):
             if r.get("tflops") not in (None, "") and pass_of(r) == pass_}
 
 
+def rotated(items, k):
+    """`items` turned left by k places (a list; k taken modulo its length).
+
+    >>> rotated(["8/-1/0", "4/-1/0", "1/4095/0"], 1)
+    ['4/-1/0', '1/4095/0', '8/-1/0']
+    >>> rotated(["bf16", "fp16"], 3), rotated([], 2)
+    (['fp16', 'bf16'], [])
+    """
+    items = list(items)
+    if not items:
+        return items
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def round_order(args, rnd):
+    """The arguments of round `rnd` (from 0): its dtypes and --model07 points turned by `rnd`
+    places. The GPU lowers its clock for short spells under sustained load (power management);
+    in a fixed order such a spell falls on the same points every round, and the median over the
+    rounds keeps it. Turned, it falls on other points in other rounds. Round 0 keeps the given
+    order (median_rows() lists the points in the first round's).
+
+    >>> a = round_order(argparse.Namespace(dtypes=["bf16", "fp16"], model07=["8/-1/0", "4/-1/0"], rounds=3), 1)
+    >>> a.dtypes, a.model07
+    (['fp16', 'bf16'], ['4/-1/0', '8/-1/0'])
+    """
+    turned = argparse.Namespace(**vars(args))
+    turned.dtypes = rotated(args.dtypes, rnd)
+    turned.model07 = rotated(args.model07, rnd)
+    return turned
+
+
 def median_rows(rounds):
     """One row per point from several rounds' lists of rows: the row whose median_ms is the median
     of the rounds' (the lower middle one for an even count); a point no round timed keeps its first
@@ -1329,12 +1361,13 @@ def main():
         except ImportError:
             pass
     # The whole sequence (our kernels, then SDPA) once per round, so that every ratio can be taken
-    # between timings of the same round, and its spread over rounds seen.
+    # between timings of the same round, and its spread over rounds seen; our points in another
+    # order each round (round_order()).
     ours_rounds, sdpa_rounds, checks_ok = [], [], True
     for rnd in range(args.rounds):
         if args.rounds > 1:
             print(f"round {rnd + 1} of {args.rounds}", flush=True)
-        ours, ok = run_bench_gpu(args, ceiling, os.path.join(args.out_dir, "bench_gpu.json"),
+        ours, ok = run_bench_gpu(round_order(args, rnd), ceiling, os.path.join(args.out_dir, "bench_gpu.json"),
                                  os.path.join(args.out_dir, "bench_gpu.csv"), wgmma)
         checks_ok = checks_ok and ok
         gpu_name, date = ours["gpu"], ours["date"]
