@@ -500,19 +500,20 @@ def rotated(items, k):
 
 
 def round_order(args, rnd):
-    """The arguments of round `rnd` (from 0): its dtypes and --model07 points turned by `rnd`
-    places. The GPU lowers its clock for short spells under sustained load (power management);
-    in a fixed order such a spell falls on the same points every round, and the median over the
-    rounds keeps it. Turned, it falls on other points in other rounds. Round 0 keeps the given
-    order (median_rows() lists the points in the first round's).
+    """The arguments of round `rnd` (from 0): its dtypes, sizes, head dimensions and --model07
+    points turned by `rnd` places. The GPU lowers its clock for short spells under sustained load
+    (power management); in a fixed order such a spell falls on the same points every round, and
+    the median over the rounds keeps it. Turned, it falls on other points in other rounds. Round
+    0 keeps the given order (median_rows() lists the points in the first round's).
 
-    >>> a = round_order(argparse.Namespace(dtypes=["bf16", "fp16"], model07=["8/-1/0", "4/-1/0"], rounds=3), 1)
-    >>> a.dtypes, a.model07
-    (['fp16', 'bf16'], ['4/-1/0', '8/-1/0'])
+    >>> a = round_order(argparse.Namespace(dtypes=["bf16", "fp16"], sizes=[1024, 4096, 16384], head_dims=[64, 128],
+    ...                                    model07=["8/-1/0", "4/-1/0"], rounds=3), 1)
+    >>> a.dtypes, a.sizes, a.head_dims, a.model07
+    (['fp16', 'bf16'], [4096, 16384, 1024], [128, 64], ['4/-1/0', '8/-1/0'])
     """
     turned = argparse.Namespace(**vars(args))
-    turned.dtypes = rotated(args.dtypes, rnd)
-    turned.model07 = rotated(args.model07, rnd)
+    for name in ("dtypes", "sizes", "head_dims", "model07"):
+        setattr(turned, name, rotated(getattr(args, name), rnd))
     return turned
 
 
