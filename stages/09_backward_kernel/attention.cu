@@ -220,10 +220,9 @@ void run_varlen_for_d(const VarlenProblem& vp, const ResolvedOptions& m, View4<c
     if (entries * (vp.heads_q / m.kv_group) >= (int64_t(1) << 31)) {
         throw InputError("stage 09: the packed problem needs more than 2^31 thread blocks");
     }
-    // The longest sequence's query blocks: what its blocks visit per query head.
-    const int64_t longest_query_blocks = (vp.max_seq_q() + geo.br - 1) / geo.br;
-    const int split = group_split(entries * (vp.heads_q / m.kv_group), m.kv_group, longest_query_blocks, deterministic,
-                                  sm_count(), group_split_from_environment());
+    // The longest sequence's query blocks bound what a block visits per query head.
+    const int split = group_split(entries * (vp.heads_q / m.kv_group), m.kv_group, ceil_div(vp.max_seq_q(), geo.br),
+                                  deterministic, sm_count(), group_split_from_environment());
     const size_t floats = size_t(stage09::workspace_floats(rows, geo, 1, m.kv_group, split));
     if (ws.floats.size() < floats) ws.floats = cuda::DeviceBuffer<float>(floats);
     if (deterministic && ws.turns.size() < size_t(c.batch_heads * c.seq_q_padded)) {

@@ -367,15 +367,12 @@ inline Counts counts(const Problem& problem, const Geometry& geo, int64_t extra_
 inline constexpr int64_t kLongLoopQueryBlocks = 512;
 
 /// The group split's rule: S, the blocks that share one group of G = Hq / Hk query heads (each
-/// visiting G / S of them), is the smallest divisor of G that gives the grid at least two blocks
-/// per SM (`base_blocks` S >= 2 `sms`, base_blocks: the grid without the split), and four where a
-/// block's loop would still be long (G / S times `query_blocks`, the most query blocks a block
-/// visits per head, above kLongLoopQueryBlocks); G when none does. Under a causal mask the longest
-/// block of the grid without the split runs G Tr query blocks; it is no longer than an SM's
-/// average load once there are about two blocks per SM, and beyond that each split costs its
-/// float32 partials (measured on the H100, stage 09's lesson: four blocks per SM made 4:1 and 8:1
-/// calls at N = 4096 up to 5 % slower) except where the loops are long: at N = 16384, d = 128,
-/// 8:1 ran its backward 1 to 4 % faster with S = 4 (512 query blocks a block) than with S = 2 (1024).
+/// visiting G / S of them), is the smallest divisor of G that gives the grid (`base_blocks` S
+/// blocks; base_blocks: the grid without the split) two blocks per SM, or four while a block's
+/// loop, G / S times `query_blocks` (the most query blocks a block visits per head), is longer
+/// than kLongLoopQueryBlocks; G when none does. Two blocks per SM balance the causal grid's
+/// longest blocks; beyond that each split adds its float32 partials, which only long loops pay
+/// for (stage 09's lesson has the measurements on the H100).
 inline int group_split_rule(int64_t base_blocks, int kv_group, int sms, int64_t query_blocks) {
     for (int s = 1; s < kv_group; ++s) {
         if (kv_group % s != 0) continue;
