@@ -13,7 +13,8 @@
 #   build      configure (stage 07's tuning candidates on unless TUNING=OFF, warnings as errors)
 #              and build what the other steps need, stage 11's targets always among them
 #              (stage11_hopper_kernel, wgmma_ceiling, test_stage11, test_hopper_wrappers);
-#              BUILD_TARGETS="bench_gpu test_stage07" builds that list alone instead
+#              BUILD_TARGETS="bench_gpu test_stage07" builds that list alone instead (name
+#              mma_ceiling and wgmma_ceiling in it too, or the sweeps print no fraction of the ceilings)
 #   test       the whole CTest suite (builds everything)
 #   test11     the tests of stage 11 and of Hopper's wrappers alone (ctest -R 'hopper|stage11': the
 #              host maps, each wrapper, every step's tests, the stage's run and command line)
