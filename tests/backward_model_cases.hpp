@@ -180,8 +180,8 @@ inline void check_backward_gradients(const ModelCase& c, const BackwardModelData
 /// The packed cases of the backward (cases of varlen_cases() and of the same kind): sequences of
 /// length 0 and 1 (queries, keys or both), Nq != Nk both ways within one batch, one long sequence
 /// among short ones, Hq/Hk = 2 and 4 (MQA), causal per sequence, a window narrower than a tile,
-/// both bounds, the soft cap, a negative scale, longest lengths larger than needed, bf16 and fp16,
-/// d 64 and 128.
+/// no mask at all, both bounds, the soft cap, a negative scale, longest lengths larger than
+/// needed, bf16 and fp16, d 64 and 128.
 inline std::vector<VarlenCase> backward_varlen_cases() {
     const Precision bf16 = Precision::BFloat16, fp16 = Precision::Float16;
     return {
@@ -191,6 +191,8 @@ inline std::vector<VarlenCase> backward_varlen_cases() {
         {128, fp16, {200, 1, 2, 3, 5, 7, 11, 1}, {263, 3, 2, 1, 5, 17, 11, 1}, 4, 1, Window{40, 0}, 0.0, 0.088},
         // both bounds, the soft cap, a negative scale, longest lengths larger than needed
         {64, fp16, {97, 1, 61, 0, 19}, {53, 64, 61, 3, 23}, 2, 2, Window{20, 7}, 5.0, -0.3, 50},
+        // no mask at all: only the rows past each sequence and the keys past Nk are hidden
+        {64, bf16, {67, 0, 130, 1}, {100, 1, 64, 1}, 2, 2, Window::full(), 0.0, 0.088},
     };
 }
 

@@ -248,6 +248,31 @@ TEST_CASE("stage 09: under a window, key block j visits query block i iff i is i
                     }
 }
 
+TEST_CASE("stage 09: under a window, the query blocks of key block j without a mask are one range, worked out once") {
+    // window_full_query_blocks() against window_block_needs_mask() block by block: the same
+    // answer for every whole query block, and the mask for the last, partial one.
+    const int bounds[][2] = {{-1, -1}, {-1, 0}, {0, 0}, {16, 0}, {20, 7}, {0, 5}, {70, -1}, {-1, 3}, {130, 40}, {1, 200}, {64, 64}};
+    for (const auto& [left, right] : bounds)
+        for (const int br : {64, 128})
+            for (const int bc : {64, 128})
+                for (int nq = 1; nq <= 400; nq += 23)
+                    for (int nk = 1; nk <= 400; nk += 19) {
+                        const int tr = (nq + br - 1) / br, tc = (nk + bc - 1) / bc;
+                        for (int j = 0; j < tc; ++j) {
+                            int begin, end;
+                            window_full_query_blocks(j, br, bc, nq, nk, left, right, begin, end);
+                            REQUIRE(begin <= end);
+                            for (int i = 0; i < tr; ++i) {
+                                const bool whole = (i + 1) * br <= nq;
+                                const bool masked = window_block_needs_mask(i * br, br, j * bc, bc, nq, nk, left, right);
+                                INFO("window (" << left << ", " << right << ") Br=" << br << " Bc=" << bc << " Nq=" << nq
+                                                << " Nk=" << nk << " i=" << i << " j=" << j);
+                                REQUIRE((begin <= i && i < end) == (whole && !masked));
+                            }
+                        }
+                    }
+}
+
 TEST_CASE("stage 09: a packed call's schedule holds every key block once, longest loop first, in order, or last block first (deterministic)") {
     // kv_schedule(): longest first, the kernel runs its entries in order with the heads innermost,
     // so the order is the launch order; the deterministic mode's blocks wait for smaller numbers.

@@ -814,6 +814,36 @@ __host__ __device__ inline bool window_block_needs_mask(int q0, int br, int kv0,
     const KeyRange bottom = visible_key_range(q_last, seq_q, seq_k, Window{left, right});
     return top.end < int64_t(kv0) + bc || bottom.begin > kv0;
 }
+
+/// The query blocks that key block `j` meets without a mask under the window: `[begin, end)`,
+/// worked out once per key block, so that the loop over the query blocks tells a masked block
+/// from a full one by two comparisons, not by window_block_needs_mask()'s two
+/// visible_key_range() in 64-bit arithmetic on each. A block is full when its keys end within Nk
+/// and, for a whole block of Br rows, its first row q0 sees its last key (right >= 0: q0 + δ +
+/// right >= kv0 + Bc - 1, a least i) and its last row its first key (left >= 0: q0 + Br - 1 + δ -
+/// left <= kv0, a largest i), δ = Nk - Nq. Only whole blocks count ((i + 1) Br <= Nq): the last,
+/// partial query block of a dense problem takes the masked path, whose visible entries are the
+/// same numbers, and a packed sequence's last block must, since its rows past Nq are the next
+/// sequence's. Among whole blocks the range is exactly the blocks window_block_needs_mask() lets
+/// through (tests/test_stage09_model_emulated.cpp).
+__host__ __device__ inline void window_full_query_blocks(int j, int br, int bc, int seq_q, int seq_k, int left,
+                                                         int right, int& begin, int& end) {
+    const int64_t offset = int64_t(seq_k) - seq_q;
+    const int64_t kv0 = int64_t(j) * bc;
+    begin = end = 0;
+    if (kv0 + bc > seq_k) return;  // the key block runs past Nk: every block of it is masked
+    int64_t lo = 0, hi = seq_q / br;  // whole blocks: i < floor(Nq / Br)
+    if (right >= 0) {
+        const int64_t least_q0 = kv0 + bc - 1 - offset - right;
+        if (least_q0 > 0) lo = (least_q0 + br - 1) / br;
+    }
+    if (left >= 0) {
+        const int64_t largest_q0 = kv0 + left - offset - (br - 1);
+        if (largest_q0 < 0) return;
+        hi = largest_q0 / br + 1 < hi ? largest_q0 / br + 1 : hi;
+    }
+    if (lo < hi) begin = int(lo), end = int(hi);
+}
 //! [window_blocks]
 
 namespace detail {
@@ -916,7 +946,8 @@ __device__ __forceinline__ void pass_turn(const Args<T>& a, int bh, int i) {
 /// deterministic mode, key_block_of_this_block), its (batch, head) bh, and that head's rows of
 /// every tensor it reads or adds to. With grouped-query heads (kGroupedHeads), h is the K/V head
 /// (k, v and the dK, dV it writes) and bh the batch and query head whose rows q, dout, lse, delta
-/// and dq point to at the moment (for_query_head moves them from one head of the group to the next).
+/// and dq point to at the moment (for_query_head() places them on a head of the group,
+/// next_query_head() moves them to the next one).
 template <class T>
 struct BlockView {
     int j;                  ///< the key block
@@ -953,16 +984,31 @@ __device__ __forceinline__ BlockView<T> block_view(const Args<T>& a) {
 }
 //! [frame]
 
-/// Whether the block (query block from `q0`, key block from `kv0`) needs the mask: with a window
-/// (kWindow) at either edge (window_block_needs_mask()), otherwise where it crosses the causal
-/// diagonal or Nk (block_needs_mask()).
+/// The query blocks of the block's key block that need no mask with a window (kWindow; packed
+/// calls always carry it, causal as (-1, 0)): window_full_query_blocks(), once per block.
+struct FullQueryBlocks {
+    int begin = 0;  ///< the first query block without a mask
+    int end = 0;    ///< one past the last
+};
+
+/// FullQueryBlocks of key block `j` for `a` (a packed block's: its sequence's); empty without a window.
 template <class F, class T>
-__device__ __forceinline__ bool needs_mask(const Args<T>& a, int q0, int kv0) {
-    if constexpr (kPacked<F>) {  // and the rows past the sequence, which belong to the next one
-        return q0 + F::kBr > a.seq_q ||
-               window_block_needs_mask(q0, F::kBr, kv0, F::kBc, a.seq_q, a.seq_k, a.window_left, a.window_right);
-    } else if constexpr (kWindow<F>) {
-        return window_block_needs_mask(q0, F::kBr, kv0, F::kBc, a.seq_q, a.seq_k, a.window_left, a.window_right);
+__device__ __forceinline__ FullQueryBlocks full_query_blocks(const Args<T>& a, int j) {
+    static_assert(!kPacked<F> || kWindow<F>, "packed calls mask each sequence through the window");
+    FullQueryBlocks full;
+    if constexpr (kWindow<F>) {
+        window_full_query_blocks(j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.window_left, a.window_right, full.begin, full.end);
+    }
+    return full;
+}
+
+/// Whether query block `i` (first row `q0`) with key block `kv0` needs the mask: with a window
+/// (kWindow), when i is outside `full` (full_query_blocks()); otherwise where the block crosses
+/// the causal diagonal or Nk (block_needs_mask()).
+template <class F, class T>
+__device__ __forceinline__ bool needs_mask(const Args<T>& a, int i, int q0, int kv0, const FullQueryBlocks& full) {
+    if constexpr (kWindow<F>) {
+        return i < full.begin || i >= full.end;
     } else {
         return block_needs_mask(q0, kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
     }
@@ -1086,18 +1132,20 @@ __device__ __forceinline__ Args<T> sequence_args(const Args<T>& a) {
 }
 
 /// load_row_stats() for a packed batch: a sequence's rows start anywhere, so its Br floats of
-/// L log2(e) and D need not be 16-byte aligned. Plain loads, one float per thread for the first
-/// 2 Br threads, stored before the barrier that precedes their first read. Rows past the
-/// sequence belong to the next one (or to the padding): the mask hides them (query < Nq).
+/// L log2(e) and D need not be 16-byte aligned. One 4-byte cp.async per float (cp_async_4), by the
+/// first 2 Br threads, in the commit group of the query block's tiles: like the aligned copies,
+/// they cost the thread no wait (a load and a store would stall it on the load, about 5 % of the
+/// kernel's warp samples at d = 64). Rows past the sequence belong to the next one (or to the
+/// padding): the mask hides them (query < Nq).
 template <class F>
 __device__ __forceinline__ void load_row_stats_unaligned(float* lse_slot, float* delta_slot, const float* lse_head,
                                                          const float* delta_head, int q0) {
     static_assert(2 * F::kBr <= 32 * F::kWarps, "enough threads for one float each");
     const int tid = int(threadIdx.x);
     if (tid < F::kBr) {
-        lse_slot[tid] = lse_head[q0 + tid];
+        cp_async_4(smem_address(lse_slot + tid), lse_head + q0 + tid);
     } else if (tid < 2 * F::kBr) {
-        delta_slot[tid - F::kBr] = delta_head[q0 + tid - F::kBr];
+        cp_async_4(smem_address(delta_slot + tid - F::kBr), delta_head + q0 + tid - F::kBr);
     }
 }
 //! [model_varlen_block]
@@ -1202,6 +1250,19 @@ __device__ __forceinline__ void query_block_pipeline(const Args<T>& a, const Blo
 //! [pipeline]
 
 //! [model_pipeline]
+/// `w` moved from its query head to the next one: for_query_head(a, w, h + 1) as additions of one
+/// head's strides, with no multiplication.
+template <class T, int D>
+__device__ __forceinline__ BlockView<T> next_query_head(const Args<T>& a, BlockView<T> w) {
+    w.bh += 1;
+    w.q += a.q_sh;
+    w.dout += a.do_sh;
+    w.lse += a.seq_q_padded;
+    w.delta += a.seq_q_padded;
+    w.dq += int64_t(a.seq_q_padded) * D;
+    return w;
+}
+
 /// query_block_pipeline with stage 10's switches. Key block j visits the query blocks
 /// [i_begin, i_end) whose rows see its keys (kWindow: window_query_blocks(), the window's range,
 /// masked at its two ends), once for every query head of its K/V head's group
@@ -1209,8 +1270,11 @@ __device__ __forceinline__ void query_block_pipeline(const Args<T>& a, const Blo
 /// block's split), as one stream of G (i_end - i_begin) iterations
 /// through the same rings: the prefetch runs from one head's last query block into the next
 /// head's first, and K_j, V_j (and the caller's dK_j, dV_j in registers) stay for the whole group.
-/// Before each iteration's body, `w` is moved to its query head (for_query_head), so that
-/// `body(i, slot)` reads that head's rows and adds into that head's dQ.
+/// `w` is on the query head of the iteration whose `body(i, slot)` runs, so that the body reads
+/// that head's rows and adds into that head's dQ; it moves to the next head (next_query_head())
+/// after the head's last query block. The query block and the head are counted along, not
+/// divided out of the iteration's number: a division by a runtime count costs some twenty
+/// instructions, and the loop would need two per iteration.
 template <class F, class L, int kThreads, int kQElems, int D, bool kDeterministic, class T, class Body>
 __device__ __forceinline__ void model_query_block_pipeline(const Args<T>& a, BlockView<T>& w, uint16_t* k_tile,
                                                            uint16_t* v_tile, uint16_t* q_ring, uint16_t* do_ring,
@@ -1224,12 +1288,10 @@ __device__ __forceinline__ void model_query_block_pipeline(const Args<T>& a, Blo
     const int blocks = i_end - i_begin > 0 ? i_end - i_begin : 0;  // query blocks per query head
     const int group = kGroupedHeads<F> ? a.kv_group : 1;
     const int heads = query_heads_of_block<F, kDeterministic>(group, a.group_split);  // G, or G / S with the group split
-    const int hq0 = first_query_head<F, kDeterministic>(w.h, group, a.group_split);   // the first of them
     const int iterations = heads * blocks;
-    // Iteration n is query block i_begin + n % blocks of query head hq0 + n / blocks.
-    const auto load_query_block = [&](int n, int slot) {
-        const BlockView<T> x = for_query_head<T, D>(a, w, hq0 + n / blocks);
-        const int q0 = (i_begin + n % blocks) * F::kBr;
+    // Query block i of the head `x` is on (w already is on the first head of the block's split).
+    const auto load_query_block = [&](const BlockView<T>& x, int i, int slot) {
+        const int q0 = i * F::kBr;
         cuda::load_tile_gmem_to_smem<F::kBr, L, kThreads>(reinterpret_cast<T*>(q_ring + slot * kQElems), x.q, a.q_sn, q0,
                                                           a.seq_q);
         cuda::load_tile_gmem_to_smem<F::kBr, L, kThreads>(reinterpret_cast<T*>(do_ring + slot * kQElems), x.dout, a.do_sn,
@@ -1243,17 +1305,30 @@ __device__ __forceinline__ void model_query_block_pipeline(const Args<T>& a, Blo
 
     cuda::load_tile_gmem_to_smem<F::kBc, L, kThreads>(reinterpret_cast<T*>(k_tile), w.k, a.k_sn, w.kv0, a.seq_k);
     cuda::load_tile_gmem_to_smem<F::kBc, L, kThreads>(reinterpret_cast<T*>(v_tile), w.v, a.v_sn, w.kv0, a.seq_k);
-    if (iterations > 0) load_query_block(0, 0);
+    if (iterations > 0) load_query_block(w, i_begin, 0);
     fa::cuda::ptx::cp_async_commit();
 
+    int i = i_begin;  // iteration n's query block, of the head `w` is on
     for (int n = 0; n < iterations; ++n) {
         const int slot = n % 2;
         fa::cuda::ptx::cp_async_wait<0>();  // this thread's copies of iteration n (and of K_j, V_j) have landed
         __syncthreads();  // ... and every thread's; every warp is done with iteration n-1's slot
-        if (n % blocks == 0) w = for_query_head<T, D>(a, w, hq0 + n / blocks);  // the next head of the group
-        if (n + 1 < iterations) load_query_block(n + 1, slot ^ 1);
+        const bool head_done = i + 1 == i_end;  // iteration n+1 starts the next head
+        if (n + 1 < iterations) {
+            if (head_done) {
+                load_query_block(next_query_head<T, D>(a, w), i_begin, slot ^ 1);
+            } else {
+                load_query_block(w, i + 1, slot ^ 1);
+            }
+        }
         fa::cuda::ptx::cp_async_commit();  // (possibly empty) group of iteration n+1, in flight during the body
-        body(i_begin + n % blocks, slot);
+        body(i, slot);
+        if (head_done && n + 1 < iterations) {
+            w = next_query_head<T, D>(a, w);
+            i = i_begin;
+        } else {
+            ++i;
+        }
     }
     fa::cuda::ptx::cp_async_wait<0>();  // nothing may still be landing (the loop may not have run)
 }

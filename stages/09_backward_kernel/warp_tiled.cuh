@@ -643,6 +643,19 @@ __device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccu
 /// row0 and col0 are multiples of 8, so that a lane's place in its tile, worked out once from g, t
 /// and the shift (`lane_tile`), moves by whole tiles from one addition to the next: + 8 rows is
 /// 8 D floats, + 8 features 64.
+//! [dq_add_or_zero]
+/// What a lane adds to dQ for a row of a packed query block: its product where the row is the
+/// sequence's (`inside`), -0 past the sequence's end, where the rows are the next sequence's.
+/// Adding -0 changes no float: x + (-0) = x for every x, +0 and -0 included, under
+/// round-to-nearest (+0 would not do: the additions flush subnormal sums to a zero of their sign,
+/// so an accumulator can hold -0, and -0 + (+0) is +0). So the addition need not be skipped.
+/// Skipping it took a branch per addition: `if (inside)` around the `red`, and even a PTX
+/// predicate on it (`@p red.global.add`), came out of ptxas as a branch with its reconvergence
+/// (`BSSY`, `BRA`, `BSYNC`) around each `REDG`; a select is one instruction. The -0 is a
+/// constant, not the product: a row past the end has dS = 0, but 0 × an infinite K is NaN.
+__device__ __forceinline__ float dq_add_or_zero(bool inside, float x) { return inside ? x : -0.0f; }
+//! [dq_add_or_zero]
+
 template <class T, int D, class F, bool kRowLimit = false, class BeforeAdding>
 __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_t* k_tile, float* dq_block, int row0,
                                          int col0, int lane, BeforeAdding&& before_adding, int rows = 0, int shift = 0) {
@@ -721,7 +734,11 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
             for (int nt = 0; nt < kTiles; ++nt)
 #pragma unroll
                 for (int hh = 0; hh < 2; ++hh) {
-                    if (kRowLimit && row0 + 16 * mt + g + 8 * hh >= rows) continue;
+                    // kRowLimit (packed): the rows past the sequence, which are the next one's,
+                    // must not change. Pairs of floats add -0 there (dq_add_or_zero()) rather
+                    // than skip the addition.
+                    const bool inside = !kRowLimit || row0 + 16 * mt + g + 8 * hh < rows;
+                    if (kDqAddWidth<F> == 1 && !inside) continue;
                     float* p;
                     if constexpr (kDqTiles<F> && kRowLimit) {  // rows shifted into their tiles
                         p = dq_block + lane_tile + int64_t(row0 + 16 * mt + 8 * hh) * D + nt * 64;
@@ -733,6 +750,9 @@ __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_
                     if constexpr (kDqAddWidth<F> == 1) {
                         atomicAdd(p, acc[mt][nt][2 * hh]);  // result unused: red.global.add.f32
                         atomicAdd(p + 1, acc[mt][nt][2 * hh + 1]);
+                    } else if constexpr (kRowLimit) {
+                        red_global_add_v2_f32(p, dq_add_or_zero(inside, acc[mt][nt][2 * hh]),
+                                              dq_add_or_zero(inside, acc[mt][nt][2 * hh + 1]));
                     } else {
                         red_global_add_v2_f32(p, acc[mt][nt][2 * hh], acc[mt][nt][2 * hh + 1]);
                     }
@@ -781,6 +801,13 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
     const int dq_col0 = (warp / S::kDqRowWarps) * S::kDqCols;
     const detail::WarpPlace place{lane, warp, key_row0, query_col0, dkv_col0, dq_row0, dq_col0};
 
+    const detail::FullQueryBlocks full = detail::full_query_blocks<F>(a, w.j);  // kWindow: once per block
+    // Dropped: the map's b, a packed block's sequence (from the schedule; its `a` is a batch of one).
+    [[maybe_unused]] uint32_t site_sequence = 0;
+    if constexpr (kDropout<F>) {
+        site_sequence = uint32_t(kPacked<F> ? a.kv_schedule[2 * detail::schedule_entry<F, kDeterministic>(a)] : w.b);
+    }
+
     float dk[S::kKeyTiles][S::kDkvTiles][4], dv[S::kKeyTiles][S::kDkvTiles][4];
 #pragma unroll
     for (int mt = 0; mt < S::kKeyTiles; ++mt)
@@ -798,12 +825,11 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
         const uint16_t* do_tile = do_ring + slot * S::kQElems;
         const float* lse_slot = lse_ring + slot * F::kBr;
         const float* delta_slot = delta_ring + slot * F::kBr;
-        const bool mask = detail::needs_mask<F>(a, q0, w.kv0);
-        // Dropped: the map's b (a packed block's sequence, from the schedule; its `a` is a batch
-        // of one) and h, the query head `w` is on now.
+        const bool mask = detail::needs_mask<F>(a, i, q0, w.kv0, full);
+        // Dropped: the map's b and h, the query head `w` is on now.
         detail::DropoutSite site{};
         if constexpr (kDropout<F>) {
-            site.sequence = uint32_t(kPacked<F> ? a.kv_schedule[2 * detail::schedule_entry<F, kDeterministic>(a)] : w.b);
+            site.sequence = site_sequence;
             site.head = uint32_t(w.bh % a.heads);
         }
 #pragma unroll 1

@@ -44,7 +44,7 @@ struct Warp {
     float f[2][32];
     uint32_t u[2][32];
 };
-struct Copy { uint32_t dst; const void* src; bool valid; };  // one cp.async
+struct Copy { uint32_t dst; const void* src; bool valid; uint32_t bytes; };  // one cp.async (16 or 4 bytes)
 /// One CUDA thread: its fiber, and what a CUDA thread keeps for itself.
 struct Thread : fibers::Fiber {
     dim3 tid, bid, bdim, gdim;                // threadIdx, blockIdx, blockDim, gridDim

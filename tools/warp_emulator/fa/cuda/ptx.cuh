@@ -85,7 +85,12 @@ inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t a) { ldmatrix_common(r,
 inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
     if (dst % 16 != 0) { std::fprintf(stderr, "cp.async dst misaligned\n"); std::abort(); }
     emu::check_smem(dst, 16);
-    emu::self()->open_group.push_back({dst, src, valid});
+    emu::self()->open_group.push_back({dst, src, valid, 16});
+}
+inline void cp_async_4(uint32_t dst, const void* src) {
+    if (dst % 4 != 0 || reinterpret_cast<uintptr_t>(src) % 4 != 0) { std::fprintf(stderr, "cp.async (4 bytes) misaligned\n"); std::abort(); }
+    emu::check_smem(dst, 4);
+    emu::self()->open_group.push_back({dst, src, true, 4});
 }
 inline void cp_async_commit() {
     emu::Thread& me = *emu::self();
@@ -97,8 +102,8 @@ inline void cp_async_wait() {
     std::vector<std::vector<emu::Copy>>& groups = emu::self()->groups;
     while (int(groups.size()) > N) {
         for (const auto& c : groups.front()) {
-            if (c.valid) std::memcpy(emu::smem_base + c.dst, c.src, 16);
-            else std::memset(emu::smem_base + c.dst, 0, 16);
+            if (c.valid) std::memcpy(emu::smem_base + c.dst, c.src, c.bytes);
+            else std::memset(emu::smem_base + c.dst, 0, c.bytes);
         }
         groups.erase(groups.begin());
     }

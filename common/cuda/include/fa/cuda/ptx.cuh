@@ -110,6 +110,15 @@ __device__ __forceinline__ void cp_async_16(uint32_t smem_address_dst, const voi
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address_dst), "l"(gmem_src), "r"(src_bytes));
 }
 
+/// `cp.async.ca.shared.global` of 4 bytes: one float from global to shared memory, in the same
+/// commit groups as cp_async_16(), for data whose rows start at any float (a packed sequence's
+/// row statistics), where 16-byte copies would not be aligned. `.ca` is the only form that takes
+/// fewer than 16 bytes. A plain load and store instead would make the thread wait for the load
+/// before its store, where the copy lets it go on.
+__device__ __forceinline__ void cp_async_4(uint32_t smem_address_dst, const void* gmem_src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_address_dst), "l"(gmem_src));
+}
+
 /// `cp.async.commit_group`: closes the group of every cp.async this thread issued since the
 /// last commit. Groups complete in order; each pipeline stage is one group.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
