@@ -72,6 +72,9 @@
 #              N 4096/16384, each group of query heads split over S blocks (FA_STAGE09_GROUP_SPLIT:
 #              1, 2, 4, 8 where S divides the group, and 0, the rule), ROUNDS rounds interleaved:
 #              split09.txt
+#   ncusource09  stage 09's packed backward beside the dense one on four 4096-token sequences, bf16,
+#              d NCUSOURCE_D (64), causal: Nsight Compute's instructions and warp samples per SASS
+#              opcode (bench/ncu_source_diff.py): ncu_source09.txt
 #   ncuvarlen09  stage 09's backward on a packed batch of equal lengths beside the dense kernel on
 #              the same tokens, Nsight Compute, bf16, causal, d 64/128: ncu_varlen09.txt
 #   road09     stage 09's whole road in one run: the default main kernel (forward, backward with
@@ -1302,6 +1305,39 @@ step_ncuvarlen09() {
         "$RESULTS/ncu_varlen09.txt" "${cols[@]}"
 }
 
+# Stage 09's packed backward beside the dense kernel, instruction by instruction: one launch of
+# each on four 4096-token sequences (packed, then dense), bf16, d NCUSOURCE_D (64), causal, atomic
+# dQ, under Nsight Compute's SourceCounters section; each report's source page (per SASS
+# instruction: instructions executed, warp-state samples) summed by opcode by
+# bench/ncu_source_diff.py: ncu_source09.txt, and the two pages as ncu_source09_<kernel>.csv.
+step_ncusource09() {
+    local d=${NCUSOURCE_D:-64} default name pattern out="$RESULTS/ncu_source09.txt"
+    default=$(stage09_default_step)
+    note "ncusource09: stage 09's packed backward beside the dense one (step ${default:-?}), per SASS opcode, bf16, d=$d, causal"
+    if [ -z "$default" ]; then
+        record "FAIL  ncusource09: could not read the default step from $STAGE09 --help"
+        status=1
+        return 0
+    fi
+    mkdir -p "$WORK/ncu-rep"
+    for name in packed dense; do
+        if [ "$name" = packed ]; then pattern="$KERNEL09_TILED<.*Packed<.*$ATOMIC09"; else pattern=$(instance09 "$default" "$d"); fi
+        timeout 300 ncu --clock-control none --kernel-name-base demangled -k "regex:$pattern" --launch-count 1 \
+            --section SourceCounters --section LaunchStats --force-overwrite -o "$WORK/ncu-rep/source09_$name" \
+            "$BUILD/bench/bench_gpu" --stages 07 09 --dtypes bf16 --sizes 4096 --head-dims "$d" --causal yes \
+            --varlen07 4096,4096,4096,4096 --repeat 1 --warmup 0 --check false >>"$LOGS/ncusource09.log" 2>&1 || status=1
+        ncu -i "$WORK/ncu-rep/source09_$name.ncu-rep" --page source --csv --print-source sass \
+            >"$RESULTS/ncu_source09_$name.csv" 2>>"$LOGS/ncusource09.log" || status=1
+    done
+    {
+        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 09's backward on four 4096-token sequences, packed, beside the dense kernel"
+        echo "(step $default) on the same tokens, bf16, d = $d, causal, atomic dQ, one launch each (gpu_session.sh ncusource09)"
+        echo
+        python3 bench/ncu_source_diff.py "packed=$RESULTS/ncu_source09_packed.csv" "dense=$RESULTS/ncu_source09_dense.csv"
+    } >"$out" 2>&1 || status=1
+    tee -a "$LOGS/summary.txt" <"$out"
+}
+
 # What explains each step of stage 05's road: DRAM and L2 traffic, global-load efficiency,
 # shared-memory wavefronts and bank conflicts, occupancy, registers, instructions, stalls.
 NCU05ROAD_METRICS=(
@@ -1396,7 +1432,7 @@ trap 'kill "$packer" 2>/dev/null' EXIT
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncu11 ncu11road lessons"
+        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncusource09 ncu11 ncu11road lessons"
         status=2
         continue
     fi

@@ -5,7 +5,8 @@ comparisons and tables on synthetic rows of three rounds as bench_gpu and the SD
 backward stage 09 refuses, the packed batch beside the uniform one and SDPA's nested and padded
 batches); stage 09's tables and ratios when --steps09 steps have their backward alone, and
 docs/make_results.py's reading of those tables; ncu_side_by_side.py's reading of Nsight
-Compute's units; ncu_steps11.py's rows, one per step of stage 11. Run: python3 bench/test_sdpa_compare.py"""
+Compute's units; ncu_source_diff.py's sums by opcode; ncu_steps11.py's rows, one per step of
+stage 11. Run: python3 bench/test_sdpa_compare.py"""
 import contextlib
 import csv
 import doctest
@@ -515,6 +516,43 @@ class NcuSideBySide(unittest.TestCase):
             self.assertEqual(local.split()[-2:], ["1,300.00", "0.00"])
             with self.assertRaises(SystemExit):
                 nsb.main(["no-label"])
+
+
+class NcuSourceDiff(unittest.TestCase):
+    """ncu_source_diff.py, which sums two kernels' source pages by SASS opcode (gpu_session.sh ncusource09)."""
+
+    PAGE = ('"Kernel Name","void kernel<64>(Args)",\n'
+            '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
+            '"# Samples","Instructions Executed"\n'
+            '"0x10","      LDC R1, c[0x0][0x28]","3","2","3","100"\n'
+            '"0x20","      @!P0 BRA 0x40","5","5","5","1,000"\n'
+            '"0x30","      @P1   REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU desc[UR4][R2.64], R8","7","1","7","2000"\n'
+            '"0x40","      @!UP3 UIADD3 UR4, UR4, 0x1, URZ","0","0","0","400"\n'
+            '"0x50","      BRA 0x50","11","0","11","0"\n')
+
+    def test_sums_by_opcode(self):
+        import ncu_source_diff as nsd
+        with tempfile.TemporaryDirectory() as tmp:
+            a, b = os.path.join(tmp, "a.csv"), os.path.join(tmp, "b.csv")
+            with open(a, "w") as f:
+                f.write(self.PAGE)
+            with open(b, "w") as f:
+                f.write(self.PAGE.replace('"1,000"', '"10"'))
+            inst, samples = nsd.read(a)
+            self.assertEqual(inst["BRA"], 1000)  # "1,000" read as a number, predicates dropped
+            self.assertEqual(samples["BRA"], 16)
+            self.assertEqual(inst["REDG"], 2000)
+            self.assertEqual(inst["UIADD3"], 400)
+            self.assertEqual(inst["LDC"], 100)
+            self.assertEqual(sum(inst.values()), 3500)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                nsd.main([f"packed={a}", f"dense={b}"])
+            lines = out.getvalue().splitlines()
+            self.assertIn("packed 3,500 against dense 2,510 (1.394x)", lines[0])
+            self.assertEqual(lines[2].split(), ["BRA", "1,000", "10", "+990"])
+            with self.assertRaises(SystemExit):
+                nsd.main(["no-label"])
 
 
 class NcuSteps11(unittest.TestCase):
