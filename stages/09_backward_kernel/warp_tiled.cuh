@@ -627,22 +627,6 @@ __device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccu
 }
 //! [tiled_dkdv]
 
-//! [tiled_dq]
-/// dQ_i += dS K_j for rows [row0, row0 + 32) and features [col0, col0 + kDqCols) of the query
-/// block, added into the float32 accumulator. A = dS is dS^T read by ldmatrix.trans, B = K_j by
-/// ldmatrix.trans, as accumulate_dq of the first kernel; each fragment now feeds two m-tiles or
-/// kDqCols/8 n-tiles. `before_adding()` runs, in every thread, between the products and the
-/// additions: the deterministic mode waits for its turn there, so that the products are not part
-/// of the time other key blocks wait for it.
-///
-/// kRowLimit (packed batches): only the first `rows` rows of the query block are added, the
-/// others being another sequence's.
-///
-/// kDqTiles<F> (WithDqTiles): `dq_block` is the first row of a tile of 8 and the query block's
-/// rows start `shift` rows into it (0 for dense problems; a packed sequence starts on any row).
-/// row0 and col0 are multiples of 8, so that a lane's place in its tile, worked out once from g, t
-/// and the shift (`lane_tile`), moves by whole tiles from one addition to the next: + 8 rows is
-/// 8 D floats, + 8 features 64.
 //! [dq_add_or_zero]
 /// What a lane adds to dQ for a row of a packed query block: its product where the row is the
 /// sequence's (`inside`), -0 past the sequence's end, where the rows are the next sequence's.
@@ -656,6 +640,22 @@ __device__ __forceinline__ void tiled_dkdv(DkvAccumulators<T, D, F>& dk, DkvAccu
 __device__ __forceinline__ float dq_add_or_zero(bool inside, float x) { return inside ? x : -0.0f; }
 //! [dq_add_or_zero]
 
+//! [tiled_dq]
+/// dQ_i += dS K_j for rows [row0, row0 + 32) and features [col0, col0 + kDqCols) of the query
+/// block, added into the float32 accumulator. A = dS is dS^T read by ldmatrix.trans, B = K_j by
+/// ldmatrix.trans, as accumulate_dq of the first kernel; each fragment now feeds two m-tiles or
+/// kDqCols/8 n-tiles. `before_adding()` runs, in every thread, between the products and the
+/// additions: the deterministic mode waits for its turn there, so that the products are not part
+/// of the time other key blocks wait for it.
+///
+/// kRowLimit (packed batches): only the first `rows` rows of the query block are added to, the
+/// others being another sequence's (they get -0, dq_add_or_zero()).
+///
+/// kDqTiles<F> (WithDqTiles): `dq_block` is the first row of a tile of 8 and the query block's
+/// rows start `shift` rows into it (0 for dense problems; a packed sequence starts on any row).
+/// row0 and col0 are multiples of 8, so that a lane's place in its tile, worked out once from g, t
+/// and the shift (`lane_tile`), moves by whole tiles from one addition to the next: + 8 rows is
+/// 8 D floats, + 8 features 64.
 template <class T, int D, class F, bool kRowLimit = false, class BeforeAdding>
 __device__ __forceinline__ void tiled_dq(const uint16_t* dst_tile, const uint16_t* k_tile, float* dq_block, int row0,
                                          int col0, int lane, BeforeAdding&& before_adding, int rows = 0, int shift = 0) {
