@@ -479,6 +479,17 @@ def load_tests(loader, tests, ignore):
     return tests
 
 
+def write_files(folder, suffix, *texts):
+    """Each text into a file of its own in `folder` (a.<suffix>, b.<suffix>, ...); their paths."""
+    paths = []
+    for n, text in enumerate(texts):
+        path = os.path.join(folder, f"{chr(ord('a') + n)}.{suffix}")
+        with open(path, "w") as f:
+            f.write(text)
+        paths.append(path)
+    return paths
+
+
 class NcuSideBySide(unittest.TestCase):
     """ncu_side_by_side.py, which writes the records stage 09's lesson sets side by side."""
 
@@ -496,11 +507,8 @@ class NcuSideBySide(unittest.TestCase):
     def test_units_and_first_kernel(self):
         import ncu_side_by_side as nsb
         with tempfile.TemporaryDirectory() as tmp:
-            a, b = os.path.join(tmp, "a.txt"), os.path.join(tmp, "b.txt")
-            with open(a, "w") as f:
-                f.write(self.REPORT)
-            with open(b, "w") as f:
-                f.write(self.REPORT.replace("Gbyte         1.30", "byte             0").replace("2.58", "2.10"))
+            a, b = write_files(tmp, "txt", self.REPORT,
+                               self.REPORT.replace("Gbyte         1.30", "byte             0").replace("2.58", "2.10"))
             values = nsb.read(a)
             self.assertAlmostEqual(values["gpu__time_duration.sum"][0], 2580.0)  # the first kernel's, in us
             self.assertEqual(values["gpu__time_duration.sum"][1], "us")
@@ -533,11 +541,7 @@ class NcuSourceDiff(unittest.TestCase):
     def test_sums_by_opcode(self):
         import ncu_source_diff as nsd
         with tempfile.TemporaryDirectory() as tmp:
-            a, b = os.path.join(tmp, "a.csv"), os.path.join(tmp, "b.csv")
-            with open(a, "w") as f:
-                f.write(self.PAGE)
-            with open(b, "w") as f:
-                f.write(self.PAGE.replace('"1,000"', '"10"'))
+            a, b = write_files(tmp, "csv", self.PAGE, self.PAGE.replace('"1,000"', '"10"'))
             inst, samples = nsd.read(a)
             self.assertEqual(inst["BRA"], 1000)  # "1,000" read as a number, predicates dropped
             self.assertEqual(samples["BRA"], 16)

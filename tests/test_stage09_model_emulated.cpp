@@ -217,16 +217,18 @@ void check_case(const test::ModelCase& c) {
 
 }  // namespace
 
-TEST_CASE("stage 09: under a window, key block j visits query block i iff i is in j's range iff j is in i's") {
+TEST_CASE("stage 09: under a window, key block j visits query block i iff i is in j's range iff j is in i's; the blocks without a mask are one range") {
     // window_query_blocks() (the pipeline's range), window_key_blocks() (the deterministic turns)
     // and the truth, a real row of block i that sees a real key of block j (visible_key_range()),
-    // must agree: the turns count on it, and on the visitors of i being one range.
-    const int bounds[][2] = {{-1, -1}, {-1, 0}, {0, 0}, {16, 0}, {20, 7}, {0, 5}, {70, -1}, {-1, 3}, {130, 40}, {1, 200}};
+    // must agree: the turns count on it, and on the visitors of i being one range. And
+    // window_full_query_blocks(), worked out once per key block, against window_block_needs_mask()
+    // block by block: the same answer for every whole query block, the mask for the last, partial one.
+    const int bounds[][2] = {{-1, -1}, {-1, 0}, {0, 0}, {16, 0}, {20, 7}, {0, 5}, {70, -1}, {-1, 3}, {130, 40}, {1, 200}, {64, 64}};
     for (const auto& [left, right] : bounds)
         for (const int br : {64, 128})
             for (const int bc : {64, 128})
-                for (int nq = 1; nq <= 300; nq += 37)
-                    for (int nk = 1; nk <= 300; nk += 29) {
+                for (int nq = 1; nq <= 400; nq += 23)
+                    for (int nk = 1; nk <= 400; nk += 19) {
                         const int tr = (nq + br - 1) / br, tc = (nk + bc - 1) / bc;
                         for (int i = 0; i < tr; ++i) {
                             int first, last;
@@ -239,35 +241,16 @@ TEST_CASE("stage 09: under a window, key block j visits query block i iff i is i
                                 }
                                 int begin, end;
                                 window_query_blocks(j, br, bc, nq, nk, left, right, begin, end);
-                                INFO("window (" << left << ", " << right << ") Br=" << br << " Bc=" << bc << " Nq=" << nq
-                                                << " Nk=" << nk << " i=" << i << " j=" << j);
-                                REQUIRE(sees == (begin <= i && i < end));
-                                REQUIRE(sees == (first <= j && j <= last));
-                            }
-                        }
-                    }
-}
-
-TEST_CASE("stage 09: under a window, the query blocks of key block j without a mask are one range, worked out once") {
-    // window_full_query_blocks() against window_block_needs_mask() block by block: the same
-    // answer for every whole query block, and the mask for the last, partial one.
-    const int bounds[][2] = {{-1, -1}, {-1, 0}, {0, 0}, {16, 0}, {20, 7}, {0, 5}, {70, -1}, {-1, 3}, {130, 40}, {1, 200}, {64, 64}};
-    for (const auto& [left, right] : bounds)
-        for (const int br : {64, 128})
-            for (const int bc : {64, 128})
-                for (int nq = 1; nq <= 400; nq += 23)
-                    for (int nk = 1; nk <= 400; nk += 19) {
-                        const int tr = (nq + br - 1) / br, tc = (nk + bc - 1) / bc;
-                        for (int j = 0; j < tc; ++j) {
-                            int begin, end;
-                            window_full_query_blocks(j, br, bc, nq, nk, left, right, begin, end);
-                            REQUIRE(begin <= end);
-                            for (int i = 0; i < tr; ++i) {
+                                int full_begin, full_end;
+                                window_full_query_blocks(j, br, bc, nq, nk, left, right, full_begin, full_end);
                                 const bool whole = (i + 1) * br <= nq;
                                 const bool masked = window_block_needs_mask(i * br, br, j * bc, bc, nq, nk, left, right);
                                 INFO("window (" << left << ", " << right << ") Br=" << br << " Bc=" << bc << " Nq=" << nq
                                                 << " Nk=" << nk << " i=" << i << " j=" << j);
-                                REQUIRE((begin <= i && i < end) == (whole && !masked));
+                                REQUIRE(sees == (begin <= i && i < end));
+                                REQUIRE(sees == (first <= j && j <= last));
+                                REQUIRE(full_begin <= full_end);
+                                REQUIRE((full_begin <= i && i < full_end) == (whole && !masked));
                             }
                         }
                     }

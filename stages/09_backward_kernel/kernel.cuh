@@ -1002,15 +1002,15 @@ __device__ __forceinline__ FullQueryBlocks full_query_blocks(const Args<T>& a, i
     return full;
 }
 
-/// Whether query block `i` (first row `q0`) with key block `kv0` needs the mask: with a window
-/// (kWindow), when i is outside `full` (full_query_blocks()); otherwise where the block crosses
-/// the causal diagonal or Nk (block_needs_mask()).
+/// Whether query block `i` with key block `kv0` needs the mask: with a window (kWindow), when i
+/// is outside `full` (full_query_blocks()); otherwise where the block crosses the causal
+/// diagonal or Nk (block_needs_mask()).
 template <class F, class T>
-__device__ __forceinline__ bool needs_mask(const Args<T>& a, int i, int q0, int kv0, const FullQueryBlocks& full) {
+__device__ __forceinline__ bool needs_mask(const Args<T>& a, int i, int kv0, const FullQueryBlocks& full) {
     if constexpr (kWindow<F>) {
         return i < full.begin || i >= full.end;
     } else {
-        return block_needs_mask(q0, kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
+        return block_needs_mask(i * F::kBr, kv0, F::kBc, a.seq_q, a.seq_k, a.causal);
     }
 }
 

@@ -825,7 +825,7 @@ __device__ __forceinline__ void tiled_backward_block(const Args<T>& a) {
         const uint16_t* do_tile = do_ring + slot * S::kQElems;
         const float* lse_slot = lse_ring + slot * F::kBr;
         const float* delta_slot = delta_ring + slot * F::kBr;
-        const bool mask = detail::needs_mask<F>(a, i, q0, w.kv0, full);
+        const bool mask = detail::needs_mask<F>(a, i, w.kv0, full);
         // Dropped: the map's b and h, the query head `w` is on now.
         detail::DropoutSite site{};
         if constexpr (kDropout<F>) {
