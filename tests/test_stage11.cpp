@@ -166,9 +166,17 @@ TEST_CASE("stage 11 step 11 (small blocks for short causal heads at d = 64) matc
     }
 }
 
+TEST_CASE("stage 11 step 12 (the next work item claimed early) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
+    if (!under_test(12)) return;
+    for (const test::Case& c : test::standard_cases({64, 128})) {
+        check_case(c, DType::BF16, 12);
+        check_case(c, DType::FP16, 12);
+    }
+}
+
 TEST_CASE("stage 11's road: every step has a test case above, and the default step is on the road") {
     // A new step needs its own test case (a failure then names the step): update this count with it.
-    CHECK(stage11::road().size() == 12);
+    CHECK(stage11::road().size() == 13);
     CHECK(stage11::final_step() >= 1);
     CHECK(stage11::final_step() < int(stage11::road().size()));
 }
@@ -364,7 +372,11 @@ TEST_CASE("stage 11's instrumented build computes what the plain build does, bit
                 const size_t o_elems = size_t(p.q_elems()), lse_elems = size_t(p.lse_elems());
                 std::vector<uint16_t> o_plain(o_elems), o_traced(o_elems);
                 std::vector<float> lse_plain(lse_elems), lse_traced(lse_elems);
-                stage11::attention_device(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, step);
+                // The instrumented build is the step's own kernel on every problem; where the plain
+                // build runs small blocks instead (step 11 on: d = 64, causal, Nk <= 1024), the same
+                // kernel's arithmetic without the marks is step 10's.
+                const int plain_step = stage11::runs_small_blocks(p, step) ? 10 : step;
+                stage11::attention_device(p, half.q, half.k, half.v, half.o, dev.lse, nullptr, plain_step);
                 FA_CUDA_CHECK(cudaMemcpy(o_plain.data(), half.o.data, o_elems * 2, cudaMemcpyDeviceToHost));
                 FA_CUDA_CHECK(cudaMemcpy(lse_plain.data(), dev.lse.data, lse_elems * 4, cudaMemcpyDeviceToHost));
 
@@ -387,8 +399,10 @@ TEST_CASE("stage 11's instrumented build computes what the plain build does, bit
                 FA_CUDA_CHECK(cudaMemcpy(o_traced.data(), half.o.data, o_elems * 2, cudaMemcpyDeviceToHost));
                 FA_CUDA_CHECK(cudaMemcpy(lse_traced.data(), dev.lse.data, lse_elems * 4, cudaMemcpyDeviceToHost));
 
-                INFO("step " << step << ", d " << d << (causal ? ", causal" : "") << "; block " << t.block << " of "
-                             << t.blocks << ", " << t.end << " key tiles");
+                const std::string where = "step " + std::to_string(step) + ", d " + std::to_string(d) + (causal ? ", causal" : "") +
+                                          "; block " + std::to_string(t.block) + " of " + std::to_string(t.blocks) + ", " +
+                                          std::to_string(t.end) + " key tiles";
+                INFO(where);
                 CHECK(o_traced == o_plain);
                 CHECK(std::memcmp(lse_traced.data(), lse_plain.data(), lse_elems * 4) == 0);
                 if (!t.persistent) CHECK(t.block == std::min(cuda::gpu_info().sm_count, t.blocks - 1));
@@ -443,13 +457,13 @@ std::pair<std::vector<uint16_t>, std::vector<float>> run_step(const Problem& p, 
     return {o, l};
 }
 
-// Steps 9, 10 and 11 (those under test) on `half`: O (16-bit words) and LSE equal step 8's bit for
-// bit (step 11 where it runs step 10's kernel; its small blocks sum in another order).
+// Steps 9 to 12 (those under test) on `half`: O (16-bit words) and LSE equal step 8's bit for
+// bit (steps 11 and 12 where they run step 10's kernel; their small blocks sum in another order).
 template <class T>
 void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<float> lse) {
     const auto step8 = run_step(p, half, lse, 8);
-    for (int step : {9, 10, 11}) {
-        if (step == 11 && stage11::runs_small_blocks(p, 11)) continue;
+    for (int step : {9, 10, 11, 12}) {
+        if (step >= 11 && stage11::runs_small_blocks(p, step)) continue;
         if (!under_test(step)) continue;
         INFO("step " << step);
         const auto persistent = run_step(p, half, lse, step);
@@ -460,14 +474,15 @@ void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<
 
 }  // namespace
 
-TEST_CASE("stage 11 steps 9, 10 and 11: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
-    if (!under_test(9) && !under_test(10) && !under_test(11)) return;
+TEST_CASE("stage 11 steps 9 to 12: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
+    if (!under_test(9) && !under_test(10) && !under_test(11) && !under_test(12)) return;
     // More work items than SMs, so that each persistent block loops: (query tiles x B x H) items,
     // grid = SMs. Under a causal mask with Nq > Nk whole query tiles see no key (end = 0): the
     // producer skips them, the consumers write O = 0 and LSE = -inf, and the Q and ring phases
     // must still agree. Steps 8, 9 and 10 do the same arithmetic (only the epilogue's stores
-    // differ), and so does step 11 wherever it runs step 10's kernel: their O and LSE are compared
-    // bit for bit (step 11's small blocks have their own case below).
+    // differ), and so do steps 11 and 12 wherever they run step 10's kernel (step 12 changes only
+    // when the producer claims an item and who decodes it): their O and LSE are compared bit for
+    // bit (the small blocks have their own case below).
     const int64_t shapes[][4] = {{4, 16, 1024, 1024}, {3, 20, 700, 900}, {2, 40, 1000, 300}};
     uint64_t seed = 1600;
     for (const auto& sh : shapes) {
@@ -523,8 +538,8 @@ TEST_CASE("stage 11 steps 9, 10 and 11: blocks run several work items each and g
     }
 }
 
-TEST_CASE("stage 11 step 11's small blocks: three per SM, each running several work items, match float64") {
-    if (!under_test(11)) return;
+TEST_CASE("stage 11 steps 11 and 12's small blocks: three per SM, each running several work items, match float64") {
+    if (!under_test(11) && !under_test(12)) return;
     // d = 64, causal, Nk <= 1024: 2 x 20 heads x 11 query tiles of 64 rows = 440 items, more than
     // three blocks on each of 132 SMs, so some block takes a second item; Nq > Nk in one case, so
     // whole query tiles see no key and are skipped.
@@ -534,10 +549,13 @@ TEST_CASE("stage 11 step 11's small blocks: three per SM, each running several w
         c.problem = test::make_problem(2, 20, size.first, size.second, 64, true);
         c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
         c.seed = seed++;
-        INFO(stage11::describe_config(c.problem, 11));
-        CHECK(stage11::runs_small_blocks(c.problem, 11));
-        check_case(c, DType::BF16, 11);
-        check_case(c, DType::FP16, 11);
+        for (int step : {11, 12}) {
+            if (!under_test(step)) continue;
+            INFO(stage11::describe_config(c.problem, step));
+            CHECK(stage11::runs_small_blocks(c.problem, step));
+            check_case(c, DType::BF16, step);
+            check_case(c, DType::FP16, step);
+        }
     }
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1025, 64, true), 11));
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1024, 64, false), 11));

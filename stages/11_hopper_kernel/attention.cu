@@ -34,10 +34,11 @@ constexpr Features kStep8 = kStep7.with_three_consumers_at_d64();  // + d = 64: 
 constexpr Features kStep9 = kStep8.with_persistent_grid();  // + one block per SM loops over the work; O by plain stores
 constexpr Features kStep10 = kStep9.with_wide_stores();     // + the epilogue's stores 16 bytes a lane (a quad transpose)
 constexpr Features kStep11 = kStep10.with_small_blocks_for_short_causal_heads();  // + d = 64, causal, Nk <= 1024: small blocks
+constexpr Features kStep12 = kStep11.with_early_claim();  // + the next work item claimed while this one's last tile loads
 
 // [0]: stage 07 (its own kernel; kStep1 fills the place)
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11};
-constexpr int kLastStep = 11;
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12};
+constexpr int kLastStep = 12;
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -51,7 +52,9 @@ struct StepN {
 /// within the spread of that point between runs (×0.94-1.05; stage11_road_table.txt,
 /// stage11_own_key_tiles.txt). Step 11 runs step 10's kernel except on short causal heads at
 /// d = 64, where its small blocks were ×1.18 in bf16 and fp16 at N = 1024 (stage11_small_blocks.txt).
-constexpr int kDefaultStep = 11;
+/// Step 12 was ×1.005-1.03 of step 11 at every N = 1024 point in two runs, and level with it at
+/// N = 4096 and 16384 within the spread between rounds (stage11_early_claim.txt).
+constexpr int kDefaultStep = 12;
 //! [road]
 
 /// Step N's small blocks (Features::small_blocks()), the kernel step 11 runs on short causal heads at d = 64.
@@ -67,9 +70,9 @@ struct TimelineStepN {
 };
 
 /// The steps with an instrumented build (bf16): no overlap (3), ping-pong (4), the softmax under
-/// P V (5), the tile shapes of step 8 (7 at d = 128), the persistent grid (9) and its wide
-/// stores (10).
-const std::vector<int> kTimelineSteps{3, 4, 5, 8, 9, 10};
+/// P V (5), the tile shapes of step 8 (7 at d = 128), the persistent grid (9), its wide
+/// stores (10) and the early claim of the next item (12).
+const std::vector<int> kTimelineSteps{3, 4, 5, 8, 9, 10, 12};
 
 //! [group_budget]
 /// Step 6's groups of heads: as many heads as have their K and V within this many bytes, so
@@ -128,10 +131,10 @@ void launch(const Args<T>& a, cudaStream_t stream) {
     launch_step<T, D, StepN<N>>(a, stream, "step " + std::to_string(N));
 }
 
-/// Step 11's small blocks (d = 64).
-template <class T>
+/// Step N's small blocks (d = 64; N = 11 or 12).
+template <class T, int N>
 void launch_step_small(const Args<T>& a, cudaStream_t stream) {
-    launch_step<T, 64, SmallBlocksN<11>>(a, stream, "step 11, small blocks");
+    launch_step<T, 64, SmallBlocksN<N>>(a, stream, "step " + std::to_string(N) + ", small blocks");
 }
 
 template <class T, int D, int N>
@@ -151,10 +154,11 @@ bool small_blocks_for(int step, const Problem& p) {
 }
 
 /// The features step `step` runs problem p with (for the host: block rows, tile size, whether
-/// tensor maps are needed, blocks per SM).
-Features features_of(int step, const Problem& p) {
+/// tensor maps are needed, blocks per SM). The instrumented build is the step's own kernel on
+/// every problem: it has no small blocks.
+Features features_of(int step, const Problem& p, bool instrumented = false) {
     const Features f = kSteps[step >= 1 && step <= kLastStep ? step : 1];
-    return (small_blocks_for(step, p) ? f.small_blocks() : f).at_head_dim(int(p.head_dim));
+    return (small_blocks_for(step, p) && !instrumented ? f.small_blocks() : f).at_head_dim(int(p.head_dim));
 }
 
 template <int N>
@@ -164,7 +168,9 @@ size_t smem_of(int d) {
 
 size_t smem_of_step(int step, const Problem& p) {
     const int d = int(p.head_dim);
-    if (small_blocks_for(step, p)) return Shape<__nv_bfloat16, 64, SmallBlocksN<11>>::kSmemBytes;
+    if (small_blocks_for(step, p)) {
+        return step >= 12 ? Shape<__nv_bfloat16, 64, SmallBlocksN<12>>::kSmemBytes : Shape<__nv_bfloat16, 64, SmallBlocksN<11>>::kSmemBytes;
+    }
     switch (step) {
         case 1: return smem_of<1>(d);
         case 2: return smem_of<2>(d);
@@ -175,6 +181,7 @@ size_t smem_of_step(int step, const Problem& p) {
         case 7: return smem_of<7>(d);
         case 8: return smem_of<8>(d);
         case 9: return smem_of<9>(d);
+        case 12: return smem_of<12>(d);
         default: return smem_of<10>(d);  // 10 and 11 (step 11's other problems run step 10's kernel)
     }
 }
@@ -198,6 +205,7 @@ LaunchFn<T> find_timeline_launcher(int d, int step) {
             case 8: return at(launch_timeline<T, 64, 8>, launch_timeline<T, 128, 8>);
             case 9: return at(launch_timeline<T, 64, 9>, launch_timeline<T, 128, 9>);
             case 10: return at(launch_timeline<T, 64, 10>, launch_timeline<T, 128, 10>);
+            case 12: return at(launch_timeline<T, 64, 12>, launch_timeline<T, 128, 12>);
             default: return nullptr;
         }
     }
@@ -219,6 +227,7 @@ LaunchFn<T> find_launcher(int d, int step) {
         // small blocks there); elsewhere its kernel would be step 10's, instruction for instruction.
         case 10:
         case 11: return launcher_for<T, 10>(d);
+        case 12: return launcher_for<T, 12>(d);
         default: return nullptr;
     }
 }
@@ -237,7 +246,7 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
         return;
     }
     const LaunchFn<T> launcher = timeline != nullptr          ? find_timeline_launcher<T>(int(p.head_dim), step)
-                                 : small_blocks_for(step, p) ? launch_step_small<T>
+                                 : small_blocks_for(step, p) ? (step >= 12 ? launch_step_small<T, 12> : launch_step_small<T, 11>)
                                                              : find_launcher<T>(int(p.head_dim), step);
     if (launcher == nullptr) {
         throw InputError(timeline != nullptr ? "stage 11: step " + std::to_string(step) + " has no instrumented build in this "
@@ -248,7 +257,7 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
     cuda::require_16_byte_rows("stage 11", "k", k);
     cuda::require_16_byte_rows("stage 11", "v", v);
     cuda::require_16_byte_rows("stage 11", "o", o);
-    const Features f = features_of(step, p);
+    const Features f = features_of(step, p, timeline != nullptr);
     Args<T> a{};
     if (f.tma) {
         const DType dtype = std::is_same_v<T, __half> ? DType::FP16 : DType::BF16;
@@ -349,6 +358,9 @@ const std::vector<Step>& road() {
         {"small blocks", "at d = 64 under a causal mask with Nk <= 1024: blocks of one producer and one consumer "
                          "warpgroup (Br = 64, Bc = 64, a four-slot ring, 136 registers), three per SM, interleaved by "
                          "the warp schedulers; every other problem as step 10"},
+        {"early claim", "the persistent producer claims its next work item (a global atomicAdd) when it reaches the "
+                        "current item's last K/V tile, and posts it decoded (head, first row, key tiles): the "
+                        "consumers find it ready when they have written O"},
     };
     return steps;
 }
@@ -418,7 +430,7 @@ TimelineBlock timeline_block(const Problem& p, int step, int block) {
         throw InputError("--timeline: step " + std::to_string(step) + " has no instrumented build; use --step " +
                          timeline_steps_text() + " (or leave --step out: the default step " + std::to_string(kDefaultStep) + ")");
     }
-    const Features f = features_of(step, p);
+    const Features f = features_of(step, p, true);
     TimelineBlock t;
     t.q_tiles = int((p.seq_q + f.br() - 1) / f.br());
     t.blocks = int(grid_blocks(f, t.q_tiles, int(p.batch * p.heads)));

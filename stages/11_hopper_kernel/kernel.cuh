@@ -64,6 +64,7 @@ struct Features {
     bool wide_stores = false;  ///< plain-store epilogue: a quad transposes its words and each lane stores 16 bytes
     int blocks_per_sm = 1;     ///< blocks an SM holds at once (the launch bounds; the persistent grid's blocks per SM)
     bool small_blocks_short_causal = false;  ///< at d = 64, causal, few keys: small_blocks()' kernel (the host's rule)
+    bool claim_ahead = false;  ///< persistent grid: the producer claims the next item while it loads this one's last tile
     bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
@@ -159,6 +160,16 @@ struct Features {
     constexpr Features with_small_blocks_for_short_causal_heads() const {
         Features f = *this;
         f.small_blocks_short_causal = true;
+        return f;
+    }
+    /// Step 12: the next work item ready before the consumers ask for it. The persistent producer
+    /// claims it (the counter's atomicAdd, a round trip of about a microsecond) when it reaches the
+    /// current item's last K/V tile, before waiting for that tile's slot, instead of after issuing
+    /// it; and it posts the item decoded (head, first query row, key tiles), so that a consumer
+    /// that has written O reads five numbers instead of computing them (block_work()'s divisions).
+    constexpr Features with_early_claim() const {
+        Features f = *this;
+        f.claim_ahead = true;
         return f;
     }
     /// The shape step 11 runs on short causal heads at d = 64: blocks of one producer and one
@@ -276,9 +287,12 @@ struct Shape {
     static constexpr int kQBytes = kBr * D * 2;    ///< the Q tile
     static constexpr int kKVBytes = kBc * D * 2;   ///< one K (or V) tile
     static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "every tile starts on a 1024-byte boundary (the swizzle's atom)");
+    /// The persistent grid's mailbox in 8-byte words: two entries, each an item's number, or from
+    /// step 12 each an item decoded (head, first row, key tiles: five ints in 24 bytes).
+    static constexpr int kMailboxWords = kF.claim_ahead ? 6 : 2;
     /// The mbarriers: Q's, a full and an empty one per slot; the persistent grid's Q empty, its
-    /// mailbox's item-full and item-empty pairs, and the mailbox (two 8-byte entries).
-    static constexpr int kBarrierBytes = 8 * (1 + 2 * kF.stages + (kF.persistent ? 7 : 0));
+    /// mailbox's item-full and item-empty pairs, and the mailbox.
+    static constexpr int kBarrierBytes = 8 * (1 + 2 * kF.stages + (kF.persistent ? 5 + kMailboxWords : 0));
     /// Shared memory: 1024 bytes of slack to align, Q, then stages x (K, V), then the barriers.
     static constexpr size_t kSmemBytes = 1024 + size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + kBarrierBytes;
 };
@@ -801,6 +815,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
     constexpr int kQEmpty = 1 + 2 * kF.stages, kItemFull = kQEmpty + 1, kItemEmpty = kQEmpty + 3;
     const uint32_t q_full = bar(0), q_empty = bar(kQEmpty);
     volatile unsigned* mailbox = reinterpret_cast<volatile unsigned*>(barriers + kQEmpty + 5);
+    volatile int* posted = reinterpret_cast<volatile int*>(barriers + kQEmpty + 5);  // step 12: entry e at posted + 6e
     const int thread = int(threadIdx.x);
     const unsigned items = unsigned(a.q_tiles) * unsigned(a.batch_heads);
     const int group = kF.heaviest_first_grid && a.causal ? a.group_heads : 1;
@@ -833,16 +848,29 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
         if (thread == 0) {
             marks.mark(kMarkStart, 0, true);
             int rounds = 0, ring = 0;
+            // Step 12: the number of the next item, claimed while the current one's last tile loads.
+            unsigned claimed = kF.claim_ahead ? atomicAdd(a.work_counter, 1u) : 0u;
             for (int r = 0;; ++r) {
-                const unsigned w = atomicAdd(a.work_counter, 1u);  // the next item nobody has taken
+                // The next item nobody has taken (step 12: taken already).
+                const unsigned w = kF.claim_ahead ? claimed : atomicAdd(a.work_counter, 1u);
                 const int e = r & 1;
                 if (r >= 2) mbarrier_wait_parity(bar(kItemEmpty + e), uint32_t((r / 2 - 1) & 1));  // entry e was read
-                mailbox[e] = w;
-                mbarrier_arrive(bar(kItemFull + e));  // release: the consumers' wait sees the number
+                Item it{0, 0, 0, 0, -1};  // end = -1: no item left
+                if constexpr (kF.claim_ahead) {  // step 12: the item decoded here, once for every consumer
+                    if (w < items) it = item(w);
+                    volatile int* entry = posted + 6 * e;
+                    entry[0] = it.b, entry[1] = it.h, entry[2] = it.q0, entry[3] = it.full, entry[4] = it.end;
+                } else {
+                    mailbox[e] = w;
+                }
+                mbarrier_arrive(bar(kItemFull + e));  // release: the consumers' wait sees the entry
                 if (w >= items) break;
-                const Item it = item(w);
+                if constexpr (!kF.claim_ahead) it = item(w);
                 marks.mark(kMarkItem, tiles_mark(it.end));
-                if (it.end == 0) continue;  // no key for any row: nothing to load
+                if (it.end == 0) {  // no key for any row: nothing to load
+                    if constexpr (kF.claim_ahead) claimed = atomicAdd(a.work_counter, 1u);
+                    continue;
+                }
                 if (rounds > 0) {
                     mbarrier_wait_parity(q_empty, uint32_t((rounds - 1) & 1));  // every consumer has read the last Q
                     marks.mark(kMarkQEmpty);
@@ -852,6 +880,11 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
                 ++rounds;
                 for (int tile = 0; tile < it.end; ++tile, ++ring) {
                     const int slot = ring % kF.stages;
+                    // Step 12: the atomic's round trip runs while this thread waits for the slot
+                    // and the consumers finish the item; its result is first read next round.
+                    if constexpr (kF.claim_ahead) {
+                        if (tile == it.end - 1) claimed = atomicAdd(a.work_counter, 1u);
+                    }
                     if (ring >= kF.stages) {  // round ring / stages refills the slot after round - 1 was consumed
                         mbarrier_wait_parity(bar(1 + kF.stages + slot), uint32_t((ring / kF.stages - 1) & 1));
                         marks.mark(kMarkSlotEmpty, tile);
@@ -874,10 +907,18 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
     for (int r = 0;; ++r) {
         const int e = r & 1;
         mbarrier_wait_parity(bar(kItemFull + e), uint32_t((r / 2) & 1));  // the producer has posted item r
-        const unsigned w = mailbox[e];
-        mbarrier_arrive(bar(kItemEmpty + e));  // entry e may be written again
-        if (w >= items) break;
-        const Item it = item(w);
+        Item it;
+        if constexpr (kF.claim_ahead) {  // step 12: the producer has decoded the item
+            volatile int* entry = posted + 6 * e;
+            it = Item{entry[0], entry[1], entry[2], entry[3], entry[4]};
+            mbarrier_arrive(bar(kItemEmpty + e));  // entry e may be written again
+            if (it.end < 0) break;
+        } else {
+            const unsigned w = mailbox[e];
+            mbarrier_arrive(bar(kItemEmpty + e));  // entry e may be written again
+            if (w >= items) break;
+            it = item(w);
+        }
         marks.mark(kMarkItem, tiles_mark(it.end));
         const int row_lo = it.q0 + 64 * consumer + 16 * (ct / 32) + (ct % 32) / 4;  // row g of this warp; g + 8 is the other
         ConsumerState<D> st;
