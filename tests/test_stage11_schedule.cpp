@@ -11,6 +11,7 @@
 #include "schedule.hpp"
 
 using fa::stage11::block_work;
+using fa::stage11::busiest_block;
 using fa::stage11::BlockWork;
 using fa::stage11::heads_per_group;
 
@@ -124,4 +125,22 @@ TEST_CASE("heads_per_group: as many heads as fit the budget, at least one, at mo
     CHECK(heads_per_group(2LL * 65536 * 128 * 2, 16 * mib, 16) == 1);    // a head larger than the budget: still one
     CHECK(heads_per_group(2LL * 128 * 64 * 2, 16 * mib, 24) == 24);      // all heads fit: one group
     CHECK(heads_per_group(0, 16 * mib, 5) == 5);                         // no keys: one group
+}
+
+TEST_CASE("busiest_block: items go to the block free first; alike items leave a last wave") {
+    // 3, 3 on blocks 0 and 1; then 2 to block 0 (free at 3), 2 to block 1, 2 to block 0: 7 against 6.
+    CHECK(busiest_block({3, 3, 2, 2, 2}, 2) == doctest::Approx(7));
+    CHECK(busiest_block({}, 4) == doctest::Approx(0));
+    CHECK(busiest_block({5}, 0) == doctest::Approx(0));
+    // Alike items: the busiest block runs ceil(items / blocks) of them. Stage 11 at N = 1024 without the
+    // mask on an H100: 3072 items (d = 64) or 2048 (d = 128) on 132 blocks, 23.27 or 15.52 a block.
+    CHECK(busiest_block(std::vector<double>(3072, 1.0), 132) == doctest::Approx(24));
+    CHECK(busiest_block(std::vector<double>(2048, 1.0), 132) == doctest::Approx(16));
+    CHECK(busiest_block(std::vector<double>(264, 1.0), 132) == doctest::Approx(2));
+    // Heaviest first, lengths 8, 7, ..., 1 on 3 blocks (36 in all, 12 on average): 8, 7, 6, then
+    // 5 -> 6 + 5 = 11, 4 -> 7 + 4, 3 -> 8 + 3, 2 -> 11 + 2 = 13, 1 -> 11 + 1 = 12: 13.
+    CHECK(busiest_block({8, 7, 6, 5, 4, 3, 2, 1}, 3) == doctest::Approx(13));
+    // The light items first instead: 1, 2, 3, then 4 -> 1 + 4, 5 -> 2 + 5, 6 -> 3 + 6, 7 -> 5 + 7,
+    // 8 -> 7 + 8 = 15: the order matters, heaviest first ends sooner.
+    CHECK(busiest_block({1, 2, 3, 4, 5, 6, 7, 8}, 3) == doctest::Approx(15));
 }

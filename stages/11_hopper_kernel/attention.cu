@@ -471,6 +471,35 @@ void attention_device_timeline(const Problem& p, View4<const __nv_bfloat16> q, V
     run_device<__nv_bfloat16>(p, q, k, v, o, lse, stream, step, marks, t.block);
 }
 
+namespace {
+
+/// The persistent grid's last wave, in key tiles: the busiest block's and the average block's
+/// (busiest_block(), the items in the counter's order), and the share of the run the average
+/// block is busy. Empty for problems of more than 2^22 items (not worth the host's time).
+std::string last_wave(const Problem& p, const Features& f, int q_tiles) {
+    const int batch_heads = int(p.batch * p.heads);
+    const long long items = (long long)q_tiles * batch_heads;
+    if (items > (1LL << 22)) return "";
+    const int group = f.heaviest_first_grid && p.causal ? group_heads_of(p) : 1;
+    std::vector<double> costs(static_cast<size_t>(items));
+    double total = 0.0;
+    for (long long w = 0; w < items; ++w) {
+        const BlockWork work = block_work(unsigned(w), q_tiles, batch_heads, p.causal, group);
+        int full = 0, end = 0;
+        key_tiles(work.q_tile * f.br(), f.br(), f.bc, int(p.seq_q), int(p.seq_k), p.causal, full, end);
+        costs[size_t(w)] = end;
+        total += end;
+    }
+    const int blocks = int(grid_blocks(f, q_tiles, batch_heads));
+    const double busiest = busiest_block(costs, blocks), average = total / blocks;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "; in key tiles the busiest block %.0f, the average %.1f (%.3f)", busiest, average,
+                  busiest > 0 ? average / busiest : 1.0);
+    return buf;
+}
+
+}  // namespace
+
 std::string describe_config(const Problem& p, int step) {
     step = resolve(step);
     check_supported(p, step);
@@ -490,9 +519,9 @@ std::string describe_config(const Problem& p, int step) {
     const std::string persistent =
         f.persistent ? ", persistent grid of " + std::to_string(grid_blocks(f, q_tiles, int(p.batch * p.heads))) + " blocks (" +
                            std::to_string(f.blocks_per_sm) + " per SM) for " +
-                           std::to_string((long long)q_tiles * p.batch * p.heads) + " work items"
+                           std::to_string((long long)q_tiles * p.batch * p.heads) + " work items" + last_wave(p, f, q_tiles)
                      : "";
-    char buf[768];
+    char buf[1024];
     std::snprintf(buf, sizeof buf,
                   "step %d (%s): Br=%d Bc=%d, %d consumer warpgroup(s)%s, %d-slot ring loaded by %s%s%s%s%s%s%s, %zu B shared "
                   "memory; per head %lld of %lld key tiles unmasked, %lld masked, %lld skipped",

@@ -13,6 +13,11 @@
 /// head's K and V are read once by every query tile of that head.
 #pragma once
 
+#include <cstddef>
+#include <functional>
+#include <queue>
+#include <vector>
+
 #include "fa/config.hpp"
 
 namespace fa::stage11 {
@@ -45,5 +50,25 @@ FA_HD inline int heads_per_group(long long kv_bytes_per_head, long long budget_b
     const long long fit = kv_bytes_per_head > 0 ? budget_bytes / kv_bytes_per_head : batch_heads;
     return fit < 1 ? 1 : fit > batch_heads ? batch_heads : int(fit);
 }
+
+//! [busiest_block]
+/// The persistent grid's run, counted in work: `blocks` blocks take the items in the order given,
+/// each item going to the block that is free first (as the counter hands them out), and item i
+/// keeps its block busy for `costs[i]`. Returns the busiest block's total, which is what the run
+/// lasts; the average block's is sum(costs) / blocks. Host only (the executable's config line).
+inline double busiest_block(const std::vector<double>& costs, int blocks) {
+    if (blocks < 1) return 0.0;
+    std::priority_queue<double, std::vector<double>, std::greater<>> free_at;  // each block's busy time
+    for (int b = 0; b < blocks; ++b) free_at.push(0.0);
+    double busiest = 0.0;
+    for (const double c : costs) {
+        const double t = free_at.top() + c;
+        free_at.pop();
+        free_at.push(t);
+        busiest = t > busiest ? t : busiest;
+    }
+    return busiest;
+}
+//! [busiest_block]
 
 }  // namespace fa::stage11
