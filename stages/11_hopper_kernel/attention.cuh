@@ -24,8 +24,9 @@
 /// tiles first in groups of heads sized to L2, the epilogue through shared memory and a TMA store, a shape
 /// for d = 64 (three consumer warpgroups), and a persistent grid (one block per SM taking work
 /// items from a counter, the next item's loads under this one's end) whose epilogue stores O 16
-/// bytes a lane, and for short causal heads at d = 64 small blocks of one consumer, three per SM.
-/// An instrumented build of steps 3, 4, 5, 8, 9 and 10 records one block's timeline (timeline.hpp,
+/// bytes a lane, for short causal heads at d = 64 small blocks of one consumer, three per SM, and
+/// the next work item claimed and decoded by the producer before the consumers ask for it. An
+/// instrumented build of steps 3, 4, 5, 8, 9, 10 and 12 records one block's timeline (timeline.hpp,
 /// `--timeline`).
 ///
 /// **Does not handle yet:** d other than 64 and 128; the backward pass.
@@ -113,7 +114,7 @@ bool runs_small_blocks(const Problem& problem, int step = -1);
 /// Steps with an instrumented build (bf16), whose kernels can record a timeline (timeline.hpp).
 const std::vector<int>& timeline_steps();
 
-/// timeline_steps() as text for messages: "3, 4, 5, 8, 9".
+/// timeline_steps() as text for messages: "3, 4, 5, 8, 9, 10, 12".
 std::string timeline_steps_text();
 
 /// The block an instrumented run records, and what it computes.
