@@ -474,21 +474,19 @@ void attention_device_timeline(const Problem& p, View4<const __nv_bfloat16> q, V
 namespace {
 
 /// The persistent grid's last wave, in key tiles: the busiest block's and the average block's
-/// (busiest_block(), the items in the counter's order), and the share of the run the average
-/// block is busy. Empty for problems of more than 2^22 items (not worth the host's time).
-std::string last_wave(const Problem& p, const Features& f, int q_tiles) {
-    const int batch_heads = int(p.batch * p.heads);
+/// (busiest_block(), the items in the counter's order, item (t, head) costing `key_tiles_of[t]`),
+/// and the share of the run the average block is busy. Empty for problems of more than 2^22 items
+/// (not worth the host's time).
+std::string last_wave(const Problem& p, const Features& f, const std::vector<int>& key_tiles_of) {
+    const int q_tiles = int(key_tiles_of.size()), batch_heads = int(p.batch * p.heads);
     const long long items = (long long)q_tiles * batch_heads;
     if (items > (1LL << 22)) return "";
     const int group = f.heaviest_first_grid && p.causal ? group_heads_of(p) : 1;
     std::vector<double> costs(static_cast<size_t>(items));
     double total = 0.0;
     for (long long w = 0; w < items; ++w) {
-        const BlockWork work = block_work(unsigned(w), q_tiles, batch_heads, p.causal, group);
-        int full = 0, end = 0;
-        key_tiles(work.q_tile * f.br(), f.br(), f.bc, int(p.seq_q), int(p.seq_k), p.causal, full, end);
-        costs[size_t(w)] = end;
-        total += end;
+        costs[size_t(w)] = key_tiles_of[size_t(block_work(unsigned(w), q_tiles, batch_heads, p.causal, group).q_tile)];
+        total += costs[size_t(w)];
     }
     const int blocks = int(grid_blocks(f, q_tiles, batch_heads));
     const double busiest = busiest_block(costs, blocks), average = total / blocks;
@@ -508,18 +506,20 @@ std::string describe_config(const Problem& p, int step) {
     const size_t smem = smem_of_step(step, p);
     const int q_tiles = int((p.seq_q + f.br() - 1) / f.br()), k_tiles = int((p.seq_k + f.bc - 1) / f.bc);
     long long unmasked = 0, masked = 0;
+    std::vector<int> key_tiles_of(static_cast<size_t>(q_tiles));  // query tile t's key tiles (its work, for last_wave())
     for (int t = 0; t < q_tiles; ++t) {
         int full = 0, end = 0;
         key_tiles(t * f.br(), f.br(), f.bc, int(p.seq_q), int(p.seq_k), p.causal, full, end);
         unmasked += full;
         masked += end - full;
+        key_tiles_of[size_t(t)] = end;
     }
     const long long total = (long long)q_tiles * k_tiles;
     const std::string group = f.heaviest_first_grid && p.causal ? std::to_string(group_heads_of(p)) + " heads" : "";
     const std::string persistent =
         f.persistent ? ", persistent grid of " + std::to_string(grid_blocks(f, q_tiles, int(p.batch * p.heads))) + " blocks (" +
                            std::to_string(f.blocks_per_sm) + " per SM) for " +
-                           std::to_string((long long)q_tiles * p.batch * p.heads) + " work items" + last_wave(p, f, q_tiles)
+                           std::to_string((long long)q_tiles * p.batch * p.heads) + " work items" + last_wave(p, f, key_tiles_of)
                      : "";
     char buf[1024];
     std::snprintf(buf, sizeof buf,

@@ -1,6 +1,7 @@
 /// \file stages/11_hopper_kernel/schedule.hpp
 /// \brief Which query tile of which (batch, head) a thread block of stage 11 computes: plain
-/// integer arithmetic, shared by the kernel and its host test (tests/test_stage11_schedule.cpp).
+/// integer arithmetic, shared by the kernel and its host test (tests/test_stage11_schedule.cpp);
+/// and, for the host alone, how long the persistent grid's busiest block works (busiest_block()).
 ///
 /// The grid is flat: `q_tiles x batch_heads` blocks, handed out by the hardware roughly in block
 /// order, about one wave of blocks per SM at a time. Which work a block number stands for decides
