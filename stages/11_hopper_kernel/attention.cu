@@ -35,10 +35,11 @@ constexpr Features kStep9 = kStep8.with_persistent_grid();  // + one block per S
 constexpr Features kStep10 = kStep9.with_wide_stores();     // + the epilogue's stores 16 bytes a lane (a quad transpose)
 constexpr Features kStep11 = kStep10.with_small_blocks_for_short_causal_heads();  // + d = 64, causal, Nk <= 1024: small blocks
 constexpr Features kStep12 = kStep11.with_early_claim();  // + the next work item claimed while this one's last tile loads
+constexpr Features kStep13 = kStep12.with_staged_store();  // + d = 64: O through its own buffer and a TMA store left running
 
 // [0]: stage 07 (its own kernel; kStep1 fills the place)
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12};
-constexpr int kLastStep = 12;
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12, kStep13};
+constexpr int kLastStep = 13;
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -53,8 +54,10 @@ struct StepN {
 /// stage11_own_key_tiles.txt). Step 11 runs step 10's kernel except on short causal heads at
 /// d = 64, where its small blocks were ×1.18 in bf16 and fp16 at N = 1024 (stage11_small_blocks.txt).
 /// Step 12 was ×1.005-1.03 of step 11 at every N = 1024 point in two runs, and level with it at
-/// N = 4096 and 16384 within the spread between rounds (stage11_early_claim.txt).
-constexpr int kDefaultStep = 12;
+/// N = 4096 and 16384 within the spread between rounds (stage11_early_claim.txt). Step 13 was
+/// ×1.006-1.010 of step 12 at d = 64 without the mask at N = 1024 and ×1.003-1.018 at 2048 and 4096
+/// in two runs, level elsewhere (its d = 128 code is step 12's; stage11_staged_store.txt).
+constexpr int kDefaultStep = 13;
 //! [road]
 
 /// Step N's small blocks (Features::small_blocks()), the kernel step 11 runs on short causal heads at d = 64.
@@ -182,6 +185,7 @@ size_t smem_of_step(int step, const Problem& p) {
         case 8: return smem_of<8>(d);
         case 9: return smem_of<9>(d);
         case 12: return smem_of<12>(d);
+        case 13: return smem_of<13>(d);
         default: return smem_of<10>(d);  // 10 and 11 (step 11's other problems run step 10's kernel)
     }
 }
@@ -228,6 +232,7 @@ LaunchFn<T> find_launcher(int d, int step) {
         case 10:
         case 11: return launcher_for<T, 10>(d);
         case 12: return launcher_for<T, 12>(d);
+        case 13: return launcher_for<T, 13>(d);
         default: return nullptr;
     }
 }
@@ -267,7 +272,7 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
                                    k.stride[2], f.bc, "stage 11 k");
         cuda::make_tensor_map_bhnd(a.v_map, v.data, dtype, p.batch, p.heads, p.seq_k, p.head_dim, v.stride[0], v.stride[1],
                                    v.stride[2], f.bc, "stage 11 v");
-        if (f.tma_store) {  // one [64, 64] box per consumer warpgroup and 64 columns
+        if (f.tma_store || f.staged_store) {  // one [64, 64] box per consumer warpgroup and 64 columns
             cuda::make_tensor_map_bhnd(a.o_map, o.data, dtype, p.batch, p.heads, p.seq_q, p.head_dim, o.stride[0], o.stride[1],
                                        o.stride[2], 64, "stage 11 o");
         }
@@ -361,6 +366,8 @@ const std::vector<Step>& road() {
         {"early claim", "the persistent producer claims its next work item (a global atomicAdd) when it reaches the "
                         "current item's last K/V tile, and posts it decoded (head, first row, key tiles): the "
                         "consumers find it ready when they have written O"},
+        {"staged store", "d = 64: O rounded into its own shared buffer and stored by the TMA, the store left running "
+                         "until the warpgroup's next epilogue; d = 128 as step 12"},
     };
     return steps;
 }

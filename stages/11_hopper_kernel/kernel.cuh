@@ -19,7 +19,9 @@
 /// with a TMA store; step 8 gives d = 64 three consumer warpgroups; step 9 keeps one block per SM,
 /// taking work items from a counter, so that the next item's loads run under this one's end
 /// (detail::run_persistent); step 10 stores O 16 bytes a lane (detail::write_output, kWide); step
-/// 11 runs short causal heads at d = 64 in small blocks, three per SM (Features::small_blocks()).
+/// 11 runs short causal heads at d = 64 in small blocks, three per SM (Features::small_blocks());
+/// step 12's producer claims the next item early and posts it decoded; step 13 gives O its own
+/// shared buffer at d = 64 and leaves its TMA store running (write_output_tma, kStaged).
 #pragma once
 
 #include <cstdint>
@@ -65,6 +67,7 @@ struct Features {
     int blocks_per_sm = 1;     ///< blocks an SM holds at once (the launch bounds; the persistent grid's blocks per SM)
     bool small_blocks_short_causal = false;  ///< at d = 64, causal, few keys: small_blocks()' kernel (the host's rule)
     bool claim_ahead = false;  ///< persistent grid: the producer claims the next item while it loads this one's last tile
+    bool staged_store = false;  ///< persistent grid, where it fits: O through its own shared buffer and a TMA store left running
     bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
@@ -170,6 +173,16 @@ struct Features {
     constexpr Features with_early_claim() const {
         Features f = *this;
         f.claim_ahead = true;
+        return f;
+    }
+    /// Step 13: the epilogue shortened where a [Br, d] tile fits beside Q and the ring (d = 64). A
+    /// consumer rounds its normalized O into its own rows of a shared buffer and one of its threads
+    /// hands them to the TMA (step 7's store, in a buffer of their own, since Q's is refilling);
+    /// nobody waits for the store, only, at the warpgroup's next item's end, for the TMA to have
+    /// read the buffer. No quad transpose, no global stores in the consumer's epilogue.
+    constexpr Features with_staged_store() const {
+        Features f = *this;
+        f.staged_store = true;
         return f;
     }
     /// The shape step 11 runs on short causal heads at d = 64: blocks of one producer and one
@@ -293,8 +306,16 @@ struct Shape {
     /// The mbarriers: Q's, a full and an empty one per slot; the persistent grid's Q empty, its
     /// mailbox's item-full and item-empty pairs, and the mailbox.
     static constexpr int kBarrierBytes = 8 * (1 + 2 * kF.stages + (kF.persistent ? 5 + kMailboxWords : 0));
-    /// Shared memory: 1024 bytes of slack to align, Q, then stages x (K, V), then the barriers.
-    static constexpr size_t kSmemBytes = 1024 + size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + kBarrierBytes;
+    /// Step 13: O's own buffer (a [Br, d] tile) where it fits in the 227 KB of a block, and the SM's
+    /// 228 KB holds blocks_per_sm of them (not the small blocks, three to an SM).
+    static constexpr bool kStaged =
+        kF.staged_store && kF.persistent &&
+        (1024 + 2 * size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + kBarrierBytes + 1024) * kF.blocks_per_sm <= 228 * 1024;
+    static constexpr int kOBytes = kStaged ? kQBytes : 0;  ///< O's buffer: Br rows of d, as Q's tile
+    /// Shared memory: 1024 bytes of slack to align, Q, then stages x (K, V), O's buffer (step 13),
+    /// then the barriers.
+    static constexpr size_t kSmemBytes =
+        1024 + size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + size_t(kOBytes) + kBarrierBytes;
 };
 
 //! [key_tiles]
@@ -703,13 +724,20 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
 /// swizzled as the TMA would load them (Q is no longer read: the last S = Q K^T has finished),
 /// then one thread stores each [64, 64] box with the TMA, which leaves out the rows past Nq.
 /// LSE goes straight to global memory, one float per row.
-template <class T, int D, class Step>
+template <class T, int D, class Step, bool kStaged = false>
 __device__ __forceinline__ void write_output_tma(ConsumerState<D>& st, const Args<T>& a, int b, int h, int q0, int consumer,
                                                  unsigned char* q_tile, int thread) {
     using S = Shape<T, D, Step>;
     const int warp = thread / 32, g = (thread % 32) / 4, t = (thread % 32) % 4;
     unsigned char* rows = q_tile + consumer * 64 * wl::kSwizzleBytes;  // row 64c of box 0; box k is k * Br * 128 further
-    fence_proxy_async();  // the wgmma's reads of these Q rows (async proxy) come before the plain stores below
+    if constexpr (kStaged) {
+        // Step 13: O's own buffer. The store this warpgroup left running at its last item has read
+        // these rows before any thread writes them again.
+        if (thread == 0) bulk_wait_group_read<0>();
+        named_barrier_sync(kEpilogueBarrier + uint32_t(consumer), 128);
+    } else {
+        fence_proxy_async();  // the wgmma's reads of these Q rows (async proxy) come before the plain stores below
+    }
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const float l = quad_sum(st.l[hh]);
@@ -733,7 +761,9 @@ __device__ __forceinline__ void write_output_tma(ConsumerState<D>& st, const Arg
             tma_store_4d(&a.o_map, smem_address(rows + box * S::kBr * wl::kSwizzleBytes), 64 * box, q0 + 64 * consumer, h, b);
         }
         bulk_commit_group();
-        bulk_wait_group_read<0>();  // the boxes have been read: shared memory may go away with the block
+        // The boxes have been read: shared memory may go away with the block (step 13: the next
+        // epilogue, or the block's end, waits instead).
+        if constexpr (!kStaged) bulk_wait_group_read<0>();
     }
 }
 //! [tma_store]
@@ -807,7 +837,7 @@ __device__ __forceinline__ Marks make_marks(const Args<T>& a, int thread) {
 /// in the steps before. The consumers' turns run on from item to item (consume_tiles_pipelined()).
 template <class T, int D, class Step, class Marks>
 __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* q_tile, unsigned char* kv_ring, uint64_t* barriers,
-                                               Marks& marks) {
+                                               Marks& marks, unsigned char* o_tile) {
     using S = Shape<T, D, Step>;
     constexpr Features kF = S::kF;
     const auto bar = [&](int i) { return smem_address(barriers + i); };
@@ -938,12 +968,19 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
             ring += it.end;
             ++rounds;
         }
-        write_output<T, D, kF.wide_stores>(st, a, it.b, it.h, row_lo, ct);
+        if constexpr (S::kStaged) {
+            write_output_tma<T, D, Step, true>(st, a, it.b, it.h, it.q0, consumer, o_tile, ct);
+        } else {
+            write_output<T, D, kF.wide_stores>(st, a, it.b, it.h, row_lo, ct);
+        }
         marks.mark(kMarkEpilogue);
     }
     // The last warpgroup's last turn opened warpgroup 0's for an item that never came: warpgroup 0
     // takes it, so that no named barrier is left half-arrived when the block ends.
     if (kF.consumers > 1 && consumer == 0 && rounds > 0) named_barrier_sync(kTurnBarrier, 256);
+    if constexpr (S::kStaged) {
+        if (ct == 0) bulk_wait_group<0>();  // the last store has written O before the block ends
+    }
     marks.mark(kMarkEnd, 0, true);
 }
 //! [persistent]
@@ -961,14 +998,15 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, Shape<T, D, Step>
     unsigned char* smem = smem_raw + ((1024u - fa::cuda::ptx::smem_address(smem_raw) % 1024u) % 1024u);
     unsigned char* q_tile = smem;                    // [Br, d]: d/64 swizzled boxes [Br, 64]
     unsigned char* kv_ring = q_tile + S::kQBytes;    // stages x (K [Bc, d], V [Bc, d]), each d/64 boxes [Bc, 64]
-    uint64_t* barriers = reinterpret_cast<uint64_t*>(kv_ring + 2 * kF.stages * S::kKVBytes);
+    unsigned char* o_tile = kv_ring + 2 * kF.stages * S::kKVBytes;  // step 13: O's buffer (kOBytes, 0 before)
+    uint64_t* barriers = reinterpret_cast<uint64_t*>(o_tile + S::kOBytes);
     // barriers[0]: Q landed; [1 + s]: slot s full; [1 + stages + s]: slot s empty (producer step)
     const auto bar = [&](int i) { return fa::cuda::ptx::smem_address(barriers + i); };
 
     using Marks = std::conditional_t<kF.timeline, fa::cuda::TimelineRecorder, fa::cuda::NoTimeline>;
     if constexpr (kF.persistent) {  // step 9: one block per SM, looping over the work (detail::run_persistent)
         Marks marks = detail::make_marks<Marks>(a, int(threadIdx.x));
-        detail::run_persistent<T, D, Step>(a, q_tile, kv_ring, barriers, marks);
+        detail::run_persistent<T, D, Step>(a, q_tile, kv_ring, barriers, marks, o_tile);
         return;
     }
 
