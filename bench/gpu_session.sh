@@ -10,6 +10,15 @@
 #              newcomer.txt records the machine, the compilers, the date and every verdict. Run it
 #              in every session that changes build files or GPU code.
 #   newcomer_test  the README's second command (scripts/test.sh) in that copy: newcomer_test.txt
+#   newcomer_test_start, newcomer_wait  the same in two parts, for a machine whose calls are
+#              shorter than scripts/test.sh (about 600 s on an H100 machine): the first starts it
+#              detached (its log in /tmp/fa-newcomer-test, which a call's fresh /tmp/fa-session
+#              leaves alone) and returns; the second, in the same call or a later one on the same
+#              machine, waits up to WAIT_S seconds (default 540) and writes newcomer_test.txt, or
+#              says it is still running (call it again)
+#   prebuilt   instead of build: unpack executables built on another machine (PREBUILT, default
+#              .carry/build.txz: paths relative to the build folder, as bench/pack_build.sh packs
+#              them) into $BUILD, and list their registers and spills as build does
 #   build      configure (stage 07's tuning candidates on unless TUNING=OFF, warnings as errors)
 #              and build what the other steps need, stage 11's targets always among them
 #              (stage11_hopper_kernel, wgmma_ceiling, test_stage11, test_hopper_wrappers);
@@ -213,10 +222,18 @@ step_build() {
     ninja -C "$BUILD" -j16 -k 0 "${targets[@]}" >"$LOGS/build.log" 2>&1 \
         || { record "build FAILED (some targets)"; grep -B2 -A12 -m3 "error" "$LOGS/build.log"; }
     record "build ok (${targets[*]:-all targets}; stage 07 tuning candidates ${TUNING:-ON})"
+    list_resources
+    return 0
+}
+
+# The GPU, then the registers, shared memory and local memory (spills) of every kernel instance
+# in bench_gpu (or, without it, in stage 11's executable).
+list_resources() {
+    local exe=$BUILD/bench/bench_gpu
+    [ -x "$exe" ] || exe=$STAGE11
     nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,driver_version,temperature.gpu,power.draw --format=csv | tee -a "$LOGS/summary.txt"
-    # Registers, shared memory and local memory (spills) of every kernel instance.
-    if [ -x "$BUILD/bench/bench_gpu" ]; then
-        cuobjdump -res-usage "$BUILD/bench/bench_gpu" 2>&1 | awk '/Function/ {f = $2; sub(/:$/, "", f)} /REG:/ {print f, $1, $2, $3, $4}' \
+    if [ -x "$exe" ]; then
+        cuobjdump -res-usage "$exe" 2>&1 | awk '/Function/ {f = $2; sub(/:$/, "", f)} /REG:/ {print f, $1, $2, $3, $4}' \
             | (c++filt 2>/dev/null || cat) >"$LOGS/resource_usage.txt"
         grep "attention_kernel" "$LOGS/resource_usage.txt" | head -8 | tee -a "$LOGS/summary.txt"
         kernel_resources "stage 07" "$KERNEL07"
@@ -224,7 +241,19 @@ step_build() {
         kernel_resources "stage 09 step 1" "$KERNEL09_TILED"
         kernel_resources "stage 11" "$KERNEL11"
     fi
-    return 0
+}
+
+# Executables built elsewhere (bench/pack_build.sh), for a call that would otherwise spend minutes
+# building: unpacked into $BUILD as they were laid out there.
+step_prebuilt() {
+    note "prebuilt: executables from ${PREBUILT:-.carry/build.txz}"
+    local archive=${PREBUILT:-.carry/build.txz} f
+    [ -f "$archive" ] || { record "prebuilt FAILED: no $archive (bench/pack_build.sh makes it; name its folder in the call's carry)"; return 1; }
+    mkdir -p "$BUILD" && tar -xaf "$archive" -C "$BUILD" || { record "prebuilt FAILED: could not unpack $archive"; return 1; }
+    while read -r f; do
+        [ -f "$BUILD/$f" ] && record "  $f ($(stat -c %s "$BUILD/$f") bytes)"
+    done < <(tar -taf "$archive")
+    list_resources
 }
 
 # Registers and spills of every instance of one kernel in resource_usage.txt. $1: the stage's
@@ -282,19 +311,59 @@ step_newcomer() {
 # the machine is still held), as a reader runs it after the first.
 step_newcomer_test() {
     note "newcomer_test: scripts/test.sh in the fresh copy"
-    local dir=/tmp/fa-newcomer out="$RESULTS/newcomer_test.txt" t0 rc
+    local dir=/tmp/fa-newcomer t0 rc
     [ -x "$dir/scripts/test.sh" ] || { record "newcomer_test: no fresh copy: run the step newcomer first"; status=1; return 1; }
     unpack_deps
     t0=$SECONDS
     (cd "$dir" && FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr timeout 1200 scripts/test.sh) >"$LOGS/newcomer_test.log" 2>&1
     rc=$?
+    newcomer_test_report "$rc" $((SECONDS - t0))
+}
+
+# newcomer_test.txt from $LOGS/newcomer_test.log: $1 the exit status, $2 the seconds it ran.
+newcomer_test_report() {
+    local out="$RESULTS/newcomer_test.txt"
     {
-        echo "scripts/test.sh: exit $rc, $((SECONDS - t0)) s ($(date -u '+%F %H:%M UTC')); compiler warnings in its builds: $(grep -c 'warning:' "$LOGS/newcomer_test.log")"
+        echo "scripts/test.sh: exit $1, $2 s ($(date -u '+%F %H:%M UTC')); compiler warnings in its builds: $(grep -c 'warning:' "$LOGS/newcomer_test.log")"
         grep -m 10 -A 3 'warning:' "$LOGS/newcomer_test.log"
         grep -E "^== |tests passed|tests failed|\(Not Run\)|\*\*\*Failed|\*\*\*Skipped|^test: |error:" "$LOGS/newcomer_test.log" | head -80
     } >"$out"
     tee -a "$LOGS/summary.txt" <"$out"
-    [ "$rc" -eq 0 ] || status=1
+    [ "$1" -eq 0 ] || status=1
+}
+
+# newcomer_test in two parts (see the header): the first starts scripts/test.sh detached and returns.
+NEWCOMER_TEST_DIR=/tmp/fa-newcomer-test
+step_newcomer_test_start() {
+    note "newcomer_test_start: scripts/test.sh in the fresh copy, detached"
+    local dir=/tmp/fa-newcomer
+    [ -x "$dir/scripts/test.sh" ] || { record "newcomer_test_start: no fresh copy: run the step newcomer first"; status=1; return 1; }
+    unpack_deps
+    rm -rf "$NEWCOMER_TEST_DIR" && mkdir -p "$NEWCOMER_TEST_DIR"
+    # setsid: its own session, so that the end of this call's process group does not end it.
+    setsid bash -c 't0=$SECONDS; cd "$1" && FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr timeout 1200 scripts/test.sh >"$2/test.log" 2>&1
+                    echo "$? $((SECONDS - t0))" >"$2/done"' _ "$dir" "$NEWCOMER_TEST_DIR" </dev/null >/dev/null 2>&1 &
+    record "newcomer_test_start: scripts/test.sh running in the background; bench/gpu_session.sh newcomer_wait collects it"
+}
+
+# ... and the second waits for it, then records it as newcomer_test does.
+step_newcomer_wait() {
+    note "newcomer_wait: scripts/test.sh in the fresh copy"
+    local waited=0 rc secs
+    [ -d "$NEWCOMER_TEST_DIR" ] || { record "newcomer_wait: nothing started: run newcomer_test_start first"; status=1; return 1; }
+    while [ ! -f "$NEWCOMER_TEST_DIR/done" ] && [ "$waited" -lt "${WAIT_S:-540}" ]; do
+        sleep 5
+        waited=$((waited + 5))
+    done
+    cp "$NEWCOMER_TEST_DIR/test.log" "$LOGS/newcomer_test.log" 2>/dev/null
+    if [ ! -f "$NEWCOMER_TEST_DIR/done" ]; then
+        record "newcomer_wait: scripts/test.sh still running after $waited s more: call newcomer_wait again"
+        tail -3 "$LOGS/newcomer_test.log" 2>/dev/null | tee -a "$LOGS/summary.txt"
+        status=1
+        return 1
+    fi
+    read -r rc secs <"$NEWCOMER_TEST_DIR/done"
+    newcomer_test_report "$rc" "$secs"
 }
 
 step_test() {
@@ -1432,7 +1501,7 @@ trap 'kill "$packer" 2>/dev/null' EXIT
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test build test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncusource09 ncu11 ncu11road lessons"
+        record "unknown step '$step': use newcomer newcomer_test newcomer_test_start newcomer_wait build prebuilt test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncusource09 ncu11 ncu11road lessons"
         status=2
         continue
     fi
