@@ -308,16 +308,10 @@ step_newcomer() {
 }
 
 # The README's second command in the copy `newcomer` made (in the same call, or a later call while
-# the machine is still held), as a reader runs it after the first.
+# the machine is still held), as a reader runs it after the first: started, then waited for (up to
+# its own 1200 s limit; newcomer_test_start and newcomer_wait split it over two calls).
 step_newcomer_test() {
-    note "newcomer_test: scripts/test.sh in the fresh copy"
-    local dir=/tmp/fa-newcomer t0 rc
-    [ -x "$dir/scripts/test.sh" ] || { record "newcomer_test: no fresh copy: run the step newcomer first"; status=1; return 1; }
-    unpack_deps
-    t0=$SECONDS
-    (cd "$dir" && FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr timeout 1200 scripts/test.sh) >"$LOGS/newcomer_test.log" 2>&1
-    rc=$?
-    newcomer_test_report "$rc" $((SECONDS - t0))
+    step_newcomer_test_start && WAIT_S=${WAIT_S:-1260} step_newcomer_wait
 }
 
 # newcomer_test.txt from $LOGS/newcomer_test.log: $1 the exit status, $2 the seconds it ran.

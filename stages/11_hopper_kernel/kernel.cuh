@@ -300,22 +300,25 @@ struct Shape {
     static constexpr int kQBytes = kBr * D * 2;    ///< the Q tile
     static constexpr int kKVBytes = kBc * D * 2;   ///< one K (or V) tile
     static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "every tile starts on a 1024-byte boundary (the swizzle's atom)");
+    /// Step 12: the ints of one mailbox entry, an item decoded (head b and h, first row, key tiles
+    /// full and end: five, and one to keep entries 8-byte aligned).
+    static constexpr int kEntryInts = 6;
     /// The persistent grid's mailbox in 8-byte words: two entries, each an item's number, or from
-    /// step 12 each an item decoded (head, first row, key tiles: five ints in 24 bytes).
-    static constexpr int kMailboxWords = kF.claim_ahead ? 6 : 2;
+    /// step 12 each an item decoded.
+    static constexpr int kMailboxWords = kF.claim_ahead ? kEntryInts : 2;
     /// The mbarriers: Q's, a full and an empty one per slot; the persistent grid's Q empty, its
     /// mailbox's item-full and item-empty pairs, and the mailbox.
     static constexpr int kBarrierBytes = 8 * (1 + 2 * kF.stages + (kF.persistent ? 5 + kMailboxWords : 0));
-    /// Step 13: O's own buffer (a [Br, d] tile) where it fits in the 227 KB of a block, and the SM's
-    /// 228 KB holds blocks_per_sm of them (not the small blocks, three to an SM).
+    /// Shared memory without O's buffer: 1024 bytes of slack to align, Q, stages x (K, V), the barriers.
+    static constexpr size_t kSmemBytesWithoutO = 1024 + size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + kBarrierBytes;
+    /// Step 13: O's own buffer (a [Br, d] tile, as Q's) where the SM's 228 KB holds blocks_per_sm
+    /// blocks with it, each with the 1 KB the hardware keeps per block (not the small blocks, three
+    /// to an SM).
     static constexpr bool kStaged =
-        kF.staged_store && kF.persistent &&
-        (1024 + 2 * size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + kBarrierBytes + 1024) * kF.blocks_per_sm <= 228 * 1024;
-    static constexpr int kOBytes = kStaged ? kQBytes : 0;  ///< O's buffer: Br rows of d, as Q's tile
-    /// Shared memory: 1024 bytes of slack to align, Q, then stages x (K, V), O's buffer (step 13),
-    /// then the barriers.
-    static constexpr size_t kSmemBytes =
-        1024 + size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + size_t(kOBytes) + kBarrierBytes;
+        kF.staged_store && kF.persistent && (kSmemBytesWithoutO + kQBytes + 1024) * kF.blocks_per_sm <= 228 * 1024;
+    static constexpr int kOBytes = kStaged ? kQBytes : 0;  ///< O's buffer: Br rows of d
+    /// Shared memory: the slack, Q, the ring, O's buffer (step 13) between the ring and the barriers.
+    static constexpr size_t kSmemBytes = kSmemBytesWithoutO + size_t(kOBytes);
 };
 
 //! [key_tiles]
@@ -845,7 +848,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
     constexpr int kQEmpty = 1 + 2 * kF.stages, kItemFull = kQEmpty + 1, kItemEmpty = kQEmpty + 3;
     const uint32_t q_full = bar(0), q_empty = bar(kQEmpty);
     volatile unsigned* mailbox = reinterpret_cast<volatile unsigned*>(barriers + kQEmpty + 5);
-    volatile int* posted = reinterpret_cast<volatile int*>(barriers + kQEmpty + 5);  // step 12: entry e at posted + 6e
+    volatile int* posted = reinterpret_cast<volatile int*>(barriers + kQEmpty + 5);  // step 12: entry e at posted + kEntryInts * e
     const int thread = int(threadIdx.x);
     const unsigned items = unsigned(a.q_tiles) * unsigned(a.batch_heads);
     const int group = kF.heaviest_first_grid && a.causal ? a.group_heads : 1;
@@ -888,7 +891,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
                 Item it{0, 0, 0, 0, -1};  // end = -1: no item left
                 if constexpr (kF.claim_ahead) {  // step 12: the item decoded here, once for every consumer
                     if (w < items) it = item(w);
-                    volatile int* entry = posted + 6 * e;
+                    volatile int* entry = posted + S::kEntryInts * e;
                     entry[0] = it.b, entry[1] = it.h, entry[2] = it.q0, entry[3] = it.full, entry[4] = it.end;
                 } else {
                     mailbox[e] = w;
@@ -939,7 +942,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
         mbarrier_wait_parity(bar(kItemFull + e), uint32_t((r / 2) & 1));  // the producer has posted item r
         Item it;
         if constexpr (kF.claim_ahead) {  // step 12: the producer has decoded the item
-            volatile int* entry = posted + 6 * e;
+            volatile int* entry = posted + S::kEntryInts * e;
             it = Item{entry[0], entry[1], entry[2], entry[3], entry[4]};
             mbarrier_arrive(bar(kItemEmpty + e));  // entry e may be written again
             if (it.end < 0) break;
