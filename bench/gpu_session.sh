@@ -84,6 +84,9 @@
 #   ncusource09  stage 09's packed backward beside the dense one on four 4096-token sequences, bf16,
 #              d NCUSOURCE_D (64), causal: Nsight Compute's instructions and warp samples per SASS
 #              opcode (bench/ncu_source_diff.py): ncu_source09.txt
+#   ncusource11  stage 11's kernel under Nsight Compute's source counters, one launch per NCUSOURCE11
+#              entry "step:d:N:causal" (default "13:128:1024:no 13:64:1024:no"), bf16: warp samples by
+#              source line and stall reason (bench/ncu_source_lines.py): ncu_source11.txt
 #   ncuvarlen09  stage 09's backward on a packed batch of equal lengths beside the dense kernel on
 #              the same tokens, Nsight Compute, bf16, causal, d 64/128: ncu_varlen09.txt
 #   road09     stage 09's whole road in one run: the default main kernel (forward, backward with
@@ -199,7 +202,7 @@ build_targets() {
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts test_stage11_schedule make_npy_inputs) ;;
             timeline11) targets+=(stage11_hopper_kernel) ;;
-            road | road05 | road11 | groups11 | switches07 | stage10 | order07 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncugqa | ncu11 | ncu11road)
+            road | road05 | road11 | ncusource11 | groups11 | switches07 | stage10 | order07 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncugqa | ncu11 | ncu11road)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -221,6 +224,12 @@ step_build() {
     mapfile -t targets < <(build_targets)
     ninja -C "$BUILD" -j16 -k 0 "${targets[@]}" >"$LOGS/build.log" 2>&1 \
         || { record "build FAILED (some targets)"; grep -B2 -A12 -m3 "error" "$LOGS/build.log"; }
+    if grep -q "wgmma.mma_async instructions are serialized" "$LOGS/build.log"; then
+        record "FAIL  ptxas serialized a wgmma pipeline:"
+        grep "wgmma.mma_async instructions are serialized" "$LOGS/build.log" | sed 's/.*(C75/  (C75/' | sort | uniq -c | head -8 \
+            | tee -a "$LOGS/summary.txt"
+        status=1
+    fi
     record "build ok (${targets[*]:-all targets}; stage 07 tuning candidates ${TUNING:-ON})"
     list_resources
     return 0
@@ -240,6 +249,29 @@ list_resources() {
         kernel_resources "stage 09" "$KERNEL09"
         kernel_resources "stage 09 step 1" "$KERNEL09_TILED"
         kernel_resources "stage 11" "$KERNEL11"
+    fi
+    wgmma_serialization_check
+}
+
+# ptxas serializes a kernel's wgmma pipeline, with no more than an "info" line in the build log
+# (C7514, C7515, C7518: a wgmma issued under a branch, accumulators touched between issue and
+# wait, waits that differ between paths), when it cannot prove the pipeline safe: it then waits
+# after every wgmma. In SASS that is `gsb0` on every HGMMA, where a pipelined kernel has one per
+# wgmma group. Each stage 11 kernel instance: HGMMA, those with gsb0, WARPGROUP.DEPBAR, instructions.
+wgmma_serialization_check() {
+    [ -x "$STAGE11" ] || return 0
+    cuobjdump -sass "$STAGE11" 2>/dev/null | awk '
+        /Function :/ {if (f != "") print f, n, h, g, d; f = $3; n = 0; h = 0; g = 0; d = 0}
+        /\/\*[0-9a-f]+\*\// {n++}
+        /HGMMA/ {h++; if ($0 ~ /gsb0/) g++}
+        /WARPGROUP.DEPBAR/ {d++}
+        END {if (f != "") print f, n, h, g, d}' | (c++filt 2>/dev/null || cat) >"$LOGS/wgmma_sass.txt"
+    local serialized
+    serialized=$(awk '$(NF - 2) > 2 && $(NF - 2) == $(NF - 1)' "$LOGS/wgmma_sass.txt" | wc -l)
+    record "stage 11 SASS: $(wc -l <"$LOGS/wgmma_sass.txt") kernel instances; $serialized with every HGMMA waited for (a serialized wgmma pipeline)"
+    if [ "$serialized" -gt 0 ]; then
+        awk '$(NF - 2) > 2 && $(NF - 2) == $(NF - 1)' "$LOGS/wgmma_sass.txt" | sed 's/^/  serialized: /' | head -8 | tee -a "$LOGS/summary.txt"
+        status=1
     fi
 }
 
@@ -1401,6 +1433,38 @@ step_ncusource09() {
     tee -a "$LOGS/summary.txt" <"$out"
 }
 
+# Stage 11's kernel instruction by instruction: one launch per NCUSOURCE11 entry ("step:d:N:causal",
+# default "13:128:1024:no 13:64:1024:no"), bf16, B*N = 16384, H*d = 2048, under Nsight Compute's
+# SourceCounters section. Each report's source page goes out twice: per SASS instruction
+# (ncu_source11_<entry>_sass.csv) and per line of CUDA source with its SASS beneath (-lineinfo;
+# ncu_source11_<entry>_cuda.csv). bench/ncu_source_lines.py sums the warp samples by source line
+# and by the kernel's snippets (the `//! [name]` regions the lesson quotes: the softmax, the
+# epilogue, the producer's loop): ncu_source11.txt says where in the code the warps' time goes.
+step_ncusource11() {
+    local spec step d n causal name out="$RESULTS/ncu_source11.txt" pages=()
+    note "ncusource11: stage 11's kernel per source line and SASS instruction (${NCUSOURCE11:-13:128:1024:no 13:64:1024:no}), bf16"
+    mkdir -p "$WORK/ncu-rep"
+    for spec in ${NCUSOURCE11:-13:128:1024:no 13:64:1024:no}; do
+        IFS=: read -r step d n causal <<<"$spec"
+        name="s${step}_d${d}_n${n}_$([ "$causal" = yes ] && echo causal || echo full)"
+        timeout 300 ncu --clock-control none -k "regex:$KERNEL11" --launch-count 1 --import-source yes \
+            --section SourceCounters --section WarpStateStats --section LaunchStats --force-overwrite \
+            -o "$WORK/ncu-rep/source11_$name" "$BUILD/bench/bench_gpu" --stages 11 --steps11 "$step" --dtypes bf16 \
+            --sizes "$n" --head-dims "$d" --causal "$causal" --repeat 1 --warmup 0 --check false >>"$LOGS/ncusource11.log" 2>&1 \
+            || status=1
+        ncu -i "$WORK/ncu-rep/source11_$name.ncu-rep" --page source --csv --print-source sass \
+            >"$RESULTS/ncu_source11_${name}_sass.csv" 2>>"$LOGS/ncusource11.log" || status=1
+        ncu -i "$WORK/ncu-rep/source11_$name.ncu-rep" --page source --csv --print-source cuda,sass \
+            >"$RESULTS/ncu_source11_${name}_cuda.csv" 2>>"$LOGS/ncusource11.log" || status=1
+        pages+=("$name=$RESULTS/ncu_source11_${name}_cuda.csv,$RESULTS/ncu_source11_${name}_sass.csv")
+    done
+    {
+        echo "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(date -u +%F): stage 11 per source line (gpu_session.sh ncusource11), bf16, B*N = 16384, H*d = 2048, one launch each"
+        python3 bench/ncu_source_lines.py "${pages[@]}" --top 20 --snippets stages/11_hopper_kernel/kernel.cuh
+    } >"$out" 2>&1 || status=1
+    tee -a "$LOGS/summary.txt" <"$out"
+}
+
 # What explains each step of stage 05's road: DRAM and L2 traffic, global-load efficiency,
 # shared-memory wavefronts and bank conflicts, occupancy, registers, instructions, stalls.
 NCU05ROAD_METRICS=(
@@ -1495,7 +1559,7 @@ trap 'kill "$packer" 2>/dev/null' EXIT
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test newcomer_test_start newcomer_wait build prebuilt test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncusource09 ncu11 ncu11road lessons"
+        record "unknown step '$step': use newcomer newcomer_test newcomer_test_start newcomer_wait build prebuilt test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncusource09 ncusource11 ncu11 ncu11road lessons"
         status=2
         continue
     fi

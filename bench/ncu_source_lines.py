@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Where a kernel's warps spend their time, by line of CUDA source: Nsight Compute's source page
+printed with its CUDA lines (`ncu -i REPORT --page source --csv --print-source cuda,sass` of a
+report taken with `--section SourceCounters` from a build with -lineinfo). Each row of that page
+is a source line or one of its SASS instructions; the warp-state samples of a line are those of
+its instructions. The report lists the lines with the most samples, each with its share of the
+kernel's samples, its instructions executed and its leading stall reasons (the page's per-reason
+sample columns, where the page has them).
+
+With --snippets SOURCE, the samples are also summed over each region of SOURCE between a pair of
+Doxygen snippet markers (`//! [name]`), the pieces the lesson quotes: what share of the kernel's
+samples the softmax, the epilogue or the producer's loop holds (regions may nest; each counts the
+lines of SOURCE itself, where an inlined helper's instructions are attributed to the line that
+calls it).
+
+usage: ncu_source_lines.py LABEL=CUDA_PAGE.csv[,SASS_PAGE.csv] ... [--top N] [--snippets SOURCE]
+Used by bench/gpu_session.sh ncusource11 (stage 11's kernel per source line).
+"""
+import csv
+import os
+import re
+import sys
+
+SASS = re.compile(r"^\s*(?:@!?U?P\w+\s+)?[A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*(?:\s|$)")
+SAMPLES = "Warp Stall Sampling (All Samples)"
+EXECUTED = "Instructions Executed"
+
+
+def number(text):
+    try:
+        return float(text.replace(",", "") or 0)
+    except ValueError:
+        return 0.0
+
+
+def read(path):
+    """[file, line, text, samples, instructions, {reason: samples}] per CUDA source line of a page
+    printed with --print-source cuda,sass: blocks that open with a "File Path" row, each with a
+    header ("Line No", "Source", "Address", "Source", counters...), a row per source line and,
+    under each line with code, a row per SASS instruction (no line number, an address). A line's
+    figures are the sums of its instructions' rows."""
+    with open(path, newline="", errors="replace") as f:
+        rows = list(csv.reader(f))
+    out, file, header, current = [], "?", None, None
+    for r in rows:
+        if not r:
+            continue
+        if r[0] == "File Path":
+            file, current = (r[1] if len(r) > 1 else "?"), None
+            continue
+        if SAMPLES in r:
+            header = r
+            col = {name: i for i, name in reversed(list(enumerate(header)))}  # the first column of each name
+            reasons = [(i, name) for i, name in enumerate(header)
+                       if "stall" in name.lower() and "Samples" in name and "All Samples" not in name
+                       and "Not-issued" not in name]
+            continue
+        if header is None or "Line No" not in col:
+            continue
+        if r[0].strip().isdigit():  # a source line
+            current = [file, r[0].strip(), r[1].strip(), 0.0, 0.0, {name: 0.0 for _, name in reasons}]
+            out.append(current)
+            continue
+        address = r[col["Address"]] if col["Address"] < len(r) else ""
+        if current is None or address in ("", "-", "..."):
+            continue
+        current[3] += number(r[col[SAMPLES]]) if col[SAMPLES] < len(r) else 0.0
+        if EXECUTED in col and col[EXECUTED] < len(r):
+            current[4] += number(r[col[EXECUTED]])
+        for i, name in reasons:
+            if i < len(r):
+                current[5][name] += number(r[i])
+    if not out:
+        raise ValueError(f"{path}: no source lines (was it printed with --print-source cuda,sass from a -lineinfo build?)")
+    return out
+
+
+def snippets(source):
+    """{name: (first line, last line)} of the `//! [name]` pairs in `source`."""
+    opened, regions = {}, {}
+    with open(source, errors="replace") as f:
+        for number_, text in enumerate(f, start=1):
+            m = re.match(r"\s*//! \[(\w+)\]", text)
+            if not m:
+                continue
+            name = m.group(1)
+            if name in opened:
+                regions[name] = (opened.pop(name), number_)
+            else:
+                opened[name] = number_
+    return regions
+
+
+def option(argv, name):
+    """The value of option `name` and argv without it (None if absent)."""
+    if name not in argv:
+        return None, argv
+    k = argv.index(name)
+    return argv[k + 1], argv[:k] + argv[k + 2:]
+
+
+def main(argv):
+    top, argv = option(argv, "--top")
+    top = int(top or 30)
+    source, argv = option(argv, "--snippets")
+    regions = snippets(source) if source else {}
+    for arg in argv:
+        label, paths = arg.split("=", 1)
+        path, _, sass_path = paths.partition(",")
+        try:
+            entries = read(path)
+        except (OSError, ValueError) as e:
+            print(f"{label}: {e}")
+            continue
+        total = sum(e[3] for e in entries) or 1.0
+        print(f"\n== {label}: {int(total)} warp samples on instructions with a source line; the {top} lines with the most "
+              f"(file:line; a line inlined in several places sums them)")
+        if sass_path:
+            try:
+                with open(sass_path, newline="", errors="replace") as f:
+                    rows = list(csv.reader(f))
+                k = next(i for i, r in enumerate(rows) if SAMPLES in r)
+                c = rows[k].index(SAMPLES)
+                every = sum(number(r[c]) for r in rows[k + 1:] if len(r) > c)
+                print(f"   (the SASS page: {int(every)} samples in all; an instruction inlined from another file counts "
+                      f"under a line of each file it passes through, so the lines of all files sum to more)")
+            except (OSError, StopIteration, ValueError) as e:
+                print(f"   ({sass_path}: {e})")
+        if regions:
+            base = os.path.basename(source)
+            mine = [e for e in entries if os.path.basename(e[0]) == base]
+            print(f"   by snippet of {base} (share of the samples on its lines, {int(sum(e[3] for e in mine))} in all):")
+            in_file = sum(e[3] for e in mine) or 1.0
+            for name, (first, last) in sorted(regions.items(), key=lambda kv: kv[1]):
+                part = sum(e[3] for e in mine if first <= int(e[1]) <= last)
+                if part == 0:
+                    continue  # a snippet this kernel instance does not run
+                print(f"     {name:24} lines {first:5}-{last:<5} {int(part):8d} samples  {100 * part / in_file:5.1f} %")
+        print(f"{'share':>6} {'samples':>8} {'executed':>11}  {'where':28} line")
+        for file, line, text, samples, executed, reasons in sorted(entries, key=lambda e: -e[3])[:top]:
+            where = f"{os.path.basename(file)}:{line}"
+            lead = sorted(reasons.items(), key=lambda kv: -kv[1])[:2]
+            lead_text = "".join(f"  [{n} {100 * v / max(samples, 1):.0f}%]" for n, v in lead if v > 0)
+            print(f"{100 * samples / total:5.1f}% {int(samples):8d} {int(executed):11d}  {where:28} {text[:90]}{lead_text}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])
