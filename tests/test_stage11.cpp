@@ -182,9 +182,17 @@ TEST_CASE("stage 11 step 13 (O staged and stored by the TMA) matches the float64
     }
 }
 
+TEST_CASE("stage 11 step 14 (batched epilogue) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
+    if (!under_test(14)) return;
+    for (const test::Case& c : test::standard_cases({64, 128})) {
+        check_case(c, DType::BF16, 14);
+        check_case(c, DType::FP16, 14);
+    }
+}
+
 TEST_CASE("stage 11's road: every step has a test case above, and the default step is on the road") {
     // A new step needs its own test case (a failure then names the step): update this count with it.
-    CHECK(stage11::road().size() == 14);
+    CHECK(stage11::road().size() == 15);
     CHECK(stage11::final_step() >= 1);
     CHECK(stage11::final_step() < int(stage11::road().size()));
 }
@@ -471,7 +479,7 @@ std::pair<std::vector<uint16_t>, std::vector<float>> run_step(const Problem& p, 
 template <class T>
 void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<float> lse) {
     const auto step8 = run_step(p, half, lse, 8);
-    for (int step : {9, 10, 11, 12, 13}) {
+    for (int step : {9, 10, 11, 12, 13, 14}) {
         if (step >= 11 && stage11::runs_small_blocks(p, step)) continue;
         if (!under_test(step)) continue;
         INFO("step " << step);

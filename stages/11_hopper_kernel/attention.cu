@@ -36,10 +36,11 @@ constexpr Features kStep10 = kStep9.with_wide_stores();     // + the epilogue's 
 constexpr Features kStep11 = kStep10.with_small_blocks_for_short_causal_heads();  // + d = 64, causal, Nk <= 1024: small blocks
 constexpr Features kStep12 = kStep11.with_early_claim();  // + the next work item claimed while this one's last tile loads
 constexpr Features kStep13 = kStep12.with_staged_store();  // + d = 64: O through its own buffer and a TMA store left running
+constexpr Features kStep14 = kStep13.with_batched_epilogue();  // + the plain-store epilogue's rows done together
 
 // [0]: stage 07 (its own kernel; kStep1 fills the place)
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12, kStep13};
-constexpr int kLastStep = 13;
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12, kStep13, kStep14};
+constexpr int kLastStep = 14;
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -56,8 +57,10 @@ struct StepN {
 /// Step 12 was ×1.005-1.03 of step 11 at every N = 1024 point in two runs, and level with it at
 /// N = 4096 and 16384 within the spread between rounds (stage11_early_claim.txt). Step 13 was
 /// ×1.006-1.010 of step 12 at d = 64 without the mask at N = 1024 and ×1.003-1.018 at 2048 and 4096
-/// in two runs, level elsewhere (its d = 128 code is step 12's; stage11_staged_store.txt).
-constexpr int kDefaultStep = 13;
+/// in two runs, level elsewhere (its d = 128 code is step 12's; stage11_staged_store.txt). Step 14
+/// was ×1.008-1.016 of step 13 at d = 128 at N = 1024 and ×1.001-1.012 above, in two runs (its
+/// d = 64 code is step 13's; stage11_batched_epilogue.txt).
+constexpr int kDefaultStep = 14;
 //! [road]
 
 /// Step N's small blocks (Features::small_blocks()), the kernel step 11 runs on short causal heads at d = 64.
@@ -186,6 +189,7 @@ size_t smem_of_step(int step, const Problem& p) {
         case 9: return smem_of<9>(d);
         case 12: return smem_of<12>(d);
         case 13: return smem_of<13>(d);
+        case 14: return smem_of<14>(d);
         default: return smem_of<10>(d);  // 10 and 11 (step 11's other problems run step 10's kernel)
     }
 }
@@ -233,6 +237,7 @@ LaunchFn<T> find_launcher(int d, int step) {
         case 11: return launcher_for<T, 10>(d);
         case 12: return launcher_for<T, 12>(d);
         case 13: return launcher_for<T, 13>(d);
+        case 14: return launcher_for<T, 14>(d);
         default: return nullptr;
     }
 }
@@ -368,6 +373,8 @@ const std::vector<Step>& road() {
                         "consumers find it ready when they have written O"},
         {"staged store", "d = 64: O rounded into its own shared buffer and stored by the TMA, the store left running "
                          "until the warpgroup's next epilogue; d = 128 as step 12"},
+{"batched epilogue", "d = 128: the wide-store epilogue computes both rows of a thread (sums, normalization, "
+                             "quad transposes) before any store, and its LSE last"},
     };
     return steps;
 }

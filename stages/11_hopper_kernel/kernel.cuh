@@ -21,7 +21,8 @@
 /// (detail::run_persistent); step 10 stores O 16 bytes a lane (detail::write_output, kWide); step
 /// 11 runs short causal heads at d = 64 in small blocks, three per SM (Features::small_blocks());
 /// step 12's producer claims the next item early and posts it decoded; step 13 gives O its own
-/// shared buffer at d = 64 and leaves its TMA store running (write_output_tma, kStaged).
+/// shared buffer at d = 64 and leaves its TMA store running (write_output_tma, kStaged); step 14
+/// orders d = 128's plain-store epilogue as one batch (write_output_batched).
 #pragma once
 
 #include <cstdint>
@@ -68,6 +69,7 @@ struct Features {
     bool small_blocks_short_causal = false;  ///< at d = 64, causal, few keys: small_blocks()' kernel (the host's rule)
     bool claim_ahead = false;  ///< persistent grid: the producer claims the next item while it loads this one's last tile
     bool staged_store = false;  ///< persistent grid, where it fits: O through its own shared buffer and a TMA store left running
+    bool batched_epilogue = false;  ///< wide-store epilogue: both rows of a thread computed before any store, the LSE last
     bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
@@ -183,6 +185,16 @@ struct Features {
     constexpr Features with_staged_store() const {
         Features f = *this;
         f.staged_store = true;
+        return f;
+    }
+    /// Step 14: the plain-store epilogue (d = 128; d = 64 stages O) as one batch. Step 10's loop
+    /// does a thread's two rows one after the other, and its LSE store, under a branch (one lane
+    /// of four, rows before Nq), sits between them: ptxas cannot move the second row's shuffles
+    /// above it, and the epilogue is a chain of shuffle latencies. Here the sums, the normalization
+    /// and the quad transposes of both rows come first, then the stores, then the LSE.
+    constexpr Features with_batched_epilogue() const {
+        Features f = *this;
+        f.batched_epilogue = true;
         return f;
     }
     /// The shape step 11 runs on short causal heads at d = 64: blocks of one producer and one
@@ -564,6 +576,52 @@ __device__ __forceinline__ void write_output(ConsumerState<D>& st, const Args<T>
     }
 }
 //! [wide_stores]
+
+//! [batched_epilogue]
+/// Step 14: write_output()'s wide stores in one batch. Both rows' sums and normalization, then
+/// the quad transposes of both rows (independent shuffles, whose latencies overlap), then the
+/// stores, then the LSE (one lane of four, under a branch that no longer splits the work).
+template <class T, int D>
+__device__ __forceinline__ void write_output_batched(ConsumerState<D>& st, const Args<T>& a, int b, int h, int row_lo, int thread) {
+    const int t = (thread % 32) % 4;
+    T* o_head = a.o + b * a.o_sb + h * a.o_sh;
+    float l[2], inv[2];
+    uint32_t words[2][D / 32][4];  // words[hh][k][j]: after the transpose, lane j's two columns of block 4k + t
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        l[hh] = quad_sum(st.l[hh]);
+        inv[hh] = l[hh] > 0.0f ? 1.0f / l[hh] : 0.0f;  // l = 0: the row saw no key, O = 0
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int i = 4 * k + j;
+                words[hh][k][j] = pack2<T>(st.o[4 * i + 2 * hh] * inv[hh], st.o[4 * i + 2 * hh + 1] * inv[hh]);
+            }
+            fa::cuda::quad_transpose(words[hh][k], t);
+        }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int row = row_lo + 8 * hh;
+        T* o_row = o_head + int64_t(row) * a.o_sn;
+        if (row < a.seq_q) {
+#pragma unroll
+            for (int k = 0; k < D / 32; ++k) {
+                *reinterpret_cast<uint4*>(o_row + 8 * (4 * k + t)) =
+                    make_uint4(words[hh][k][0], words[hh][k][1], words[hh][k][2], words[hh][k][3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const int row = row_lo + 8 * hh;
+        if (t == 0 && row < a.seq_q) store_lse(a, b, h, row, st.m[hh], l[hh]);
+    }
+}
+//! [batched_epilogue]
 
 /// Runs tiles [0, end) for one consumer warpgroup, the masked ones from `full` on; `slot_ready`
 /// (tile) blocks until the tile's K and V are in their slot, `slot_done(tile)` says they have
@@ -974,7 +1032,11 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
         if constexpr (S::kStaged) {
             write_output_tma<T, D, Step, true>(st, a, it.b, it.h, it.q0, consumer, o_tile, ct);
         } else {
-            write_output<T, D, kF.wide_stores>(st, a, it.b, it.h, row_lo, ct);
+            if constexpr (kF.wide_stores && kF.batched_epilogue) {
+                write_output_batched<T, D>(st, a, it.b, it.h, row_lo, ct);
+            } else {
+                write_output<T, D, kF.wide_stores>(st, a, it.b, it.h, row_lo, ct);
+            }
         }
         marks.mark(kMarkEpilogue);
     }
