@@ -85,8 +85,9 @@
 #              d NCUSOURCE_D (64), causal: Nsight Compute's instructions and warp samples per SASS
 #              opcode (bench/ncu_source_diff.py): ncu_source09.txt
 #   ncusource11  stage 11's kernel under Nsight Compute's source counters, one launch per NCUSOURCE11
-#              entry "step:d:N:causal" (default "13:128:1024:no 13:64:1024:no"), bf16: warp samples by
-#              source line and stall reason (bench/ncu_source_lines.py): ncu_source11.txt
+#              entry "step:d:N:causal" (default "default:128:1024:no default:64:1024:no", step
+#              "default": the stage's default step), bf16: warp samples by source line and by the
+#              kernel's snippets (bench/ncu_source_lines.py): ncu_source11.txt
 #   ncuvarlen09  stage 09's backward on a packed batch of equal lengths beside the dense kernel on
 #              the same tokens, Nsight Compute, bf16, causal, d 64/128: ncu_varlen09.txt
 #   road09     stage 09's whole road in one run: the default main kernel (forward, backward with
@@ -266,11 +267,11 @@ wgmma_serialization_check() {
         /HGMMA/ {h++; if ($0 ~ /gsb0/) g++}
         /WARPGROUP.DEPBAR/ {d++}
         END {if (f != "") print f, n, h, g, d}' | (c++filt 2>/dev/null || cat) >"$LOGS/wgmma_sass.txt"
-    local serialized
-    serialized=$(awk '$(NF - 2) > 2 && $(NF - 2) == $(NF - 1)' "$LOGS/wgmma_sass.txt" | wc -l)
-    record "stage 11 SASS: $(wc -l <"$LOGS/wgmma_sass.txt") kernel instances; $serialized with every HGMMA waited for (a serialized wgmma pipeline)"
-    if [ "$serialized" -gt 0 ]; then
-        awk '$(NF - 2) > 2 && $(NF - 2) == $(NF - 1)' "$LOGS/wgmma_sass.txt" | sed 's/^/  serialized: /' | head -8 | tee -a "$LOGS/summary.txt"
+    local serialized  # the instances with more than two HGMMA, every one with gsb0
+    serialized=$(awk '$(NF - 2) > 2 && $(NF - 2) == $(NF - 1)' "$LOGS/wgmma_sass.txt")
+    record "stage 11 SASS: $(wc -l <"$LOGS/wgmma_sass.txt") kernel instances; $(grep -c . <<<"$serialized") with every HGMMA waited for (a serialized wgmma pipeline)"
+    if [ -n "$serialized" ]; then
+        sed 's/^/  serialized: /' <<<"$serialized" | head -8 | tee -a "$LOGS/summary.txt"
         status=1
     fi
 }
@@ -1434,22 +1435,25 @@ step_ncusource09() {
 }
 
 # Stage 11's kernel instruction by instruction: one launch per NCUSOURCE11 entry ("step:d:N:causal",
-# default "13:128:1024:no 13:64:1024:no"), bf16, B*N = 16384, H*d = 2048, under Nsight Compute's
+# default "default:128:1024:no default:64:1024:no"; step "default" times the stage's default), bf16, B*N = 16384, H*d = 2048, under Nsight Compute's
 # SourceCounters section. Each report's source page goes out twice: per SASS instruction
 # (ncu_source11_<entry>_sass.csv) and per line of CUDA source with its SASS beneath (-lineinfo;
 # ncu_source11_<entry>_cuda.csv). bench/ncu_source_lines.py sums the warp samples by source line
 # and by the kernel's snippets (the `//! [name]` regions the lesson quotes: the softmax, the
 # epilogue, the producer's loop): ncu_source11.txt says where in the code the warps' time goes.
 step_ncusource11() {
-    local spec step d n causal name out="$RESULTS/ncu_source11.txt" pages=()
-    note "ncusource11: stage 11's kernel per source line and SASS instruction (${NCUSOURCE11:-13:128:1024:no 13:64:1024:no}), bf16"
+    local entries=${NCUSOURCE11:-default:128:1024:no default:64:1024:no}
+    local spec step d n causal name out="$RESULTS/ncu_source11.txt" pages=() steps=()
+    note "ncusource11: stage 11's kernel per source line and SASS instruction ($entries), bf16"
     mkdir -p "$WORK/ncu-rep"
-    for spec in ${NCUSOURCE11:-13:128:1024:no 13:64:1024:no}; do
+    for spec in $entries; do
         IFS=: read -r step d n causal <<<"$spec"
+        steps=()
+        [ "$step" = default ] || steps=(--steps11 "$step")  # bench_gpu times the default without --steps11
         name="s${step}_d${d}_n${n}_$([ "$causal" = yes ] && echo causal || echo full)"
         timeout 300 ncu --clock-control none -k "regex:$KERNEL11" --launch-count 1 --import-source yes \
             --section SourceCounters --section WarpStateStats --section LaunchStats --force-overwrite \
-            -o "$WORK/ncu-rep/source11_$name" "$BUILD/bench/bench_gpu" --stages 11 --steps11 "$step" --dtypes bf16 \
+            -o "$WORK/ncu-rep/source11_$name" "$BUILD/bench/bench_gpu" --stages 11 "${steps[@]}" --dtypes bf16 \
             --sizes "$n" --head-dims "$d" --causal "$causal" --repeat 1 --warmup 0 --check false >>"$LOGS/ncusource11.log" 2>&1 \
             || status=1
         ncu -i "$WORK/ncu-rep/source11_$name.ncu-rep" --page source --csv --print-source sass \

@@ -4,8 +4,9 @@ printed with its CUDA lines (`ncu -i REPORT --page source --csv --print-source c
 report taken with `--section SourceCounters` from a build with -lineinfo). Each row of that page
 is a source line or one of its SASS instructions; the warp-state samples of a line are those of
 its instructions. The report lists the lines with the most samples, each with its share of the
-kernel's samples, its instructions executed and its leading stall reasons (the page's per-reason
-sample columns, where the page has them).
+kernel's samples and its instructions executed; with the SASS page beside it (`--print-source
+sass`, read by ncu_source_diff.py), also the kernel's total, which the lines exceed: an
+instruction inlined from another file counts under a line of each file it passes through.
 
 With --snippets SOURCE, the samples are also summed over each region of SOURCE between a pair of
 Doxygen snippet markers (`//! [name]`), the pieces the lesson quotes: what share of the kernel's
@@ -21,7 +22,8 @@ import os
 import re
 import sys
 
-SASS = re.compile(r"^\s*(?:@!?U?P\w+\s+)?[A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*(?:\s|$)")
+import ncu_source_diff
+
 SAMPLES = "Warp Stall Sampling (All Samples)"
 EXECUTED = "Instructions Executed"
 
@@ -34,7 +36,7 @@ def number(text):
 
 
 def read(path):
-    """[file, line, text, samples, instructions, {reason: samples}] per CUDA source line of a page
+    """[file, line, text, samples, instructions] per CUDA source line of a page
     printed with --print-source cuda,sass: blocks that open with a "File Path" row, each with a
     header ("Line No", "Source", "Address", "Source", counters...), a row per source line and,
     under each line with code, a row per SASS instruction (no line number, an address). A line's
@@ -51,14 +53,11 @@ def read(path):
         if SAMPLES in r:
             header = r
             col = {name: i for i, name in reversed(list(enumerate(header)))}  # the first column of each name
-            reasons = [(i, name) for i, name in enumerate(header)
-                       if "stall" in name.lower() and "Samples" in name and "All Samples" not in name
-                       and "Not-issued" not in name]
             continue
         if header is None or "Line No" not in col:
             continue
         if r[0].strip().isdigit():  # a source line
-            current = [file, r[0].strip(), r[1].strip(), 0.0, 0.0, {name: 0.0 for _, name in reasons}]
+            current = [file, r[0].strip(), r[1].strip(), 0.0, 0.0]
             out.append(current)
             continue
         address = r[col["Address"]] if col["Address"] < len(r) else ""
@@ -67,9 +66,6 @@ def read(path):
         current[3] += number(r[col[SAMPLES]]) if col[SAMPLES] < len(r) else 0.0
         if EXECUTED in col and col[EXECUTED] < len(r):
             current[4] += number(r[col[EXECUTED]])
-        for i, name in reasons:
-            if i < len(r):
-                current[5][name] += number(r[i])
     if not out:
         raise ValueError(f"{path}: no source lines (was it printed with --print-source cuda,sass from a -lineinfo build?)")
     return out
@@ -117,11 +113,7 @@ def main(argv):
               f"(file:line; a line inlined in several places sums them)")
         if sass_path:
             try:
-                with open(sass_path, newline="", errors="replace") as f:
-                    rows = list(csv.reader(f))
-                k = next(i for i, r in enumerate(rows) if SAMPLES in r)
-                c = rows[k].index(SAMPLES)
-                every = sum(number(r[c]) for r in rows[k + 1:] if len(r) > c)
+                every = sum(ncu_source_diff.read(sass_path)[1].values())
                 print(f"   (the SASS page: {int(every)} samples in all; an instruction inlined from another file counts "
                       f"under a line of each file it passes through, so the lines of all files sum to more)")
             except (OSError, StopIteration, ValueError) as e:
@@ -137,11 +129,9 @@ def main(argv):
                     continue  # a snippet this kernel instance does not run
                 print(f"     {name:24} lines {first:5}-{last:<5} {int(part):8d} samples  {100 * part / in_file:5.1f} %")
         print(f"{'share':>6} {'samples':>8} {'executed':>11}  {'where':28} line")
-        for file, line, text, samples, executed, reasons in sorted(entries, key=lambda e: -e[3])[:top]:
+        for file, line, text, samples, executed in sorted(entries, key=lambda e: -e[3])[:top]:
             where = f"{os.path.basename(file)}:{line}"
-            lead = sorted(reasons.items(), key=lambda kv: -kv[1])[:2]
-            lead_text = "".join(f"  [{n} {100 * v / max(samples, 1):.0f}%]" for n, v in lead if v > 0)
-            print(f"{100 * samples / total:5.1f}% {int(samples):8d} {int(executed):11d}  {where:28} {text[:90]}{lead_text}")
+            print(f"{100 * samples / total:5.1f}% {int(samples):8d} {int(executed):11d}  {where:28} {text[:90]}")
 
 
 if __name__ == "__main__":

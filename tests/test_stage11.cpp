@@ -473,8 +473,8 @@ std::pair<std::vector<uint16_t>, std::vector<float>> run_step(const Problem& p, 
     return {o, l};
 }
 
-// Steps 9 to 13 (those under test) on `half`: O (16-bit words) and LSE equal step 8's bit for
-// bit (steps 11 to 13 where they run their Br = 128/192 kernels; their small blocks sum in another
+// Steps 9 to 14 (those under test) on `half`: O (16-bit words) and LSE equal step 8's bit for
+// bit (steps 11 to 14 where they run their Br = 128/192 kernels; their small blocks sum in another
 // order).
 template <class T>
 void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<float> lse) {
@@ -491,15 +491,16 @@ void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<
 
 }  // namespace
 
-TEST_CASE("stage 11 steps 9 to 13: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
-    if (!under_test(9) && !under_test(10) && !under_test(11) && !under_test(12) && !under_test(13)) return;
+TEST_CASE("stage 11 steps 9 to 14: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
+    if (!under_test(9) && !under_test(10) && !under_test(11) && !under_test(12) && !under_test(13) && !under_test(14)) return;
     // More work items than SMs, so that each persistent block loops: (query tiles x B x H) items,
     // grid = SMs. Under a causal mask with Nq > Nk whole query tiles see no key (end = 0): the
     // producer skips them, the consumers write O = 0 and LSE = -inf, and the Q and ring phases
     // must still agree. Steps 8, 9 and 10 do the same arithmetic (only the epilogue's stores
-    // differ), and so do steps 11 to 13 outside their small blocks (step 12 changes only when the
-    // producer claims an item and who decodes it, step 13 only where O is staged before its store):
-    // their O and LSE are compared bit for bit (the small blocks have their own case below).
+    // differ), and so do steps 11 to 14 outside their small blocks (step 12 changes only when the
+    // producer claims an item and who decodes it, step 13 only where O is staged before its store,
+    // step 14 only the order of the epilogue's instructions): their O and LSE are compared bit for
+    // bit (the small blocks have their own case below).
     const int64_t shapes[][4] = {{4, 16, 1024, 1024}, {3, 20, 700, 900}, {2, 40, 1000, 300}};
     uint64_t seed = 1600;
     for (const auto& sh : shapes) {
@@ -574,6 +575,8 @@ TEST_CASE("stage 11 steps 11 and 12's small blocks: three per SM, each running s
             check_case(c, DType::FP16, step);
         }
     }
+    // Steps 13 and 14 run step 12's small blocks (the same kernel, tested above) on the same problems.
+    for (int step : {13, 14}) CHECK(stage11::runs_small_blocks(test::make_problem(2, 20, 1024, 1024, 64, true), step));
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1025, 64, true), 11));
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1024, 64, false), 11));
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1024, 128, true), 11));

@@ -531,6 +531,19 @@ __device__ __forceinline__ void store_lse(const Args<T>& a, int b, int h, int ro
 }
 
 //! [wide_stores]
+/// Step 10's words for one run of four 8-column blocks (4k to 4k + 3) of this thread's row pair
+/// `hh`: its two columns of each block, times `inv` and rounded, then transposed inside the quad,
+/// after which words[j] is lane j's two columns of block 4k + t (this lane's whole block, in order).
+template <class T, int D>
+__device__ __forceinline__ void wide_words(const ConsumerState<D>& st, int hh, int k, float inv, int t, uint32_t (&words)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int i = 4 * k + j;
+        words[j] = pack2<T>(st.o[4 * i + 2 * hh] * inv, st.o[4 * i + 2 * hh + 1] * inv);
+    }
+    fa::cuda::quad_transpose(words, t);
+}
+
 /// Normalizes O, writes this warpgroup's rows of O and their LSE (rows past Nq are skipped).
 ///
 /// Lane t of a quad holds columns 2t and 2t + 1 of every 8-column block of its two rows. Without
@@ -552,13 +565,8 @@ __device__ __forceinline__ void write_output(ConsumerState<D>& st, const Args<T>
             T* o_row = o_head + int64_t(row) * a.o_sn;
 #pragma unroll
             for (int k = 0; k < D / 32; ++k) {
-                uint32_t words[4];  // words[j]: this lane's two columns of block 4k + j
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const int i = 4 * k + j;
-                    words[j] = pack2<T>(st.o[4 * i + 2 * hh] * inv, st.o[4 * i + 2 * hh + 1] * inv);
-                }
-                fa::cuda::quad_transpose(words, t);  // words[j]: lane j's two columns of block 4k + t
+                uint32_t words[4];
+                wide_words<T, D>(st, hh, k, inv, t, words);  // words[j]: lane j's two columns of block 4k + t
                 if (row < a.seq_q) {
                     *reinterpret_cast<uint4*>(o_row + 8 * (4 * k + t)) = make_uint4(words[0], words[1], words[2], words[3]);
                 }
@@ -595,14 +603,7 @@ __device__ __forceinline__ void write_output_batched(ConsumerState<D>& st, const
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-        for (int k = 0; k < D / 32; ++k) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int i = 4 * k + j;
-                words[hh][k][j] = pack2<T>(st.o[4 * i + 2 * hh] * inv[hh], st.o[4 * i + 2 * hh + 1] * inv[hh]);
-            }
-            fa::cuda::quad_transpose(words[hh][k], t);
-        }
+        for (int k = 0; k < D / 32; ++k) wide_words<T, D>(st, hh, k, inv[hh], t, words[hh][k]);
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int row = row_lo + 8 * hh;
@@ -1031,12 +1032,10 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
         }
         if constexpr (S::kStaged) {
             write_output_tma<T, D, Step, true>(st, a, it.b, it.h, it.q0, consumer, o_tile, ct);
+        } else if constexpr (kF.wide_stores && kF.batched_epilogue) {
+            write_output_batched<T, D>(st, a, it.b, it.h, row_lo, ct);
         } else {
-            if constexpr (kF.wide_stores && kF.batched_epilogue) {
-                write_output_batched<T, D>(st, a, it.b, it.h, row_lo, ct);
-            } else {
-                write_output<T, D, kF.wide_stores>(st, a, it.b, it.h, row_lo, ct);
-            }
+            write_output<T, D, kF.wide_stores>(st, a, it.b, it.h, row_lo, ct);
         }
         marks.mark(kMarkEpilogue);
     }
