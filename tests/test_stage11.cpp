@@ -190,9 +190,17 @@ TEST_CASE("stage 11 step 14 (batched epilogue) matches the float64 reference, bf
     }
 }
 
+TEST_CASE("stage 11 step 15 (K and V on rings of their own, d = 128's O staged) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
+    if (!under_test(15)) return;
+    for (const test::Case& c : test::standard_cases({64, 128})) {
+        check_case(c, DType::BF16, 15);
+        check_case(c, DType::FP16, 15);
+    }
+}
+
 TEST_CASE("stage 11's road: every step has a test case above, and the default step is on the road") {
     // A new step needs its own test case (a failure then names the step): update this count with it.
-    CHECK(stage11::road().size() == 15);
+    CHECK(stage11::road().size() == 16);
     CHECK(stage11::final_step() >= 1);
     CHECK(stage11::final_step() < int(stage11::road().size()));
 }
@@ -473,13 +481,13 @@ std::pair<std::vector<uint16_t>, std::vector<float>> run_step(const Problem& p, 
     return {o, l};
 }
 
-// Steps 9 to 14 (those under test) on `half`: O (16-bit words) and LSE equal step 8's bit for
-// bit (steps 11 to 14 where they run their Br = 128/192 kernels; their small blocks sum in another
+// Steps 9 to 15 (those under test) on `half`: O (16-bit words) and LSE equal step 8's bit for
+// bit (steps 11 to 15 where they run their Br = 128/192 kernels; their small blocks sum in another
 // order).
 template <class T>
 void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<float> lse) {
     const auto step8 = run_step(p, half, lse, 8);
-    for (int step : {9, 10, 11, 12, 13, 14}) {
+    for (int step : {9, 10, 11, 12, 13, 14, 15}) {
         if (step >= 11 && stage11::runs_small_blocks(p, step)) continue;
         if (!under_test(step)) continue;
         INFO("step " << step);
@@ -491,16 +499,20 @@ void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<
 
 }  // namespace
 
-TEST_CASE("stage 11 steps 9 to 14: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
-    if (!under_test(9) && !under_test(10) && !under_test(11) && !under_test(12) && !under_test(13) && !under_test(14)) return;
+TEST_CASE("stage 11 steps 9 to 15: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
+    if (!under_test(9) && !under_test(10) && !under_test(11) && !under_test(12) && !under_test(13) && !under_test(14) &&
+        !under_test(15)) {
+        return;
+    }
     // More work items than SMs, so that each persistent block loops: (query tiles x B x H) items,
     // grid = SMs. Under a causal mask with Nq > Nk whole query tiles see no key (end = 0): the
     // producer skips them, the consumers write O = 0 and LSE = -inf, and the Q and ring phases
     // must still agree. Steps 8, 9 and 10 do the same arithmetic (only the epilogue's stores
     // differ), and so do steps 11 to 14 outside their small blocks (step 12 changes only when the
     // producer claims an item and who decodes it, step 13 only where O is staged before its store,
-    // step 14 only the order of the epilogue's instructions): their O and LSE are compared bit for
-    // bit (the small blocks have their own case below).
+    // step 14 only the order of the epilogue's instructions, step 15 only which slots K and V
+    // occupy and, at d = 128, that O is staged): their O and LSE are compared bit for bit (the small
+    // blocks have their own case below).
     const int64_t shapes[][4] = {{4, 16, 1024, 1024}, {3, 20, 700, 900}, {2, 40, 1000, 300}};
     uint64_t seed = 1600;
     for (const auto& sh : shapes) {
@@ -575,8 +587,8 @@ TEST_CASE("stage 11 steps 11 and 12's small blocks: three per SM, each running s
             check_case(c, DType::FP16, step);
         }
     }
-    // Steps 13 and 14 run step 12's small blocks (the same kernel, tested above) on the same problems.
-    for (int step : {13, 14}) CHECK(stage11::runs_small_blocks(test::make_problem(2, 20, 1024, 1024, 64, true), step));
+    // Steps 13 to 15 run step 12's small blocks (the same kernel, tested above) on the same problems.
+    for (int step : {13, 14, 15}) CHECK(stage11::runs_small_blocks(test::make_problem(2, 20, 1024, 1024, 64, true), step));
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1025, 64, true), 11));
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1024, 64, false), 11));
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1024, 128, true), 11));

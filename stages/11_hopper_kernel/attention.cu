@@ -37,10 +37,11 @@ constexpr Features kStep11 = kStep10.with_small_blocks_for_short_causal_heads();
 constexpr Features kStep12 = kStep11.with_early_claim();  // + the next work item claimed while this one's last tile loads
 constexpr Features kStep13 = kStep12.with_staged_store();  // + d = 64: O through its own buffer and a TMA store left running
 constexpr Features kStep14 = kStep13.with_batched_epilogue();  // + the plain-store epilogue's rows done together
+constexpr Features kStep15 = kStep14.with_split_ring_at_d128(2);  // + d = 128: K and V on rings of two slots each, O staged
 
 // [0]: stage 07 (its own kernel; kStep1 fills the place)
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12, kStep13, kStep14};
-constexpr int kLastStep = 14;
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12, kStep13, kStep14, kStep15};
+constexpr int kLastStep = 15;
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -59,8 +60,10 @@ struct StepN {
 /// ×1.006-1.010 of step 12 at d = 64 without the mask at N = 1024 and ×1.003-1.018 at 2048 and 4096
 /// in two runs, level elsewhere (its d = 128 code is step 12's; stage11_staged_store.txt). Step 14
 /// was ×1.008-1.019 of step 13 at d = 128 at N = 1024 and ×1.003-1.014 at 2048 and 4096 in two runs
-/// (its d = 64 code is step 13's; stage11_batched_epilogue.txt).
-constexpr int kDefaultStep = 14;
+/// (its d = 64 code is step 13's; stage11_batched_epilogue.txt). Step 15 was ×1.005-1.034 of step 14
+/// at every d = 128 point, bf16 and fp16, in two runs (its d = 64 code is step 14's;
+/// stage11_split_ring.txt).
+constexpr int kDefaultStep = 15;
 //! [road]
 
 /// Step N's small blocks (Features::small_blocks()), the kernel step 11 runs on short causal heads at d = 64.
@@ -167,30 +170,43 @@ Features features_of(int step, const Problem& p, bool instrumented = false) {
     return (small_blocks_for(step, p) && !instrumented ? f.small_blocks() : f).at_head_dim(int(p.head_dim));
 }
 
-template <int N>
-size_t smem_of(int d) {
-    return d == 64 ? Shape<__nv_bfloat16, 64, StepN<N>>::kSmemBytes : Shape<__nv_bfloat16, 128, StepN<N>>::kSmemBytes;
+/// What the host says of a kernel instance: its shared memory, and whether O goes through a buffer
+/// of its own (Shape::kStaged).
+struct InstanceFacts {
+    size_t smem;
+    bool staged_o;
+};
+
+template <int D, class Step>
+InstanceFacts facts_of_shape() {
+    return {Shape<__nv_bfloat16, D, Step>::kSmemBytes, Shape<__nv_bfloat16, D, Step>::kStaged};
 }
 
-size_t smem_of_step(int step, const Problem& p) {
+template <int N>
+InstanceFacts facts_of(int d) {
+    return d == 64 ? facts_of_shape<64, StepN<N>>() : facts_of_shape<128, StepN<N>>();
+}
+
+InstanceFacts facts_of_step(int step, const Problem& p) {
     const int d = int(p.head_dim);
     if (small_blocks_for(step, p)) {
-        return step >= 12 ? Shape<__nv_bfloat16, 64, SmallBlocksN<12>>::kSmemBytes : Shape<__nv_bfloat16, 64, SmallBlocksN<11>>::kSmemBytes;
+        return step >= 12 ? facts_of_shape<64, SmallBlocksN<12>>() : facts_of_shape<64, SmallBlocksN<11>>();
     }
     switch (step) {
-        case 1: return smem_of<1>(d);
-        case 2: return smem_of<2>(d);
-        case 3: return smem_of<3>(d);
-        case 4: return smem_of<4>(d);
-        case 5: return smem_of<5>(d);
-        case 6: return smem_of<6>(d);
-        case 7: return smem_of<7>(d);
-        case 8: return smem_of<8>(d);
-        case 9: return smem_of<9>(d);
-        case 12: return smem_of<12>(d);
-        case 13: return smem_of<13>(d);
-        case 14: return smem_of<14>(d);
-        default: return smem_of<10>(d);  // 10 and 11 (step 11's other problems run step 10's kernel)
+        case 1: return facts_of<1>(d);
+        case 2: return facts_of<2>(d);
+        case 3: return facts_of<3>(d);
+        case 4: return facts_of<4>(d);
+        case 5: return facts_of<5>(d);
+        case 6: return facts_of<6>(d);
+        case 7: return facts_of<7>(d);
+        case 8: return facts_of<8>(d);
+        case 9: return facts_of<9>(d);
+        case 12: return facts_of<12>(d);
+        case 13: return facts_of<13>(d);
+        case 14: return facts_of<14>(d);
+        case 15: return facts_of<15>(d);
+        default: return facts_of<10>(d);  // 10 and 11 (step 11's other problems run step 10's kernel)
     }
 }
 
@@ -238,6 +254,7 @@ LaunchFn<T> find_launcher(int d, int step) {
         case 12: return launcher_for<T, 12>(d);
         case 13: return launcher_for<T, 13>(d);
         case 14: return launcher_for<T, 14>(d);
+        case 15: return launcher_for<T, 15>(d);
         default: return nullptr;
     }
 }
@@ -375,6 +392,9 @@ const std::vector<Step>& road() {
                          "until the warpgroup's next epilogue; d = 128 as step 12"},
         {"batched epilogue", "d = 128: the wide-store epilogue computes both rows of a thread (sums, normalization, "
                              "quad transposes) before any store, and its LSE last; d = 64 as step 13"},
+        {"split ring", "d = 128: K and V on rings of two slots each, K's slot freed once S = Q K^T has read it, V's "
+                       "after P V; the 64 KB freed hold O's buffer, stored by the TMA as step 13 does at d = 64; "
+                       "d = 64 as step 14"},
     };
     return steps;
 }
@@ -517,7 +537,7 @@ std::string describe_config(const Problem& p, int step) {
     check_supported(p, step);
     if (step == 0) return "step 0 (stage 07's final kernel): " + stage07::describe_config(p);
     const Features f = features_of(step, p);
-    const size_t smem = smem_of_step(step, p);
+    const InstanceFacts facts = facts_of_step(step, p);
     const int q_tiles = int((p.seq_q + f.br() - 1) / f.br()), k_tiles = int((p.seq_k + f.bc - 1) / f.bc);
     long long unmasked = 0, masked = 0;
     std::vector<int> key_tiles_of(static_cast<size_t>(q_tiles));  // query tile t's key tiles (its work, for last_wave())
@@ -537,13 +557,15 @@ std::string describe_config(const Problem& p, int step) {
                      : "";
     char buf[1024];
     std::snprintf(buf, sizeof buf,
-                  "step %d (%s): Br=%d Bc=%d, %d consumer warpgroup(s)%s, %d-slot ring loaded by %s%s%s%s%s%s%s, %zu B shared "
+                  "step %d (%s): Br=%d Bc=%d, %d consumer warpgroup(s)%s, %d-slot ring%s loaded by %s%s%s%s%s%s%s, %zu B shared "
                   "memory; per head %lld of %lld key tiles unmasked, %lld masked, %lld skipped",
                   step, road()[size_t(step)].name.c_str(), f.br(), f.bc, f.consumers,
-                  f.producer ? " + 1 producer warpgroup" : "", f.stages, f.tma ? "the TMA" : "cp.async",
+                  f.producer ? " + 1 producer warpgroup" : "", f.stages, f.split_ring ? "s of K and of V" : "",
+                  f.tma ? "the TMA" : "cp.async",
                   f.ping_pong && f.consumers > 1 ? ", ping-pong" : "", f.overlap ? ", softmax under P V" : "",
                   f.heaviest_first_grid && p.causal ? ", heaviest tiles first across groups of " : "", group.c_str(),
-                  f.tma_store ? ", O by TMA store" : f.wide_stores ? ", O by 16-byte stores" : "", persistent.c_str(), smem,
+                  f.tma_store || facts.staged_o ? ", O by TMA store" : f.wide_stores ? ", O by 16-byte stores" : "",
+                  persistent.c_str(), facts.smem,
                   unmasked, total, masked, total - unmasked - masked);
     return buf;
 }

@@ -22,7 +22,8 @@
 /// 11 runs short causal heads at d = 64 in small blocks, three per SM (Features::small_blocks());
 /// step 12's producer claims the next item early and posts it decoded; step 13 gives O its own
 /// shared buffer at d = 64 and leaves its TMA store running (write_output_tma, kStaged); step 14
-/// orders d = 128's plain-store epilogue as one batch (write_output_batched).
+/// orders d = 128's plain-store epilogue as one batch (write_output_batched); step 15 gives K and V
+/// rings of their own, which frees the room for d = 128's O buffer (Shape::k_offset, v_offset).
 #pragma once
 
 #include <cstdint>
@@ -70,6 +71,8 @@ struct Features {
     bool claim_ahead = false;  ///< persistent grid: the producer claims the next item while it loads this one's last tile
     bool staged_store = false;  ///< persistent grid, where it fits: O through its own shared buffer and a TMA store left running
     bool batched_epilogue = false;  ///< wide-store epilogue: both rows of a thread computed before any store, the LSE last
+    int split_ring_d128 = 0;  ///< persistent grid at d = 128: K and V in rings of their own, this many slots each (0: one ring)
+    bool split_ring = false;  ///< K and V in rings of their own, `stages` slots each (at_head_dim() sets it from split_ring_d128)
     bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
@@ -197,6 +200,18 @@ struct Features {
         f.batched_epilogue = true;
         return f;
     }
+    /// Step 15, at d = 128: K and V on rings of their own, `ring_stages` slots each. A ring slot of
+    /// steps 4-14 holds a tile's K and V and frees both after P V, although K's last reader,
+    /// S = Q K^T, ended a softmax earlier. Here K_j's slot is freed when every consumer has S_j in
+    /// registers and V_j's when P_j V_j is done, and a turn waits for V_{j-1}, the V it reads,
+    /// not V_j: K_{j+2} and V_{j+1} load while turn j runs, as far ahead as the three-slot ring
+    /// loaded them, from four tiles instead of six. The 64 KB freed hold O's buffer: step 13's
+    /// staged store now fits at d = 128. At d = 64 (three consumers) the kernel is step 14's.
+    constexpr Features with_split_ring_at_d128(int ring_stages) const {
+        Features f = *this;
+        f.split_ring_d128 = ring_stages;
+        return f;
+    }
     /// The shape step 11 runs on short causal heads at d = 64: blocks of one producer and one
     /// consumer warpgroup (Br = 64), three per SM, each with its own ring of four 64-key tiles.
     /// The warp schedulers interleave the blocks as the turns of step 4 interleaved the consumers
@@ -224,12 +239,16 @@ struct Features {
         f.timeline = true;
         return f;
     }
-    /// The switches as they apply at head dimension `d` (the d = 64 shape of step 8).
+    /// The switches as they apply at head dimension `d` (the d = 64 shape of step 8, the d = 128 ring of step 15).
     constexpr Features at_head_dim(int d) const {
         Features f = *this;
         if (d == 64 && consumers_d64 > 0) {
             f.consumers = consumers_d64;
             f.consumer_registers = consumer_registers_d64;
+        }
+        if (d == 128 && split_ring_d128 > 0) {
+            f.split_ring = true;
+            f.stages = split_ring_d128;
         }
         return f;
     }
@@ -306,6 +325,7 @@ struct Shape {
                       kF.producer_registers + kF.consumers * kF.consumer_registers <= (kF.consumers + 1) * kF.launch_registers(),
                   "setmaxnreg: the warpgroups' registers fit what the block is launched with (64 K per SM, shared by its blocks)");
     static_assert(kF.blocks_per_sm == 1 || kF.persistent, "several blocks per SM: written for the persistent grid");
+    static_assert(!kF.split_ring || kF.persistent, "K and V on rings of their own: written for the persistent grid");
     static constexpr int kBr = kF.br();            ///< query rows per block
     static constexpr int kBc = kF.bc;              ///< keys per tile
     static constexpr int kThreads = kF.threads();  ///< threads per block
@@ -318,9 +338,31 @@ struct Shape {
     /// The persistent grid's mailbox in 8-byte words: two entries, each an item's number, or from
     /// step 12 each an item decoded.
     static constexpr int kMailboxWords = kF.claim_ahead ? kEntryInts : 2;
+    //! [split_ring]
+    /// Slots with a full and an empty barrier each: a slot holds K and V (`stages`), or with
+    /// step 15's split ring K's `stages` slots come first and V's after them.
+    static constexpr int kSlots = kF.split_ring ? 2 * kF.stages : kF.stages;
+    /// Byte offset in the ring of the K tile of the ring's tile `k` (the block's K/V tiles counted
+    /// from its first item): slot k % stages, K then V in one slot, or K's ring then V's.
+    __host__ __device__ static constexpr int k_offset(int k) { return (kF.split_ring ? 1 : 2) * (k % kF.stages) * kKVBytes; }
+    /// Byte offset in the ring of the V tile of the ring's tile `k`.
+    __host__ __device__ static constexpr int v_offset(int k) {
+        return kF.split_ring ? (kF.stages + k % kF.stages) * kKVBytes : k_offset(k) + kKVBytes;
+    }
+    /// The full barrier of the ring's K tile `k` (barrier 0 is Q's).
+    __host__ __device__ static constexpr int k_full(int k) { return 1 + k % kF.stages; }
+    /// The full barrier of the ring's V tile `k`: K's, unless the ring is split.
+    __host__ __device__ static constexpr int v_full(int k) { return kF.split_ring ? 1 + kF.stages + k % kF.stages : k_full(k); }
+    /// The empty barrier of the ring's K tile `k`: kSlots after its full one.
+    __host__ __device__ static constexpr int k_empty(int k) { return 1 + kSlots + k % kF.stages; }
+    /// The empty barrier of the ring's V tile `k`.
+    __host__ __device__ static constexpr int v_empty(int k) { return 1 + kSlots + (kF.split_ring ? kF.stages : 0) + k % kF.stages; }
+    /// The phase of round k / stages of a slot: what a wait on its full barrier (or, one round on, its empty one) waits for.
+    __host__ __device__ static constexpr uint32_t round_parity(int k) { return uint32_t((k / kF.stages) & 1); }
+    //! [split_ring]
     /// The mbarriers: Q's, a full and an empty one per slot; the persistent grid's Q empty, its
     /// mailbox's item-full and item-empty pairs, and the mailbox.
-    static constexpr int kBarrierBytes = 8 * (1 + 2 * kF.stages + (kF.persistent ? 5 + kMailboxWords : 0));
+    static constexpr int kBarrierBytes = 8 * (1 + 2 * kSlots + (kF.persistent ? 5 + kMailboxWords : 0));
     /// Shared memory without O's buffer: 1024 bytes of slack to align, Q, stages x (K, V), the barriers.
     static constexpr size_t kSmemBytesWithoutO = 1024 + size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + kBarrierBytes;
     /// Step 13: O's own buffer (a [Br, d] tile, as Q's) where the SM's 228 KB holds blocks_per_sm
@@ -667,19 +709,25 @@ __device__ __forceinline__ void consume_tiles(ConsumerState<D>& st, uint32_t q_t
 /// one left open when the items run out). K/V tile `tile` of
 /// the item is the block's tile `ring_base + tile` in the ring; `q_done()` runs once S_{end-1},
 /// the item's last read of Q, is in registers.
-template <class T, int D, class Step, class Ready, class Done, class Marks, class QDone>
+///
+/// `slot_ready(tile)` blocks until the tile's K (and V, in one slot) have landed, `v_ready(tile)`
+/// until its V has (step 15: V_j is waited for at the turn that reads it, one after K_j's),
+/// `k_read(tile)` runs once S_tile is in registers (K_tile's last read: step 15 frees its slot
+/// there), `slot_done(tile)` once P_tile V_tile is done (the slot of V, or of K and V, is free).
+template <class T, int D, class Step, class Ready, class VReady, class KRead, class Done, class Marks, class QDone>
 __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, uint32_t q_rows, unsigned char* kv_ring, int full,
                                                         int end, int row_lo, const Args<T>& a, int thread, int consumer,
-                                                        Ready slot_ready, Done slot_done, Marks& marks, int ring_base,
-                                                        bool first_item, QDone q_done) {
+                                                        Ready slot_ready, VReady v_ready, KRead k_read, Done slot_done,
+                                                        Marks& marks, int ring_base, bool first_item, QDone q_done) {
     using S = Shape<T, D, Step>;
     constexpr Features kF = S::kF;
     constexpr int kBc = S::kBc;
     constexpr uint32_t kPair = 256;  // threads per turn barrier: the waiting warpgroup and the one that opens it
-    const auto k_tile = [&](int tile) {
-        return smem_address(kv_ring + 2 * ((ring_base + tile) % kF.stages) * S::kKVBytes);
+    const auto k_tile = [&](int tile) { return smem_address(kv_ring + S::k_offset(ring_base + tile)); };
+    const auto v_tile = [&](int tile) {
+        if constexpr (S::kF.split_ring) return smem_address(kv_ring + S::v_offset(ring_base + tile));
+        return k_tile(tile) + uint32_t(S::kKVBytes);  // V follows K in its slot
     };
-    const auto v_tile = [&](int tile) { return k_tile(tile) + uint32_t(S::kKVBytes); };
     const uint32_t my_turn = kTurnBarrier + uint32_t(consumer);
     const uint32_t next_turn = kTurnBarrier + uint32_t((consumer + 1) % kF.consumers);
     // This warpgroup's GEMMs wait until the previous warpgroup has issued its own. A block of one
@@ -721,6 +769,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     wgmma_wait_group<0>();  // S_0 is in registers
     warpgroup_fence_operands(s);
     marks.mark(kMarkSReady, 0);
+    k_read(0);               // K_0 is no longer read (step 15 frees its slot)
     if (end == 1) q_done();  // Q's last reader has finished
     softmax(s, alpha, 0);
     marks.mark(kMarkSoftmax, 0);
@@ -730,6 +779,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
 
     for (int tile = 1; tile < end; ++tile) {
         slot_ready(tile);
+        v_ready(tile - 1);
         marks.mark(kMarkSlotFull, tile);
         turn_begin();
         marks.mark(kMarkTurn, tile);
@@ -748,6 +798,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
         }
         warpgroup_fence_operands(s);
         marks.mark(kMarkSReady, tile);
+        k_read(tile);                   // K_j is no longer read
         if (tile == end - 1) q_done();  // Q's last reader has finished
         float alpha_j[2];
         softmax(s, alpha_j, tile);  // touches s, m_i, l_i: not O, not p
@@ -761,12 +812,13 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
         // P_{j-1} V_{j-1} may still read p and accumulate into O.
         warpgroup_fence_operands(st.o);
         warpgroup_fence_operands(s);
-        slot_done(tile - 1);  // K_{j-1} and V_{j-1} are no longer read
+        slot_done(tile - 1);  // V_{j-1} (and K_{j-1}) are no longer read
         rescale_o(st, alpha_j);
         pack_p<T, kBc>(s, p);
         marks.mark(kMarkRescaled, tile);
     }
 
+    v_ready(end - 1);
     turn_begin();
     marks.mark(kMarkTurn, end);
     wgmma_fence();  // O was rescaled and P written by ordinary instructions
@@ -858,6 +910,18 @@ __device__ __forceinline__ void tma_load_kv_tile(const CUtensorMap* k_map, const
     }
 }
 
+/// Step 15: the TMA copy of one K or V tile (`map`: &a.k_map or &a.v_map) into `dst`, on a barrier of its own.
+template <class T, int D, class Step>
+__device__ __forceinline__ void tma_load_rows_tile(const CUtensorMap* map, unsigned char* dst, uint32_t full_bar, int tile, int h,
+                                                   int b) {
+    using S = Shape<T, D, Step>;
+    mbarrier_arrive_expect_tx(full_bar, uint32_t(S::kKVBytes));
+#pragma unroll
+    for (int box = 0; box < D / 64; ++box) {
+        tma_load_4d(smem_address(dst + box * S::kBc * 128), map, full_bar, 64 * box, tile * S::kBc, h, b);
+    }
+}
+
 /// One thread issues the TMA copy of the Q tile of rows [q0, q0 + Br) of head (b, h) onto `q_bar`.
 template <class T, int D, class Step>
 __device__ __forceinline__ void tma_load_q_tile(const CUtensorMap* q_map, unsigned char* q_tile, uint32_t q_bar, int q0, int h,
@@ -904,7 +968,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
     constexpr Features kF = S::kF;
     const auto bar = [&](int i) { return smem_address(barriers + i); };
     // Barriers after the ring's: Q empty, item full (2), item empty (2); then the mailbox's two entries.
-    constexpr int kQEmpty = 1 + 2 * kF.stages, kItemFull = kQEmpty + 1, kItemEmpty = kQEmpty + 3;
+    constexpr int kQEmpty = 1 + 2 * S::kSlots, kItemFull = kQEmpty + 1, kItemEmpty = kQEmpty + 3;
     const uint32_t q_full = bar(0), q_empty = bar(kQEmpty);
     volatile unsigned* mailbox = reinterpret_cast<volatile unsigned*>(barriers + kQEmpty + 5);
     volatile int* posted = reinterpret_cast<volatile int*>(barriers + kQEmpty + 5);  // step 12: entry e at posted + kEntryInts * e
@@ -925,7 +989,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
     const auto tiles_mark = [](int end) { return end < 0xffff ? end : 0xffff; };  // a mark's tile field is 16 bits
 
     if (thread == 0) {
-        init_ring_barriers<kF.stages, kF.consumers>(bar);  // Q full (barrier 0 = q_full), slots full and empty
+        init_ring_barriers<S::kSlots, kF.consumers>(bar);  // Q full (barrier 0 = q_full), slots full and empty
         mbarrier_init(q_empty, 128 * kF.consumers);
         for (int e = 0; e < 2; ++e) {
             mbarrier_init(bar(kItemFull + e), 1);
@@ -971,18 +1035,31 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
                 marks.mark(kMarkQIssued);
                 ++rounds;
                 for (int tile = 0; tile < it.end; ++tile, ++ring) {
-                    const int slot = ring % kF.stages;
                     // Step 12: the atomic's round trip runs while this thread waits for the slot
                     // and the consumers finish the item; its result is first read next round.
                     if constexpr (kF.claim_ahead) {
                         if (tile == it.end - 1) claimed = atomicAdd(a.work_counter, 1u);
                     }
-                    if (ring >= kF.stages) {  // round ring / stages refills the slot after round - 1 was consumed
-                        mbarrier_wait_parity(bar(1 + kF.stages + slot), uint32_t((ring / kF.stages - 1) & 1));
-                        marks.mark(kMarkSlotEmpty, tile);
+                    // Round ring / stages refills a slot after round - 1 was consumed: the empty
+                    // barrier's phase of the round before.
+                    if constexpr (kF.split_ring) {  // step 15: K's slot and V's, each freed on its own
+                        const uint32_t emptied = uint32_t((ring / kF.stages - 1) & 1);
+                        if (ring >= kF.stages) mbarrier_wait_parity(bar(S::k_empty(ring)), emptied);
+                        tma_load_rows_tile<T, D, Step>(&a.k_map, kv_ring + S::k_offset(ring), bar(S::k_full(ring)), tile, it.h, it.b);
+                        if (ring >= kF.stages) {
+                            mbarrier_wait_parity(bar(S::v_empty(ring)), emptied);
+                            marks.mark(kMarkSlotEmpty, tile);
+                        }
+                        tma_load_rows_tile<T, D, Step>(&a.v_map, kv_ring + S::v_offset(ring), bar(S::v_full(ring)), tile, it.h, it.b);
+                    } else {  // steps 9-14: K and V in one slot, on one pair of barriers
+                        const int slot = ring % kF.stages;
+                        if (ring >= kF.stages) {
+                            mbarrier_wait_parity(bar(1 + kF.stages + slot), uint32_t((ring / kF.stages - 1) & 1));
+                            marks.mark(kMarkSlotEmpty, tile);
+                        }
+                        tma_load_kv_tile<T, D, Step>(&a.k_map, &a.v_map, kv_ring + 2 * slot * S::kKVBytes, bar(1 + slot), tile, it.h,
+                                                     it.b);
                     }
-                    tma_load_kv_tile<T, D, Step>(&a.k_map, &a.v_map, kv_ring + 2 * slot * S::kKVBytes, bar(1 + slot), tile, it.h,
-                                                 it.b);
                     marks.mark(kMarkLoadIssued, tile);
                 }
             }
@@ -1021,11 +1098,14 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
             const int base = ring;
             consume_tiles_pipelined<T, D, Step>(
                 st, q_rows, kv_ring, it.full, it.end, row_lo, a, thread, consumer,
-                [&](int tile) {
-                    const int k = base + tile;
-                    mbarrier_wait_parity(bar(1 + k % kF.stages), uint32_t((k / kF.stages) & 1));
+                [&](int tile) { mbarrier_wait_parity(bar(S::k_full(base + tile)), S::round_parity(base + tile)); },
+                [&](int tile) {  // step 15: V_tile on its own barrier (else it landed with K_tile)
+                    if constexpr (S::kF.split_ring) mbarrier_wait_parity(bar(S::v_full(base + tile)), S::round_parity(base + tile));
                 },
-                [&](int tile) { mbarrier_arrive(bar(1 + kF.stages + (base + tile) % kF.stages)); }, marks, base, rounds == 0,
+                [&](int tile) {
+                    if constexpr (S::kF.split_ring) mbarrier_arrive(bar(S::k_empty(base + tile)));  // K's slot is free
+                },
+                [&](int tile) { mbarrier_arrive(bar(S::v_empty(base + tile))); }, marks, base, rounds == 0,
                 [&] { mbarrier_arrive(q_empty); });
             ring += it.end;
             ++rounds;
@@ -1061,10 +1141,10 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, Shape<T, D, Step>
     // The swizzle is a function of the address: tiles start on 1024-byte boundaries.
     unsigned char* smem = smem_raw + ((1024u - fa::cuda::ptx::smem_address(smem_raw) % 1024u) % 1024u);
     unsigned char* q_tile = smem;                    // [Br, d]: d/64 swizzled boxes [Br, 64]
-    unsigned char* kv_ring = q_tile + S::kQBytes;    // stages x (K [Bc, d], V [Bc, d]), each d/64 boxes [Bc, 64]
+    unsigned char* kv_ring = q_tile + S::kQBytes;    // stages x (K [Bc, d], V [Bc, d]), each d/64 boxes [Bc, 64] (step 15: Ks, then Vs)
     unsigned char* o_tile = kv_ring + 2 * kF.stages * S::kKVBytes;  // step 13: O's buffer (kOBytes, 0 before)
     uint64_t* barriers = reinterpret_cast<uint64_t*>(o_tile + S::kOBytes);
-    // barriers[0]: Q landed; [1 + s]: slot s full; [1 + stages + s]: slot s empty (producer step)
+    // barriers[0]: Q landed; [1 + s]: slot s full; [1 + kSlots + s]: slot s empty (producer step)
     const auto bar = [&](int i) { return fa::cuda::ptx::smem_address(barriers + i); };
 
     using Marks = std::conditional_t<kF.timeline, fa::cuda::TimelineRecorder, fa::cuda::NoTimeline>;
@@ -1230,7 +1310,7 @@ __global__ void __launch_bounds__(Shape<T, D, Step>::kThreads, Shape<T, D, Step>
                 detail::consume_tiles<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, slot_full, slot_empty, marks);
             } else {
                 detail::consume_tiles_pipelined<T, D, Step>(st, q_rows, kv_ring, full, end, row_lo, a, thread, consumer, slot_full,
-                                                            slot_empty, marks, 0, true, [] {});
+                                                            [](int) {}, [](int) {}, slot_empty, marks, 0, true, [] {});
             }
             //! [step3_roles]
         }
