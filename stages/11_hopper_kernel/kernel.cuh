@@ -910,26 +910,14 @@ __device__ __forceinline__ void tma_load_kv_tile(const CUtensorMap* k_map, const
     }
 }
 
-/// Step 15: the TMA copy of one K or V tile (`map`: &a.k_map or &a.v_map) into `dst`, on a barrier of its own.
-template <class T, int D, class Step>
-__device__ __forceinline__ void tma_load_rows_tile(const CUtensorMap* map, unsigned char* dst, uint32_t full_bar, int tile, int h,
-                                                   int b) {
-    using S = Shape<T, D, Step>;
-    mbarrier_arrive_expect_tx(full_bar, uint32_t(S::kKVBytes));
+/// One thread issues the TMA copies of a [kRows, D] tile of one matrix (`map`: &a.q_map, &a.k_map
+/// or &a.v_map), rows [row0, row0 + kRows) of head (b, h), into `dst` (d/64 boxes [kRows, 64]), and
+/// arms barrier `bar` with its bytes: the Q tile, or step 15's K or V tile on a barrier of its own.
+template <int D, int kRows>
+__device__ __forceinline__ void tma_load_tile(const CUtensorMap* map, unsigned char* dst, uint32_t bar, int row0, int h, int b) {
+    mbarrier_arrive_expect_tx(bar, uint32_t(kRows * D * 2));
 #pragma unroll
-    for (int box = 0; box < D / 64; ++box) {
-        tma_load_4d(smem_address(dst + box * S::kBc * 128), map, full_bar, 64 * box, tile * S::kBc, h, b);
-    }
-}
-
-/// One thread issues the TMA copy of the Q tile of rows [q0, q0 + Br) of head (b, h) onto `q_bar`.
-template <class T, int D, class Step>
-__device__ __forceinline__ void tma_load_q_tile(const CUtensorMap* q_map, unsigned char* q_tile, uint32_t q_bar, int q0, int h,
-                                                int b) {
-    using S = Shape<T, D, Step>;
-    mbarrier_arrive_expect_tx(q_bar, uint32_t(S::kQBytes));
-#pragma unroll
-    for (int box = 0; box < D / 64; ++box) tma_load_4d(smem_address(q_tile + box * S::kBr * 128), q_map, q_bar, 64 * box, q0, h, b);
+    for (int box = 0; box < D / 64; ++box) tma_load_4d(smem_address(dst + box * kRows * 128), map, bar, 64 * box, row0, h, b);
 }
 //! [tma_loads]
 
@@ -1031,10 +1019,11 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
                     mbarrier_wait_parity(q_empty, uint32_t((rounds - 1) & 1));  // every consumer has read the last Q
                     marks.mark(kMarkQEmpty);
                 }
-                tma_load_q_tile<T, D, Step>(&a.q_map, q_tile, q_full, it.q0, it.h, it.b);
+                tma_load_tile<D, S::kBr>(&a.q_map, q_tile, q_full, it.q0, it.h, it.b);
                 marks.mark(kMarkQIssued);
                 ++rounds;
                 for (int tile = 0; tile < it.end; ++tile, ++ring) {
+                    const int slot = ring % kF.stages;
                     // Step 12: the atomic's round trip runs while this thread waits for the slot
                     // and the consumers finish the item; its result is first read next round.
                     if constexpr (kF.claim_ahead) {
@@ -1045,14 +1034,15 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
                     if constexpr (kF.split_ring) {  // step 15: K's slot and V's, each freed on its own
                         const uint32_t emptied = uint32_t((ring / kF.stages - 1) & 1);
                         if (ring >= kF.stages) mbarrier_wait_parity(bar(S::k_empty(ring)), emptied);
-                        tma_load_rows_tile<T, D, Step>(&a.k_map, kv_ring + S::k_offset(ring), bar(S::k_full(ring)), tile, it.h, it.b);
+                        tma_load_tile<D, S::kBc>(&a.k_map, kv_ring + S::k_offset(ring), bar(S::k_full(ring)), tile * S::kBc, it.h,
+                                                 it.b);
                         if (ring >= kF.stages) {
                             mbarrier_wait_parity(bar(S::v_empty(ring)), emptied);
                             marks.mark(kMarkSlotEmpty, tile);
                         }
-                        tma_load_rows_tile<T, D, Step>(&a.v_map, kv_ring + S::v_offset(ring), bar(S::v_full(ring)), tile, it.h, it.b);
+                        tma_load_tile<D, S::kBc>(&a.v_map, kv_ring + S::v_offset(ring), bar(S::v_full(ring)), tile * S::kBc, it.h,
+                                                 it.b);
                     } else {  // steps 9-14: K and V in one slot, on one pair of barriers
-                        const int slot = ring % kF.stages;
                         if (ring >= kF.stages) {
                             mbarrier_wait_parity(bar(1 + kF.stages + slot), uint32_t((ring / kF.stages - 1) & 1));
                             marks.mark(kMarkSlotEmpty, tile);
@@ -1098,7 +1088,10 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
             const int base = ring;
             consume_tiles_pipelined<T, D, Step>(
                 st, q_rows, kv_ring, it.full, it.end, row_lo, a, thread, consumer,
-                [&](int tile) { mbarrier_wait_parity(bar(S::k_full(base + tile)), S::round_parity(base + tile)); },
+                [&](int tile) {
+                    const int k = base + tile;
+                    mbarrier_wait_parity(bar(1 + k % kF.stages), uint32_t((k / kF.stages) & 1));
+                },
                 [&](int tile) {  // step 15: V_tile on its own barrier (else it landed with K_tile)
                     if constexpr (S::kF.split_ring) mbarrier_wait_parity(bar(S::v_full(base + tile)), S::round_parity(base + tile));
                 },
