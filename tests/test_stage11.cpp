@@ -199,9 +199,17 @@ TEST_CASE("stage 11 step 15 (K and V on rings of their own, d = 128's O staged) 
     }
 }
 
+TEST_CASE("stage 11 step 16 (warpgroups whose rows lie past Nq compute nothing) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
+    if (!under_test(16)) return;
+    for (const test::Case& c : test::standard_cases({64, 128})) {
+        check_case(c, DType::BF16, 16);
+        check_case(c, DType::FP16, 16);
+    }
+}
+
 TEST_CASE("stage 11's road: every step has a test case above, and the default step is on the road") {
     // A new step needs its own test case (a failure then names the step): update this count with it.
-    CHECK(stage11::road().size() == 16);
+    CHECK(stage11::road().size() == 17);
     CHECK(stage11::final_step() >= 1);
     CHECK(stage11::final_step() < int(stage11::road().size()));
 }
@@ -482,9 +490,9 @@ std::pair<std::vector<uint16_t>, std::vector<float>> run_step(const Problem& p, 
     return {o, l};
 }
 
-// The persistent grid's steps: each must give step 8's bits (a step added to the road after 15
+// The persistent grid's steps: each must give step 8's bits (a step added to the road after 16
 // joins this list, and with it the case below).
-constexpr int kPersistentSteps[] = {9, 10, 11, 12, 13, 14, 15};
+constexpr int kPersistentSteps[] = {9, 10, 11, 12, 13, 14, 15, 16};
 
 // The persistent steps under test on `half`: O (16-bit words) and LSE equal step 8's bit for bit
 // (steps 11 and after where they run their Br = 128/192 kernels; their small blocks sum in
@@ -504,7 +512,7 @@ void check_persistent_steps(const Problem& p, cuda::HalfTensors<T>& half, View3<
 
 }  // namespace
 
-TEST_CASE("stage 11 steps 9 to 15: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
+TEST_CASE("stage 11 steps 9 to 16: blocks run several work items each and give step 8's bits, with tiles that see no key among them") {
     if (std::none_of(std::begin(kPersistentSteps), std::end(kPersistentSteps), under_test)) return;
     // More work items than SMs, so that each persistent block loops: (query tiles x B x H) items,
     // grid = SMs. Under a causal mask with Nq > Nk whole query tiles see no key (end = 0): the
@@ -513,8 +521,9 @@ TEST_CASE("stage 11 steps 9 to 15: blocks run several work items each and give s
     // differ), and so do steps 11 to 14 outside their small blocks (step 12 changes only when the
     // producer claims an item and who decodes it, step 13 only where O is staged before its store,
     // step 14 only the order of the epilogue's instructions, step 15 only which slots K and V
-    // occupy and, at d = 128, that O is staged): their O and LSE are compared bit for bit (the small
-    // blocks have their own case below).
+    // occupy and, at d = 128, that O is staged, step 16 only that warpgroups without a row before Nq
+    // compute nothing, which Nq = 700 gives at both d and Nq = 1000 and 1024 at d = 64): their O and
+    // LSE are compared bit for bit (the small blocks have their own case below).
     const int64_t shapes[][4] = {{4, 16, 1024, 1024}, {3, 20, 700, 900}, {2, 40, 1000, 300}};
     uint64_t seed = 1600;
     for (const auto& sh : shapes) {
@@ -589,8 +598,8 @@ TEST_CASE("stage 11 steps 11 and 12's small blocks: three per SM, each running s
             check_case(c, DType::FP16, step);
         }
     }
-    // Steps 13 to 15 run step 12's small blocks (the same kernel, tested above) on the same problems.
-    for (int step : {13, 14, 15}) CHECK(stage11::runs_small_blocks(test::make_problem(2, 20, 1024, 1024, 64, true), step));
+    // Steps 13 to 16 run step 12's small blocks (the same kernel, tested above) on the same problems.
+    for (int step : {13, 14, 15, 16}) CHECK(stage11::runs_small_blocks(test::make_problem(2, 20, 1024, 1024, 64, true), step));
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1025, 64, true), 11));
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1024, 64, false), 11));
     CHECK_FALSE(stage11::runs_small_blocks(test::make_problem(1, 1, 1024, 1024, 128, true), 11));

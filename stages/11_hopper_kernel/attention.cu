@@ -38,10 +38,11 @@ constexpr Features kStep12 = kStep11.with_early_claim();  // + the next work ite
 constexpr Features kStep13 = kStep12.with_staged_store();  // + d = 64: O through its own buffer and a TMA store left running
 constexpr Features kStep14 = kStep13.with_batched_epilogue();  // + the plain-store epilogue's rows done together
 constexpr Features kStep15 = kStep14.with_split_ring_at_d128(2);  // + d = 128: K and V on rings of two slots each, O staged
+constexpr Features kStep16 = kStep15.with_idle_warpgroups_past_nq();  // + warpgroups whose rows lie past Nq compute nothing
 
 // [0]: stage 07 (its own kernel; kStep1 fills the place)
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12, kStep13, kStep14, kStep15};
-constexpr int kLastStep = 15;
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12, kStep13, kStep14, kStep15, kStep16};
+constexpr int kLastStep = 16;
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -62,8 +63,10 @@ struct StepN {
 /// was ×1.008-1.019 of step 13 at d = 128 at N = 1024 and ×1.003-1.014 at 2048 and 4096 in two runs
 /// (its d = 64 code is step 13's; stage11_batched_epilogue.txt). Step 15 was ×1.005-1.034 of step 14
 /// at every d = 128 point, bf16 and fp16, in two runs (its d = 64 code is step 14's;
-/// stage11_split_ring.txt).
-constexpr int kDefaultStep = 15;
+/// stage11_split_ring.txt). Step 16 was x1.068-1.072 of step 15 at d = 64 without the mask at N = 1024
+/// and x1.018-1.035 at 2048 and 4096 in two rounds; at d = 128, where no warpgroup is idle in those
+/// shapes, x0.993-1.003 up to N = 4096 (stage11_idle_warpgroups.txt).
+constexpr int kDefaultStep = 16;
 //! [road]
 
 /// Step N's small blocks (Features::small_blocks()), the kernel step 11 runs on short causal heads at d = 64.
@@ -206,6 +209,7 @@ InstanceFacts facts_of_step(int step, const Problem& p) {
         case 13: return facts_of<13>(d);
         case 14: return facts_of<14>(d);
         case 15: return facts_of<15>(d);
+        case 16: return facts_of<16>(d);
         default: return facts_of<10>(d);  // 10 and 11 (step 11's other problems run step 10's kernel)
     }
 }
@@ -255,6 +259,7 @@ LaunchFn<T> find_launcher(int d, int step) {
         case 13: return launcher_for<T, 13>(d);
         case 14: return launcher_for<T, 14>(d);
         case 15: return launcher_for<T, 15>(d);
+        case 16: return launcher_for<T, 16>(d);
         default: return nullptr;
     }
 }
@@ -395,6 +400,9 @@ const std::vector<Step>& road() {
         {"split ring", "d = 128: K and V on rings of two slots each, K's slot freed once S = Q K^T has read it, V's "
                        "after P V; the 64 KB freed hold O's buffer, stored by the TMA as step 13 does at d = 64; "
                        "d = 64 as step 14"},
+        {"idle past Nq", "a consumer warpgroup whose 64 rows all lie past Nq (a head's last query tile, Nq not a multiple "
+                         "of Br) issues no GEMM and computes no softmax: it takes its turns empty and arrives on the "
+                         "ring's barriers, and the warpgroups with rows have the tensor cores to themselves"},
     };
     return steps;
 }

@@ -23,7 +23,8 @@
 /// step 12's producer claims the next item early and posts it decoded; step 13 gives O its own
 /// shared buffer at d = 64 and leaves its TMA store running (write_output_tma, kStaged); step 14
 /// orders d = 128's plain-store epilogue as one batch (write_output_batched); step 15 gives K and V
-/// rings of their own, which frees the room for d = 128's O buffer (Shape::k_offset, v_offset).
+/// rings of their own, which frees the room for d = 128's O buffer (Shape::k_offset, v_offset); step
+/// 16's warpgroups whose rows all lie past Nq take their turns without computing (pass_turns).
 #pragma once
 
 #include <cstdint>
@@ -73,6 +74,7 @@ struct Features {
     bool batched_epilogue = false;  ///< wide-store epilogue: both rows of a thread computed before any store, the LSE last
     int split_ring_d128 = 0;  ///< persistent grid at d = 128: K and V in rings of their own, this many slots each (0: one ring)
     bool split_ring = false;  ///< K and V in rings of their own, `stages` slots each (at_head_dim() sets it from split_ring_d128)
+    bool idle_past_nq = false;  ///< persistent grid: a consumer warpgroup whose rows all lie past Nq only takes its turns (pass_turns())
     bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
@@ -210,6 +212,18 @@ struct Features {
     constexpr Features with_split_ring_at_d128(int ring_stages) const {
         Features f = *this;
         f.split_ring_d128 = ring_stages;
+        return f;
+    }
+    /// Step 16: a query tile that ends past Nq (the last of a head, when Nq is not a multiple of Br)
+    /// leaves some consumer warpgroups without a row: at d = 64 and N = 1024, 1024 = 5 x 192 + 64,
+    /// so in every head's last tile two of the three compute scores no one reads. Here such a
+    /// warpgroup issues no GEMM and computes no softmax: it takes its turns empty (the next
+    /// warpgroup's opens at once) and arrives on the ring's and Q's barriers as before, so the
+    /// warpgroups with rows have the tensor cores to themselves. Its epilogue runs as before and
+    /// writes nothing: the TMA store leaves out rows past Nq, and so do the LSE's stores.
+    constexpr Features with_idle_warpgroups_past_nq() const {
+        Features f = *this;
+        f.idle_past_nq = true;
         return f;
     }
     /// The shape step 11 runs on short causal heads at d = 64: blocks of one producer and one
@@ -833,6 +847,34 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
 }
 //! [consume_pipelined]
 
+//! [pass_turns]
+/// Step 16: an item's K/V tiles for a consumer warpgroup whose 64 rows all lie past Nq. It waits for
+/// the same tiles, takes the same end + 1 turns and arrives on the same barriers as
+/// consume_tiles_pipelined(), in the same order, so that every barrier's count and phase are what
+/// the other warpgroups and the producer expect; but it issues no GEMM and computes no softmax, so
+/// each of its turns opens the next warpgroup's as soon as it begins. Persistent grid only (its
+/// last turn opens the next item's), and never warpgroup 0, whose rows start the item before Nq
+/// (so it never opens a block's first turn).
+template <int kConsumers, class Ready, class VReady, class KRead, class Done, class QDone>
+__device__ __forceinline__ void pass_turns(int end, int consumer, Ready slot_ready, VReady v_ready, KRead k_read, Done slot_done,
+                                           QDone q_done) {
+    constexpr uint32_t kPair = 256;  // threads per turn barrier, as in consume_tiles_pipelined()
+    const uint32_t my_turn = kTurnBarrier + uint32_t(consumer);
+    const uint32_t next_turn = kTurnBarrier + uint32_t((consumer + 1) % kConsumers);
+    for (int turn = 0; turn <= end; ++turn) {  // turn j would issue S_j = Q K_j^T and P_{j-1} V_{j-1}
+        if (turn < end) slot_ready(turn);
+        if (turn > 0) v_ready(turn - 1);
+        named_barrier_sync(my_turn, kPair);
+        named_barrier_arrive(next_turn, kPair);
+        if (turn < end) {
+            k_read(turn);
+            if (turn == end - 1) q_done();
+        }
+        if (turn > 0) slot_done(turn - 1);
+    }
+}
+//! [pass_turns]
+
 //! [tma_store]
 /// Step 7's epilogue: normalizes O and rounds it into this warpgroup's 64 rows of the Q tile,
 /// swizzled as the TMA would load them (Q is no longer read: the last S = Q K^T has finished),
@@ -1080,26 +1122,40 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
         }
         marks.mark(kMarkItem, tiles_mark(it.end));
         const int row_lo = it.q0 + 64 * consumer + 16 * (ct / 32) + (ct % 32) / 4;  // row g of this warp; g + 8 is the other
+        //! [idle_vote]
+        // Step 16: this warpgroup's rows all lie past Nq (the item is a head's last query tile). Every
+        // lane computes the same answer; the vote is for ptxas, which cannot see that: a branch on a
+        // value it does not know to be equal across the warp may diverge, and around such a branch it
+        // keeps the loop's ring counters and wgmma descriptors out of the uniform datapath (x0.92-0.99
+        // in this step's first build, at d = 128 too, where no warpgroup was idle). __all_sync's result
+        // is one value for the whole warp by definition, so the branch is uniform and the loop compiles
+        // as before.
+        const bool idle = kF.idle_past_nq && kF.consumers > 1 && __all_sync(0xffffffffu, it.q0 + 64 * consumer >= a.seq_q);
+        //! [idle_vote]
         ConsumerState<D> st;
         st.clear();
         if (it.end > 0) {
             mbarrier_wait_parity(q_full, uint32_t(rounds & 1));  // this item's Q has landed
             marks.mark(kMarkQLanded);
             const int base = ring;
-            consume_tiles_pipelined<T, D, Step>(
-                st, q_rows, kv_ring, it.full, it.end, row_lo, a, thread, consumer,
-                [&](int tile) {
-                    const int k = base + tile;
-                    mbarrier_wait_parity(bar(1 + k % kF.stages), uint32_t((k / kF.stages) & 1));
-                },
-                [&](int tile) {  // step 15: V_tile on its own barrier (else it landed with K_tile)
-                    if constexpr (S::kF.split_ring) mbarrier_wait_parity(bar(S::v_full(base + tile)), S::round_parity(base + tile));
-                },
-                [&](int tile) {
-                    if constexpr (S::kF.split_ring) mbarrier_arrive(bar(S::k_empty(base + tile)));  // K's slot is free
-                },
-                [&](int tile) { mbarrier_arrive(bar(S::v_empty(base + tile))); }, marks, base, rounds == 0,
-                [&] { mbarrier_arrive(q_empty); });
+            const auto slot_ready = [&](int tile) {
+                const int k = base + tile;
+                mbarrier_wait_parity(bar(1 + k % kF.stages), uint32_t((k / kF.stages) & 1));
+            };
+            const auto v_ready = [&](int tile) {  // step 15: V_tile on its own barrier (else it landed with K_tile)
+                if constexpr (S::kF.split_ring) mbarrier_wait_parity(bar(S::v_full(base + tile)), S::round_parity(base + tile));
+            };
+            const auto k_read = [&](int tile) {
+                if constexpr (S::kF.split_ring) mbarrier_arrive(bar(S::k_empty(base + tile)));  // K's slot is free
+            };
+            const auto slot_done = [&](int tile) { mbarrier_arrive(bar(S::v_empty(base + tile))); };
+            const auto q_done = [&] { mbarrier_arrive(q_empty); };
+            if (idle) {
+                pass_turns<kF.consumers>(it.end, consumer, slot_ready, v_ready, k_read, slot_done, q_done);
+            } else {
+                consume_tiles_pipelined<T, D, Step>(st, q_rows, kv_ring, it.full, it.end, row_lo, a, thread, consumer, slot_ready,
+                                                    v_ready, k_read, slot_done, marks, base, rounds == 0, q_done);
+            }
             ring += it.end;
             ++rounds;
         }
