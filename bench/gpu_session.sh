@@ -258,18 +258,28 @@ list_resources() {
 # (C7514, C7515, C7518: a wgmma issued under a branch, accumulators touched between issue and
 # wait, waits that differ between paths), when it cannot prove the pipeline safe: it then waits
 # after every wgmma. In SASS that is `gsb0` on every HGMMA, where a pipelined kernel has one per
-# wgmma group. Each stage 11 kernel instance: HGMMA, those with gsb0, WARPGROUP.DEPBAR, instructions.
+# wgmma group. It can also move the loop's ring counters and wgmma descriptors out of the uniform
+# datapath (a branch it cannot prove warp-uniform is enough: stage 11's step 16), which shows as
+# fewer uniform (U*) instructions and more R2UR moves. Each stage 11 kernel instance, after its
+# name: uniform instructions, R2UR, STL and LDL (spills), instructions, HGMMA, those with gsb0,
+# WARPGROUP.DEPBAR.
 wgmma_serialization_check() {
     [ -x "$STAGE11" ] || return 0
     cuobjdump -sass "$STAGE11" 2>/dev/null | awk '
-        /Function :/ {if (f != "") print f, n, h, g, d; f = $3; n = 0; h = 0; g = 0; d = 0}
-        /\/\*[0-9a-f]+\*\// {n++}
+        /Function :/ {if (f != "") print f, u, r, s, n, h, g, d; f = $3; n = 0; h = 0; g = 0; d = 0; u = 0; r = 0; s = 0}
+        /\/\*[0-9a-f]+\*\// {
+            n++
+            op = $0; sub(/^[ \t]*\/\*[0-9a-f]+\*\/[ \t]+/, "", op); sub(/^@!?U?P[0-9T] +/, "", op); sub(/[ .;].*/, "", op)
+            if (op ~ /^U/) u++
+            if (op == "R2UR") r++
+            if (op == "STL" || op == "LDL") s++
+        }
         /HGMMA/ {h++; if ($0 ~ /gsb0/) g++}
         /WARPGROUP.DEPBAR/ {d++}
-        END {if (f != "") print f, n, h, g, d}' | (c++filt 2>/dev/null || cat) >"$LOGS/wgmma_sass.txt"
+        END {if (f != "") print f, u, r, s, n, h, g, d}' | (c++filt 2>/dev/null || cat) >"$LOGS/wgmma_sass.txt"
     local serialized  # the instances with more than two HGMMA, every one with gsb0
     serialized=$(awk '$(NF - 2) > 2 && $(NF - 2) == $(NF - 1)' "$LOGS/wgmma_sass.txt")
-    record "stage 11 SASS: $(wc -l <"$LOGS/wgmma_sass.txt") kernel instances; $(grep -c . <<<"$serialized") with every HGMMA waited for (a serialized wgmma pipeline)"
+    record "stage 11 SASS: $(wc -l <"$LOGS/wgmma_sass.txt") kernel instances; $(grep -c . <<<"$serialized") with every HGMMA waited for (a serialized wgmma pipeline); uniform instructions, R2UR, spills per instance in wgmma_sass.txt"
     if [ -n "$serialized" ]; then
         sed 's/^/  serialized: /' <<<"$serialized" | head -8 | tee -a "$LOGS/summary.txt"
         status=1

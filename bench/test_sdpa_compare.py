@@ -6,7 +6,8 @@ backward stage 09 refuses, the packed batch beside the uniform one and SDPA's ne
 batches); stage 09's tables and ratios when --steps09 steps have their backward alone, and
 docs/make_results.py's reading of those tables; ncu_side_by_side.py's reading of Nsight
 Compute's units; ncu_source_diff.py's sums by opcode; ncu_steps11.py's rows, one per step of
-stage 11. Run: python3 bench/test_sdpa_compare.py"""
+stage 11; round_ratios.py's reading of the logs (its doctests) and its command line. Run:
+python3 bench/test_sdpa_compare.py"""
 import contextlib
 import csv
 import doctest
@@ -475,7 +476,9 @@ class Stage10Main(unittest.TestCase):
 
 
 def load_tests(loader, tests, ignore):
+    import round_ratios
     tests.addTests(doctest.DocTestSuite(sc))
+    tests.addTests(doctest.DocTestSuite(round_ratios))
     return tests
 
 
@@ -597,6 +600,39 @@ class NcuSteps11(unittest.TestCase):
             self.assertIn("1.86", rows[0])
             with self.assertRaises(SystemExit):
                 ns.main([])
+
+
+
+class RoundRatiosTest(unittest.TestCase):
+    """round_ratios.py on a log of two rounds, as gpu_session.sh road11 writes it."""
+
+    LOG = """round 1 of 2
+[  2/ 8] stage11_step15  bf16 d=64  N=1024  B=16 H=32 non-causal     0.320 ms  430.12 TFLOP/s  (min 0.318, max 0.359; SM 1980 MHz)  step 15 split ring
+          vs stage 07 (bf16): O max_abs 1.95e-03 (limit 3.12e-02), rel_l2 1.33e-03; LSE max_abs 1.91e-06
+[  3/ 8] stage11         bf16 d=64  N=1024  B=16 H=32 non-causal     0.299 ms  459.95 TFLOP/s  (min 0.297, max 0.316; SM 1980 MHz)  step 16 idle past Nq
+[ 1/4] sdpa d=64 N=1024 non-causal: flash/bf16=286.8 cudnn/bf16=436.4 flash/fp16=286.8 cudnn/fp16=438.2 TFLOP/s
+round 2 of 2
+[  3/ 8] stage11         bf16 d=64  N=1024  B=16 H=32 non-causal     0.300 ms  441.00 TFLOP/s  (min 0.297, max 0.316; SM 1980 MHz)  step 16 idle past Nq
+[  4/ 8] stage11_step15  bf16 d=64  N=1024  B=16 H=32 non-causal     0.320 ms  420.00 TFLOP/s  (min 0.318, max 0.359; SM 1980 MHz)  step 15 split ring
+[ 1/4] sdpa d=64 N=1024 non-causal: flash/bf16=280.0 cudnn/bf16=441.0 flash/fp16=286.8 cudnn/fp16=438.2 TFLOP/s
+"""
+
+    def test_each_round_and_a_missing_name(self):
+        import round_ratios as rr
+        with tempfile.TemporaryDirectory() as folder:
+            (path,) = write_files(folder, "log", self.LOG)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rr.main(["stage11", "stage11_step15", path])
+            self.assertEqual(out.getvalue().splitlines()[1].split()[-2:], ["1.069", "1.050"])
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                rr.main(["stage11", "sdpa_cudnn", path])
+            self.assertEqual(out.getvalue().splitlines()[1].split()[-2:], ["1.054", "1.000"])
+            with self.assertRaises(SystemExit):
+                rr.main(["stage11", "sdpa_math", path])
+            with self.assertRaises(SystemExit):
+                rr.main(["stage11"])
 
 
 if __name__ == "__main__":
