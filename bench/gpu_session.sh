@@ -127,6 +127,12 @@
 #              bank conflicts, occupancy, registers, instructions: ncu_stage05_road.txt
 #   ncu07      Nsight Compute on the stage 07 final kernel, d 64 and 128, N 4096
 #   ncu07road  shared-memory bank conflicts of road steps 1 (ldmatrix) and 2 (swizzle), d 64, N 4096
+#   ncucudnn11 Nsight Compute on stage 11's default kernel and on SDPA cuDNN's forward kernel, bf16,
+#              at each point d:N:causal of NCUCUDNN11 (default "128:1024:no"; B N = 16384, H d = 2048):
+#              first every kernel the cuDNN forward launches, with its time (cudnn_kernels_<point>.csv;
+#              the longest is the attention kernel), then that kernel and ours under NCU11_METRICS with
+#              their launch (grid, block, registers, shared memory): ncu_stage11_<point>,
+#              ncu_cudnn_<point> and the table ncu_cudnn11_<point>.txt
 #   ncuflash09 Nsight Compute on stage 09's default backward kernel and on SDPA flash's (PyTorch's
 #              FlashAttention-2 bwd kernel, through bench/sdpa_once.py), bf16, N NCUFLASH_N (4096),
 #              non-causal, d NCUFLASH_DIMS (64 128), the same counters side by side: ncu_flash09.txt
@@ -203,7 +209,7 @@ build_targets() {
             ceiling) targets+=(mma_ceiling) ;;
             test11) targets+=(test_hopper_layouts test_stage11_schedule make_npy_inputs) ;;
             timeline11) targets+=(stage11_hopper_kernel) ;;
-            road | road05 | road11 | ncusource11 | groups11 | switches07 | stage10 | order07 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncugqa | ncu11 | ncu11road)
+            road | road05 | road11 | ncusource11 | ncucudnn11 | groups11 | switches07 | stage10 | order07 | order09 | split09 | sweep07 | sweep09 | sweep | quick | ncu | ncu05road | ncu07 | ncu07road | ncu09 | ncu09at | ncudrop | ncugqa | ncu11 | ncu11road)
                 targets+=(bench_gpu mma_ceiling) ;;
         esac
     done
@@ -1362,6 +1368,42 @@ step_ncuflash09() {
         "$RESULTS/ncu_flash09.txt" "${cols[@]}"
 }
 
+# Stage 11's default kernel beside SDPA cuDNN's forward kernel (the one criterion 5 holds it against)
+# at the points of NCUCUDNN11, d:N:causal. cuDNN's kernel is found by its time: every kernel the
+# forward-only call launches is listed with its duration, and the longest is profiled.
+step_ncucudnn11() {
+    local pt d n causal name list kernel flag
+    note "ncucudnn11: stage 11's default kernel beside SDPA cuDNN's forward kernel, bf16, at ${NCUCUDNN11:-128:1024:no} (d:N:causal)"
+    for pt in ${NCUCUDNN11:-128:1024:no}; do
+        IFS=: read -r d n causal <<<"$pt"
+        flag=()
+        [ "$causal" = yes ] && flag=(--causal)
+        name="d${d}_n${n}$([ "$causal" = yes ] && echo _causal)"
+        list="$RESULTS/cudnn_kernels_$name.csv"
+        timeout 300 ncu --clock-control none --print-kernel-base function --csv --metrics gpu__time_duration.sum \
+            python3 bench/sdpa_once.py --backend cudnn --forward-only --dtype bf16 --seq "$n" --head-dim "$d" "${flag[@]}" \
+            >"$list" 2>>"$LOGS/ncucudnn11.log" || status=1
+        kernel=$(python3 - "$list" <<'PY'
+import csv, sys
+scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+rows = list(csv.DictReader(line for line in open(sys.argv[1]) if line.startswith('"')))
+times = [(float(r["Metric Value"].replace(",", "")) * scale.get(r["Metric Unit"], 1.0), r["Kernel Name"]) for r in rows
+         if r.get("Metric Name") == "gpu__time_duration.sum"]
+print(max(times)[1] if times else "")
+PY
+        )
+        record "-- $name: cuDNN's forward launches $(grep -c '^"' "$list" | awk '{print $1 - 1}') kernels; the longest: ${kernel:-none found}"
+        [ -n "$kernel" ] || { status=1; continue; }
+        NCU_METRICS=NCU11_METRICS ncu_one "$KERNEL11" "ncu_stage11_$name" --stages 11 --dtypes bf16 --sizes "$n" --head-dims "$d" \
+            --causal "$causal"
+        NCU_METRICS=NCU11_METRICS ncu_command "^$kernel\$" "ncu_cudnn_$name" python3 bench/sdpa_once.py --backend cudnn --forward-only \
+            --dtype bf16 --seq "$n" --head-dim "$d" "${flag[@]}"
+        record_ncu_reports "$RESULTS/ncu_stage11_$name.txt" "$RESULTS/ncu_cudnn_$name.txt"
+        side_by_side_table "stage 11's default kernel beside SDPA cuDNN's forward kernel (gpu_session.sh ncucudnn11), bf16, d $d, N $n, causal $causal, B N = 16384, H d = 2048, one launch each" \
+            "$RESULTS/ncu_cudnn11_$name.txt" "stage11=$RESULTS/ncu_stage11_${name}_metrics.txt" "cudnn=$RESULTS/ncu_cudnn_${name}_metrics.txt"
+    done
+}
+
 # The launch (grid, block) and the occupancy lines of each Nsight Compute report of "$@", in the summary.
 record_ncu_reports() {
     local r
@@ -1573,7 +1615,7 @@ trap 'kill "$packer" 2>/dev/null' EXIT
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test newcomer_test_start newcomer_wait build prebuilt test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncusource09 ncusource11 ncu11 ncu11road lessons"
+        record "unknown step '$step': use newcomer newcomer_test newcomer_test_start newcomer_wait build prebuilt test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncucudnn11 ncusource09 ncusource11 ncu11 ncu11road lessons"
         status=2
         continue
     fi
