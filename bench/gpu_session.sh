@@ -1383,15 +1383,7 @@ step_ncucudnn11() {
         timeout 300 ncu --clock-control none --print-kernel-base function --csv --metrics gpu__time_duration.sum \
             python3 bench/sdpa_once.py --backend cudnn --forward-only --dtype bf16 --seq "$n" --head-dim "$d" "${flag[@]}" \
             >"$list" 2>>"$LOGS/ncucudnn11.log" || status=1
-        kernel=$(python3 - "$list" <<'PY'
-import csv, sys
-scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
-rows = list(csv.DictReader(line for line in open(sys.argv[1]) if line.startswith('"')))
-times = [(float(r["Metric Value"].replace(",", "")) * scale.get(r["Metric Unit"], 1.0), r["Kernel Name"]) for r in rows
-         if r.get("Metric Name") == "gpu__time_duration.sum"]
-print(max(times)[1] if times else "")
-PY
-        )
+        kernel=$(python3 bench/ncu_side_by_side.py --longest "$list")
         record "-- $name: cuDNN's forward launches $(grep -c '^"' "$list" | awk '{print $1 - 1}') kernels; the longest: ${kernel:-none found}"
         [ -n "$kernel" ] || { status=1; continue; }
         NCU_METRICS=NCU11_METRICS ncu_one "$KERNEL11" "ncu_stage11_$name" --stages 11 --dtypes bf16 --sizes "$n" --head-dims "$d" \

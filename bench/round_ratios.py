@@ -5,10 +5,11 @@
 
 A and B name rows as the log prints them: an implementation of ours (`stage11`, the default step;
 `stage11_step15`, a step of the road; `stage07`, ...) or one of SDPA's backends (`sdpa_cudnn`,
-`sdpa_flash`). sdpa_compare.py reports each point's ratio to SDPA as a median over the rounds with
-its min and max; a step beside another step, or every round on its own, it does not print. This
-does, one line per point (dtype, d, N, mask) with A / B in each round of each log, in the logs'
-order: `gpu_session.sh road11` with two steps in ROAD11_STEPS writes such a log (road11.log).
+`sdpa_flash`). sdpa_compare.py's ratios_over_rounds.txt gives each point's ratio to SDPA, and stage
+11's default over each other step timed beside it, as a median over the rounds with its min and
+max; this lists every round, one line per point (dtype, d, N, mask) with A / B in each round of
+each log, in the logs' order, and pairs any two rows, in the log of any earlier run:
+`gpu_session.sh road11` with two steps in ROAD11_STEPS writes such a log (road11.log).
 """
 import re
 import sys

@@ -557,7 +557,8 @@ def print_round_ratios(args, round_rows, gpu_name, date):
     max (each ratio taken between the two timings of one round); then the worst median. Stage 09's
     ratios are of the forward + backward pair and of the backward alone, for the default main kernel
     and for each other one timed (--steps09: rows stage09_step<i>; a step timed without its pair,
-    --steps09-backward-only, has the backward's ratio alone)."""
+    --steps09-backward-only, has the backward's ratio alone). Stage 11's default is also held against
+    each other step of its road timed beside it (--steps11: rows stage11_step<i>, 11/11s<i>)."""
     # (what is compared, its pass, the rows of each round indexed for that pass)
     by_pass = {p: [index(r, p) for r in round_rows] for p in ("forward", "fwd+bwd", "backward")}
     pairs = []
@@ -565,6 +566,9 @@ def print_round_ratios(args, round_rows, gpu_name, date):
         pairs += [("stage07", "sdpa_flash", "forward"), ("stage07", "sdpa_cudnn", "forward")]
     if "11" in args.stages:
         pairs += [("stage11", "sdpa_cudnn", "forward"), ("stage11", "sdpa_flash", "forward"), ("stage11", "stage07", "forward")]
+        # the default step over each other step of the road timed beside it (--steps11; step 0 is stage 07's)
+        steps11 = {k[0] for i in by_pass["forward"] for k in i if k[0].startswith("stage11_step") and k[0] != "stage11_step0"}
+        pairs += [("stage11", impl, "forward") for impl in sorted(steps11, key=lambda x: int(x[len("stage11_step"):]))]
     if "09" in args.stages:
         # each step's rows of each pass (--steps09-backward-only: no fwd+bwd rows, and no pair's ratio)
         steps09 = {p: {k[0] for i in by_pass[p] for k in i
@@ -577,7 +581,7 @@ def print_round_ratios(args, round_rows, gpu_name, date):
     tag = {"forward": "", "fwd+bwd": " f+b", "backward": " bwd"}
 
     def name(a, b, p):
-        return short.get(a, a.replace("stage09_step", "09s")) + "/" + short[b] + tag[p]
+        return short.get(a, a.replace("stage09_step", "09s")) + "/" + short.get(b, b.replace("stage11_step", "11s")) + tag[p]
 
     worst = {}
     print()

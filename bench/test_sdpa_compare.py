@@ -528,6 +528,27 @@ class NcuSideBySide(unittest.TestCase):
             with self.assertRaises(SystemExit):
                 nsb.main(["no-label"])
 
+    def test_longest_kernel_of_a_listing(self):
+        import ncu_side_by_side as nsb
+        listing = ('==PROF== Connected to process 1 (python3)\n'
+                   '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+                   '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n'
+                   '"0","1","python3","h","fill_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","Command line profiler '
+                   'metrics","gpu__time_duration.sum","nsecond","81,856"\n'
+                   'sdpa cudnn bf16: forward ran\n'
+                   '"1","1","python3","h","attention_fprop","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler '
+                   'metrics","gpu__time_duration.sum","usecond","227.81"\n'
+                   '"2","1","python3","h","fill_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","Command line profiler '
+                   'metrics","gpu__time_duration.sum","nsecond","99,000"\n')
+        with tempfile.TemporaryDirectory() as tmp:
+            path, empty = write_files(tmp, "csv", listing, "==PROF== no kernels\n")
+            self.assertEqual(nsb.longest(path), "attention_fprop")  # 227.81 us against 81.9 and 99.0
+            self.assertEqual(nsb.longest(empty), "")
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                nsb.main(["--longest", path])
+            self.assertEqual(out.getvalue().strip(), "attention_fprop")
+
 
 class NcuSourceDiff(unittest.TestCase):
     """ncu_source_diff.py, which sums two kernels' source pages by SASS opcode (gpu_session.sh ncusource09)."""
@@ -601,6 +622,28 @@ class NcuSteps11(unittest.TestCase):
             with self.assertRaises(SystemExit):
                 ns.main([])
 
+
+
+class Stage11StepsOverRounds(unittest.TestCase):
+    """With several --steps11, the ratios over rounds hold stage 11's default against each other step
+    timed beside it (step 0, stage 07's kernel, is held as 11/07 already)."""
+
+    def test_default_over_each_step(self):
+        args = types.SimpleNamespace(stages=["11"], dtypes=["bf16"], head_dims=[64], sizes=[1024], causal="no")
+        rounds = [[row("stage11", 1.0, n=1024, causal=0), row("stage11_step15", 1.07 + 0.01 * k, n=1024, causal=0),
+                   row("stage11_step9", 1.5, n=1024, causal=0), row("stage11_step0", 1.4, n=1024, causal=0),
+                   row("sdpa_cudnn", 1.04, n=1024, causal=0)] for k in range(3)]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            sc.print_round_ratios(args, rounds, "Test GPU", "2026-11-27")
+        lines = out.getvalue().splitlines()
+        head = next(x for x in lines if x.startswith("dtype")).split()
+        self.assertEqual(head[4:], ["11/cudnn", "11/flash", "11/07", "11/11s9", "11/11s15"])
+        cells = next(x for x in lines if x.split()[:4] == ["bf16", "64", "1024", "False"])
+        self.assertIn("1.08 [1.07, 1.09]", cells)  # step 15 at 1.07, 1.08 and 1.09 ms, the default at 1.00
+        self.assertIn("1.50 [1.50, 1.50]", cells)
+        self.assertIn("1.40 [1.40, 1.40]", cells)  # 11/07 from step 0's rows
+        self.assertTrue(any(x.startswith("worst median stage11 / stage11_step15 ratio over rounds: 1.08") for x in lines))
 
 
 class RoundRatiosTest(unittest.TestCase):
