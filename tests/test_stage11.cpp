@@ -207,9 +207,17 @@ TEST_CASE("stage 11 step 16 (warpgroups whose rows lie past Nq compute nothing) 
     }
 }
 
+TEST_CASE("stage 11 step 17 (O rescaled only when a row's maximum grows past 2^8) matches the float64 reference, bf16 and fp16, d = 64 and 128") {
+    if (!under_test(17)) return;
+    for (const test::Case& c : test::standard_cases({64, 128})) {
+        check_case(c, DType::BF16, 17);
+        check_case(c, DType::FP16, 17);
+    }
+}
+
 TEST_CASE("stage 11's road: every step has a test case above, and the default step is on the road") {
     // A new step needs its own test case (a failure then names the step): update this count with it.
-    CHECK(stage11::road().size() == 17);
+    CHECK(stage11::road().size() == 18);
     CHECK(stage11::final_step() >= 1);
     CHECK(stage11::final_step() < int(stage11::road().size()));
 }

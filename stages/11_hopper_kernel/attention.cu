@@ -39,10 +39,11 @@ constexpr Features kStep13 = kStep12.with_staged_store();  // + d = 64: O throug
 constexpr Features kStep14 = kStep13.with_batched_epilogue();  // + the plain-store epilogue's rows done together
 constexpr Features kStep15 = kStep14.with_split_ring_at_d128(2);  // + d = 128: K and V on rings of two slots each, O staged
 constexpr Features kStep16 = kStep15.with_idle_warpgroups_past_nq();  // + warpgroups whose rows lie past Nq compute nothing
+constexpr Features kStep17 = kStep16.with_lazy_rescale(8);  // + O rescaled only when a row's maximum grows past 2^8
 
 // [0]: stage 07 (its own kernel; kStep1 fills the place)
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12, kStep13, kStep14, kStep15, kStep16};
-constexpr int kLastStep = 16;
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4, kStep5, kStep6, kStep7, kStep8, kStep9, kStep10, kStep11, kStep12, kStep13, kStep14, kStep15, kStep16, kStep17};
+constexpr int kLastStep = 17;
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -65,8 +66,11 @@ struct StepN {
 /// at every d = 128 point, bf16 and fp16, in two runs (its d = 64 code is step 14's;
 /// stage11_split_ring.txt). Step 16 was x1.068-1.072 of step 15 at d = 64 without the mask at N = 1024
 /// and x1.018-1.035 at 2048 and 4096 in two rounds; at d = 128, where no warpgroup is idle in those
-/// shapes, x0.993-1.003 up to N = 4096 (stage11_idle_warpgroups.txt).
-constexpr int kDefaultStep = 16;
+/// shapes, x0.993-1.003 up to N = 4096 (stage11_idle_warpgroups.txt). Step 17 was x1.012-1.031 of
+/// step 16 at every d = 128 point up to N = 4096 (x1.028-1.035 at 16384 under the mask) and
+/// x1.026-1.032 on d = 64's short causal heads (the small blocks), bf16 and fp16, in two runs of two
+/// rounds; d = 64's other kernel is step 16's, byte for byte (stage11_lazy_rescale.txt).
+constexpr int kDefaultStep = 17;
 //! [road]
 
 /// Step N's small blocks (Features::small_blocks()), the kernel step 11 runs on short causal heads at d = 64.
@@ -149,6 +153,13 @@ void launch_step_small(const Args<T>& a, cudaStream_t stream) {
     launch_step<T, 64, SmallBlocksN<N>>(a, stream, "step " + std::to_string(N) + ", small blocks");
 }
 
+/// The small blocks step `step` runs (steps 12-16 share step 12's kernel: their switches change
+/// nothing in a block of one consumer).
+template <class T>
+LaunchFn<T> small_launcher(int step) {
+    return step >= 17 ? launch_step_small<T, 17> : step >= 12 ? launch_step_small<T, 12> : launch_step_small<T, 11>;
+}
+
 template <class T, int D, int N>
 void launch_timeline(const Args<T>& a, cudaStream_t stream) {
     launch_step<T, D, TimelineStepN<N>>(a, stream, "step " + std::to_string(N) + ", instrumented");
@@ -210,6 +221,7 @@ InstanceFacts facts_of_step(int step, const Problem& p) {
         case 14: return facts_of<14>(d);
         case 15: return facts_of<15>(d);
         case 16: return facts_of<16>(d);
+        case 17: return facts_of<17>(d);
         default: return facts_of<10>(d);  // 10 and 11 (step 11's other problems run step 10's kernel)
     }
 }
@@ -260,6 +272,7 @@ LaunchFn<T> find_launcher(int d, int step) {
         case 14: return launcher_for<T, 14>(d);
         case 15: return launcher_for<T, 15>(d);
         case 16: return launcher_for<T, 16>(d);
+        case 17: return launcher_for<T, 17>(d);
         default: return nullptr;
     }
 }
@@ -278,7 +291,7 @@ void run_device(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
         return;
     }
     const LaunchFn<T> launcher = timeline != nullptr          ? find_timeline_launcher<T>(int(p.head_dim), step)
-                                 : small_blocks_for(step, p) ? (step >= 12 ? launch_step_small<T, 12> : launch_step_small<T, 11>)
+                                 : small_blocks_for(step, p) ? small_launcher<T>(step)
                                                              : find_launcher<T>(int(p.head_dim), step);
     if (launcher == nullptr) {
         throw InputError(timeline != nullptr ? "stage 11: step " + std::to_string(step) + " has no instrumented build in this "
@@ -403,6 +416,9 @@ const std::vector<Step>& road() {
         {"idle past Nq", "a consumer warpgroup whose 64 rows all lie past Nq (a head's last query tile, Nq not a multiple "
                          "of Br) issues no GEMM and computes no softmax: it takes its turns empty and arrives on the "
                          "ring's barriers, and the warpgroups with rows have the tensor cores to themselves"},
+        {"lazy rescale", "a row keeps its maximum until a tile's exceeds it by more than 2^8 (P up to 256), and a "
+                         "warp rescales O only when one of its rows took a new maximum (a vote); d = 128 and the small "
+                         "blocks (d = 64's three consumers, 160 registers each, as step 16)"},
     };
     return steps;
 }

@@ -24,21 +24,22 @@
 /// tiles first in groups of heads sized to L2, the epilogue through shared memory and a TMA store, a shape
 /// for d = 64 (three consumer warpgroups), and a persistent grid (one block per SM taking work
 /// items from a counter, the next item's loads under this one's end) whose epilogue stores O 16
-/// bytes a lane, for short causal heads at d = 64 small blocks of one consumer, three per SM, and
-/// the next work item claimed and decoded by the producer before the consumers ask for it. An
-/// instrumented build of steps 3, 4, 5, 8, 9, 10 and 12 records one block's timeline (timeline.hpp,
-/// `--timeline`).
+/// bytes a lane, for short causal heads at d = 64 small blocks of one consumer, three per SM, the
+/// next work item claimed and decoded by the producer before the consumers ask for it, O stored by the
+/// TMA from a buffer of its own (at d = 128 in room made by giving K and V rings of their own),
+/// warpgroups whose rows all lie past Nq taking their turns without computing, and O rescaled only
+/// when a row's maximum grows past 2^8. An instrumented build of steps 3, 4, 5, 8, 9, 10 and 12
+/// records one block's timeline (timeline.hpp, `--timeline`).
 ///
 /// **Does not handle yet:** d other than 64 and 128; the backward pass.
 ///
 /// **Measured:** every step, and the final kernel beside stage 07 and SDPA's flash and cuDNN
 /// backends in one run (bench/gpu_session.sh road11: docs/results/road11.csv, stage11_sweep.csv;
-/// the lesson and the results page show them). On an H100 80GB HBM3 step 10 is at or above SDPA's
-/// cuDNN backend from N = 4096 up in bf16 and fp16 and at d = 128, N = 1024 in bf16 (medians
-/// 1.01-1.20), and behind it at d = 64, N = 1024 (0.96-0.97, causal 0.82) and fp16 d = 128,
-/// N = 1024 (0.98; docs/results/stage11_road_table.txt). The default, step 11, is step 10 except at
-/// d = 64 under a causal mask with Nk <= 1024, where it lifts N = 1024 from 0.82 to 0.96
-/// (docs/results/stage11_small_blocks.txt).
+/// the lesson and the results page show them). On an H100 80GB HBM3 (2026-11-27) the default, step
+/// 17, is at or above SDPA's cuDNN backend at 31 of the 32 points of bf16/fp16, d 64/128,
+/// N 1024-16384, causal and not, in every round of two runs, and at the 32nd (fp16, d = 128,
+/// N = 1024 without the mask) at 1.020-1.031 in two rounds and 0.999 in the other two
+/// (docs/results/stage11_sweep_table.txt, stage11_lazy_rescale.txt).
 #pragma once
 
 #include <string>

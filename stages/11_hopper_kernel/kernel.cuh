@@ -24,7 +24,8 @@
 /// shared buffer at d = 64 and leaves its TMA store running (write_output_tma, kStaged); step 14
 /// orders d = 128's plain-store epilogue as one batch (write_output_batched); step 15 gives K and V
 /// rings of their own, which frees the room for d = 128's O buffer (Shape::k_offset, v_offset); step
-/// 16's warpgroups whose rows all lie past Nq take their turns without computing (pass_turns).
+/// 16's warpgroups whose rows all lie past Nq take their turns without computing (pass_turns); step
+/// 17 keeps a row's maximum until it grows past 2^8 and rescales O only when one moved (lazy_rescale).
 #pragma once
 
 #include <cstdint>
@@ -75,6 +76,8 @@ struct Features {
     int split_ring_d128 = 0;  ///< persistent grid at d = 128: K and V in rings of their own, this many slots each (0: one ring)
     bool split_ring = false;  ///< K and V in rings of their own, `stages` slots each (at_head_dim() sets it from split_ring_d128)
     bool idle_past_nq = false;  ///< persistent grid: a consumer warpgroup whose rows all lie past Nq only takes its turns (pass_turns())
+    bool lazy_rescale = false;  ///< a row keeps its maximum until a tile's exceeds it by more than 2^rescale_slack_log2; O rescaled only then
+    int rescale_slack_log2 = 0;  ///< with `lazy_rescale`: how far (log2 units of exp2's argument) P may exceed 1
     bool timeline = false;   ///< the instrumented build: one block records timestamped marks (Args::timeline)
 
     /// Step 2: the TMA loads each K and V tile in whole boxes, swizzled as wgmma reads them, and
@@ -226,6 +229,20 @@ struct Features {
         f.idle_past_nq = true;
         return f;
     }
+    /// Step 17: O rescaled only when a maximum moved. The online softmax multiplies a warpgroup's O
+    /// by alpha = exp2(m_old - m_new) after every tile: 64 multiplies a thread at d = 128, on the
+    /// path that must fit under the other warpgroups' GEMMs, and after the first tiles the row
+    /// maxima rarely move. Here a row keeps its maximum until a tile's exceeds it by more than
+    /// 2^slack_log2 (so P may reach 2^slack_log2, which float32's l and O and the 16-bit P hold
+    /// with room to spare), and a warp rescales its O only when one of its rows moved (a vote).
+    /// Not in d = 64's shape of three consumers (step 8): with 160 registers a thread, ptxas spilled
+    /// 128 bytes around the branch, and it lost there; the small blocks of step 11 keep it.
+    constexpr Features with_lazy_rescale(int slack_log2) const {
+        Features f = *this;
+        f.lazy_rescale = true;
+        f.rescale_slack_log2 = slack_log2;
+        return f;
+    }
     /// The shape step 11 runs on short causal heads at d = 64: blocks of one producer and one
     /// consumer warpgroup (Br = 64), three per SM, each with its own ring of four 64-key tiles.
     /// The warp schedulers interleave the blocks as the turns of step 4 interleaved the consumers
@@ -259,6 +276,7 @@ struct Features {
         if (d == 64 && consumers_d64 > 0) {
             f.consumers = consumers_d64;
             f.consumer_registers = consumer_registers_d64;
+            f.lazy_rescale = false;  // step 17: no room in 160 registers (see with_lazy_rescale())
         }
         if (d == 128 && split_ring_d128 > 0) {
             f.split_ring = true;
@@ -476,10 +494,16 @@ __device__ __forceinline__ void issue_pv(float (&o)[D / 2], const uint32_t (&p)[
 /// factor O must be rescaled by (rescale_o). O itself is not touched, so this may run while a
 /// wgmma still accumulates into O (step 5).
 /// kMask: compare every key with its row's visible end (diagonal tiles and the last tile).
+/// Returns whether O must be rescaled: always, except with step 17's lazy rescale, where it is
+/// false when no row of the warp changed its maximum (alpha = 1 for all of them); the value is
+/// the same in every lane of the warp.
 template <class T, int D, class Step, bool kMask>
-__device__ __forceinline__ void online_softmax(ConsumerState<D>& st, float (&s)[Shape<T, D, Step>::kBc / 2], float (&alpha)[2],
+__device__ __forceinline__ bool online_softmax(ConsumerState<D>& st, float (&s)[Shape<T, D, Step>::kBc / 2], float (&alpha)[2],
                                                int row_lo, int kv0, const Args<T>& a, int thread) {
     constexpr int kBc = Shape<T, D, Step>::kBc;
+    constexpr Features kF = Shape<T, D, Step>::kF;
+    constexpr bool kLazy = kF.lazy_rescale;
+    bool moved = false;  // step 17: some row of this thread took a new maximum
     const int t = (thread % 32) % 4;
     if (a.negate_s) {  // scale < 0: S * scale = (-S) * |scale|, and flipping a sign is exact
 #pragma unroll
@@ -505,9 +529,18 @@ __device__ __forceinline__ void online_softmax(ConsumerState<D>& st, float (&s)[
 #pragma unroll
         for (int i = 0; i < kBc / 8; ++i) row_max = fmaxf(row_max, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
         row_max = quad_max(row_max);
+        //! [lazy_rescale]
+        if constexpr (kLazy) {
+            // Step 17: the row keeps its maximum unless the tile's exceeds it by more than the slack
+            // (in exp2's units). A row that has seen no key (m = -inf) takes any finite maximum:
+            // inf > slack. Both -inf: NaN > slack is false, and -inf stays.
+            if (!((row_max - st.m[h]) * a.scale_log2 > float(kF.rescale_slack_log2))) row_max = st.m[h];
+            moved = moved || row_max != st.m[h];
+        }
+        //! [lazy_rescale]
         // A row that has seen no key keeps m = -inf; subtracting 0 keeps exp2(-inf) = 0, not NaN.
         const float m_scaled = (row_max == -INFINITY ? 0.0f : row_max) * a.scale_log2;
-        alpha[h] = ex2(st.m[h] * a.scale_log2 - m_scaled);
+        alpha[h] = kLazy && row_max == st.m[h] ? 1.0f : ex2(st.m[h] * a.scale_log2 - m_scaled);
         float row_sum = 0.0f;
 #pragma unroll
         for (int i = 0; i < kBc / 8; ++i)
@@ -520,6 +553,8 @@ __device__ __forceinline__ void online_softmax(ConsumerState<D>& st, float (&s)[
         st.m[h] = row_max;
         st.l[h] = st.l[h] * alpha[h] + row_sum;  // this lane's columns; the quad sums at the end
     }
+    if constexpr (kLazy) return __any_sync(0xffffffffu, moved);  // one value for the warp: its branch stays uniform
+    return true;
 }
 
 /// O_c *= alpha, row by row (registers 4i + 2h + e belong to row pair h).
@@ -758,12 +793,10 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
             if (!(last && !kF.persistent && consumer == kF.consumers - 1)) named_barrier_arrive(next_turn, kPair);
         }
     };
+    // Returns whether O must be rescaled (online_softmax()).
     const auto softmax = [&](float (&s)[kBc / 2], float (&alpha)[2], int tile) {
-        if (tile < full) {
-            online_softmax<T, D, Step, false>(st, s, alpha, row_lo, tile * kBc, a, thread);
-        } else {
-            online_softmax<T, D, Step, true>(st, s, alpha, row_lo, tile * kBc, a, thread);
-        }
+        if (tile < full) return online_softmax<T, D, Step, false>(st, s, alpha, row_lo, tile * kBc, a, thread);
+        return online_softmax<T, D, Step, true>(st, s, alpha, row_lo, tile * kBc, a, thread);
     };
 
     float s[kBc / 2];       // S_j, then P_j in float32
@@ -785,9 +818,9 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     marks.mark(kMarkSReady, 0);
     k_read(0);               // K_0 is no longer read (step 15 frees its slot)
     if (end == 1) q_done();  // Q's last reader has finished
-    softmax(s, alpha, 0);
+    const bool rescale_0 = softmax(s, alpha, 0);
     marks.mark(kMarkSoftmax, 0);
-    rescale_o(st, alpha);  // O is 0; kept so that every tile does the same
+    if (rescale_0) rescale_o(st, alpha);  // O is 0; kept so that every tile does the same
     pack_p<T, kBc>(s, p);
     marks.mark(kMarkRescaled, 0);
 
@@ -815,7 +848,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
         k_read(tile);                   // K_j is no longer read
         if (tile == end - 1) q_done();  // Q's last reader has finished
         float alpha_j[2];
-        softmax(s, alpha_j, tile);  // touches s, m_i, l_i: not O, not p
+        const bool rescale = softmax(s, alpha_j, tile);  // touches s, m_i, l_i: not O, not p
         marks.mark(kMarkSoftmax, tile);
         if constexpr (kF.overlap) {
             wgmma_wait_group<0>();  // P_{j-1} V_{j-1} is done: O and p are free
@@ -827,7 +860,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
         warpgroup_fence_operands(st.o);
         warpgroup_fence_operands(s);
         slot_done(tile - 1);  // V_{j-1} (and K_{j-1}) are no longer read
-        rescale_o(st, alpha_j);
+        if (rescale) rescale_o(st, alpha_j);  // step 17: only when a row of the warp took a new maximum
         pack_p<T, kBc>(s, p);
         marks.mark(kMarkRescaled, tile);
     }
