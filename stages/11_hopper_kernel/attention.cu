@@ -68,8 +68,9 @@ struct StepN {
 /// and x1.018-1.035 at 2048 and 4096 in two rounds; at d = 128, where no warpgroup is idle in those
 /// shapes, x0.993-1.003 up to N = 4096 (stage11_idle_warpgroups.txt). Step 17 was x1.012-1.031 of
 /// step 16 at every d = 128 point up to N = 4096 (x1.028-1.035 at 16384 under the mask) and
-/// x1.026-1.032 on d = 64's short causal heads (the small blocks), bf16 and fp16, in two runs of two
-/// rounds; d = 64's other kernel is step 16's, byte for byte (stage11_lazy_rescale.txt).
+/// x1.026-1.032 on d = 64's short causal heads (the small blocks, half of it step 14's batched
+/// epilogue, which they carry from step 17 on), bf16 and fp16, in two runs of two rounds; d = 64's
+/// other kernel is step 16's, byte for byte (stage11_lazy_rescale.txt).
 constexpr int kDefaultStep = 17;
 //! [road]
 
@@ -153,8 +154,8 @@ void launch_step_small(const Args<T>& a, cudaStream_t stream) {
     launch_step<T, 64, SmallBlocksN<N>>(a, stream, "step " + std::to_string(N) + ", small blocks");
 }
 
-/// The small blocks step `step` runs (steps 12-16 share step 12's kernel: their switches change
-/// nothing in a block of one consumer).
+/// The small blocks step `step` runs: steps 12-16 run step 12's, step 17 its own, which carry step
+/// 14's batched epilogue and step 17's lazy rescale (stage11_lazy_rescale.txt, part 8).
 template <class T>
 LaunchFn<T> small_launcher(int step) {
     return step >= 17 ? launch_step_small<T, 17> : step >= 12 ? launch_step_small<T, 12> : launch_step_small<T, 11>;

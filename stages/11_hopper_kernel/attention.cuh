@@ -36,10 +36,10 @@
 /// **Measured:** every step, and the final kernel beside stage 07 and SDPA's flash and cuDNN
 /// backends in one run (bench/gpu_session.sh road11: docs/results/road11.csv, stage11_sweep.csv;
 /// the lesson and the results page show them). On an H100 80GB HBM3 (2026-11-27) the default, step
-/// 17, is at or above SDPA's cuDNN backend at 31 of the 32 points of bf16/fp16, d 64/128,
-/// N 1024-16384, causal and not, in every round of two runs, and at the 32nd (fp16, d = 128,
-/// N = 1024 without the mask) at 1.020-1.031 in two rounds and 0.999 in the other two
-/// (docs/results/stage11_sweep_table.txt, stage11_lazy_rescale.txt).
+/// 17, is at or above SDPA's cuDNN backend at 30 of the 32 points of bf16/fp16, d 64/128,
+/// N 1024-16384, causal and not, in every round of three runs; d = 64 causal at N = 1024 in 13
+/// rounds of 14 (0.997-1.026), and d = 128 without the mask at N = 1024 level with it (0.988-1.067,
+/// below 1.0 in 6 rounds of 14) (docs/results/stage11_sweep_table.txt, stage11_lazy_rescale.txt).
 #pragma once
 
 #include <string>
