@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "../07_pipelined_fused_kernel/attention.cuh"
 #include "fa/cuda/check.hpp"
@@ -86,10 +87,40 @@ struct TimelineStepN {
     static constexpr Features value = kSteps[N].with_timeline();
 };
 
+/// A list of steps as a type: the instances a launch may find are compiled from these lists, and
+/// find_step() looks a run-time step up in one.
+template <int... N>
+using Steps = std::integer_sequence<int, N...>;
+
+/// The steps with a kernel of their own: step 11 runs step 10's kernel except on short causal
+/// heads at d = 64, where it runs its small blocks (small_blocks_step()).
+using KernelSteps = Steps<1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 13, 14, 15, 16, 17>;
+
+/// The kernel of KernelSteps that step `step` runs on every problem without small blocks: step 11
+/// differs from step 10 only on short causal heads at d = 64, and elsewhere its kernel would be
+/// step 10's instruction for instruction.
+constexpr int kernel_step(int step) { return step == 11 ? 10 : step; }
+
 /// The steps with an instrumented build (bf16): no overlap (3), ping-pong (4), the softmax under
 /// P V (5), the tile shapes of step 8 (7 at d = 128), the persistent grid (9), its wide
-/// stores (10) and the early claim of the next item (12).
-const std::vector<int> kTimelineSteps{3, 4, 5, 8, 9, 10, 12};
+/// stores (10), the early claim of the next item (12) and the default step (17).
+using TimelineSteps = Steps<3, 4, 5, 8, 9, 10, 12, 17>;
+
+/// Calls fn(std::integral_constant<int, N>{}) for the N of the list equal to `step` and returns
+/// what it returns, or `none` where the list has no such N.
+template <class R, int... N, class Fn>
+R find_step(Steps<N...>, int step, R none, Fn&& fn) {
+    R found = none;
+    (void)((step == N && (found = fn(std::integral_constant<int, N>{}), true)) || ...);
+    return found;
+}
+
+template <int... N>
+std::vector<int> as_vector(Steps<N...>) {
+    return {N...};
+}
+
+const std::vector<int> kTimelineSteps = as_vector(TimelineSteps{});
 
 //! [group_budget]
 /// Step 6's groups of heads: as many heads as have their K and V within this many bytes, so
@@ -148,17 +179,24 @@ void launch(const Args<T>& a, cudaStream_t stream) {
     launch_step<T, D, StepN<N>>(a, stream, "step " + std::to_string(N));
 }
 
-/// Step N's small blocks (d = 64; N = 11 or 12).
+/// Step N's small blocks (d = 64; N of SmallBlocksSteps).
 template <class T, int N>
 void launch_step_small(const Args<T>& a, cudaStream_t stream) {
     launch_step<T, 64, SmallBlocksN<N>>(a, stream, "step " + std::to_string(N) + ", small blocks");
 }
 
-/// The small blocks step `step` runs: steps 12-16 run step 12's, step 17 its own, which carry step
-/// 14's batched epilogue and step 17's lazy rescale (stage11_lazy_rescale.txt, part 8).
+/// The step whose small blocks step `step` runs (11 or later): steps 12-16 run step 12's, step 17
+/// its own, which carry step 14's batched epilogue and step 17's lazy rescale
+/// (stage11_lazy_rescale.txt, part 8). The launch and the host's facts both ask here.
+constexpr int small_blocks_step(int step) { return step >= 17 ? 17 : step >= 12 ? 12 : 11; }
+
+/// The steps whose small blocks are built (the values small_blocks_step() takes).
+using SmallBlocksSteps = Steps<11, 12, 17>;
+
 template <class T>
 LaunchFn<T> small_launcher(int step) {
-    return step >= 17 ? launch_step_small<T, 17> : step >= 12 ? launch_step_small<T, 12> : launch_step_small<T, 11>;
+    return find_step(SmallBlocksSteps{}, small_blocks_step(step), LaunchFn<T>{nullptr},
+                [](auto n) -> LaunchFn<T> { return launch_step_small<T, decltype(n)::value>; });
 }
 
 template <class T, int D, int N>
@@ -197,34 +235,17 @@ InstanceFacts facts_of_shape() {
     return {Shape<__nv_bfloat16, D, Step>::kSmemBytes, Shape<__nv_bfloat16, D, Step>::kStaged};
 }
 
-template <int N>
-InstanceFacts facts_of(int d) {
-    return d == 64 ? facts_of_shape<64, StepN<N>>() : facts_of_shape<128, StepN<N>>();
-}
-
+/// The facts of the instance step `step` (1 to kLastStep) runs problem p with.
 InstanceFacts facts_of_step(int step, const Problem& p) {
-    const int d = int(p.head_dim);
     if (small_blocks_for(step, p)) {
-        return step >= 12 ? facts_of_shape<64, SmallBlocksN<12>>() : facts_of_shape<64, SmallBlocksN<11>>();
+        return find_step(SmallBlocksSteps{}, small_blocks_step(step), InstanceFacts{},
+                    [](auto n) { return facts_of_shape<64, SmallBlocksN<decltype(n)::value>>(); });
     }
-    switch (step) {
-        case 1: return facts_of<1>(d);
-        case 2: return facts_of<2>(d);
-        case 3: return facts_of<3>(d);
-        case 4: return facts_of<4>(d);
-        case 5: return facts_of<5>(d);
-        case 6: return facts_of<6>(d);
-        case 7: return facts_of<7>(d);
-        case 8: return facts_of<8>(d);
-        case 9: return facts_of<9>(d);
-        case 12: return facts_of<12>(d);
-        case 13: return facts_of<13>(d);
-        case 14: return facts_of<14>(d);
-        case 15: return facts_of<15>(d);
-        case 16: return facts_of<16>(d);
-        case 17: return facts_of<17>(d);
-        default: return facts_of<10>(d);  // 10 and 11 (step 11's other problems run step 10's kernel)
-    }
+    const bool d64 = p.head_dim == 64;
+    return find_step(KernelSteps{}, kernel_step(step), InstanceFacts{}, [d64](auto n) {
+        constexpr int N = decltype(n)::value;
+        return d64 ? facts_of_shape<64, StepN<N>>() : facts_of_shape<128, StepN<N>>();
+    });
 }
 
 template <class T, int N>
@@ -238,44 +259,17 @@ LaunchFn<T> find_timeline_launcher(int d, int step) {
     if constexpr (!std::is_same_v<T, __nv_bfloat16>) {
         return nullptr;
     } else {
-        const auto at = [d](LaunchFn<T> d64, LaunchFn<T> d128) { return d == 64 ? d64 : d == 128 ? d128 : nullptr; };
-        switch (step) {
-            case 3: return at(launch_timeline<T, 64, 3>, launch_timeline<T, 128, 3>);
-            case 4: return at(launch_timeline<T, 64, 4>, launch_timeline<T, 128, 4>);
-            case 5: return at(launch_timeline<T, 64, 5>, launch_timeline<T, 128, 5>);
-            case 8: return at(launch_timeline<T, 64, 8>, launch_timeline<T, 128, 8>);
-            case 9: return at(launch_timeline<T, 64, 9>, launch_timeline<T, 128, 9>);
-            case 10: return at(launch_timeline<T, 64, 10>, launch_timeline<T, 128, 10>);
-            case 12: return at(launch_timeline<T, 64, 12>, launch_timeline<T, 128, 12>);
-            default: return nullptr;
-        }
+        return find_step(TimelineSteps{}, step, LaunchFn<T>{nullptr}, [d](auto n) -> LaunchFn<T> {
+            constexpr int N = decltype(n)::value;
+            return d == 64 ? launch_timeline<T, 64, N> : d == 128 ? launch_timeline<T, 128, N> : nullptr;
+        });
     }
 }
 
+/// Step `step`'s kernel at head dimension d (null where none is built).
 template <class T>
 LaunchFn<T> find_launcher(int d, int step) {
-    switch (step) {
-        case 1: return launcher_for<T, 1>(d);
-        case 2: return launcher_for<T, 2>(d);
-        case 3: return launcher_for<T, 3>(d);
-        case 4: return launcher_for<T, 4>(d);
-        case 5: return launcher_for<T, 5>(d);
-        case 6: return launcher_for<T, 6>(d);
-        case 7: return launcher_for<T, 7>(d);
-        case 8: return launcher_for<T, 8>(d);
-        case 9: return launcher_for<T, 9>(d);
-        // Step 11 differs from step 10 only on short causal heads at d = 64 (run_device() launches its
-        // small blocks there); elsewhere its kernel would be step 10's, instruction for instruction.
-        case 10:
-        case 11: return launcher_for<T, 10>(d);
-        case 12: return launcher_for<T, 12>(d);
-        case 13: return launcher_for<T, 13>(d);
-        case 14: return launcher_for<T, 14>(d);
-        case 15: return launcher_for<T, 15>(d);
-        case 16: return launcher_for<T, 16>(d);
-        case 17: return launcher_for<T, 17>(d);
-        default: return nullptr;
-    }
+    return find_step(KernelSteps{}, kernel_step(step), LaunchFn<T>{nullptr}, [d](auto n) { return launcher_for<T, decltype(n)::value>(d); });
 }
 
 int resolve(int step) { return step < 0 ? kDefaultStep : step; }

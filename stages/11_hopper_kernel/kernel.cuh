@@ -463,7 +463,11 @@ struct ConsumerState {
 
 // Named barriers (0 is __syncthreads').
 constexpr uint32_t kTurnBarrier = 1;      ///< consumer warpgroup c waits for its turn on named barrier kTurnBarrier + c
+constexpr uint32_t kTurnThreads = 256;    ///< threads on a turn barrier: the warpgroup that waits and the one that opens it
 constexpr uint32_t kEpilogueBarrier = 5;  ///< consumer warpgroup c orders its epilogue's shared-memory writes on kEpilogueBarrier + c
+
+/// The named barrier on which consumer warpgroup `consumer` waits for its turn.
+__device__ __forceinline__ uint32_t turn_barrier(int consumer) { return kTurnBarrier + uint32_t(consumer); }
 
 //! [gemms]
 /// Issues S = Q_c K_j^T (not committed): d/16 wgmma, each 64 x Bc x 16, both operands K-major
@@ -771,26 +775,25 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     using S = Shape<T, D, Step>;
     constexpr Features kF = S::kF;
     constexpr int kBc = S::kBc;
-    constexpr uint32_t kPair = 256;  // threads per turn barrier: the waiting warpgroup and the one that opens it
     const auto k_tile = [&](int tile) { return smem_address(kv_ring + S::k_offset(ring_base + tile)); };
     const auto v_tile = [&](int tile) {
+        // S::kF, not the local kF: nvcc does not take a local read inside a lambda as a constant.
         if constexpr (S::kF.split_ring) return smem_address(kv_ring + S::v_offset(ring_base + tile));
         return k_tile(tile) + uint32_t(S::kKVBytes);  // V follows K in its slot
     };
-    const uint32_t my_turn = kTurnBarrier + uint32_t(consumer);
-    const uint32_t next_turn = kTurnBarrier + uint32_t((consumer + 1) % kF.consumers);
+    const uint32_t my_turn = turn_barrier(consumer), next_turn = turn_barrier((consumer + 1) % kF.consumers);
     // This warpgroup's GEMMs wait until the previous warpgroup has issued its own. A block of one
     // consumer (step 11's small blocks) takes no turns: the blocks an SM holds interleave instead.
     constexpr bool kTurns = kF.consumers > 1;
     const auto turn_begin = [&] {
-        if constexpr (kTurns) named_barrier_sync(my_turn, kPair);
+        if constexpr (kTurns) named_barrier_sync(my_turn, kTurnThreads);
     };
     // Issued: the next warpgroup may issue. The last turn of the last warpgroup opens nothing
     // (except in the persistent grid, where the next item follows), so no barrier is left
     // half-arrived when the block ends.
     const auto turn_end = [&](bool last) {
         if constexpr (kTurns) {
-            if (!(last && !kF.persistent && consumer == kF.consumers - 1)) named_barrier_arrive(next_turn, kPair);
+            if (!(last && !kF.persistent && consumer == kF.consumers - 1)) named_barrier_arrive(next_turn, kTurnThreads);
         }
     };
     // Returns whether O must be rescaled (online_softmax()).
@@ -802,7 +805,7 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
     float s[kBc / 2];       // S_j, then P_j in float32
     uint32_t p[kBc / 16][4];  // P_{j-1}, the A operand of the turn's P V
     float alpha[2];
-    if (kTurns && consumer == 0 && first_item) named_barrier_arrive(my_turn, kPair);  // warpgroup 0 takes the first turn
+    if (kTurns && consumer == 0 && first_item) named_barrier_arrive(my_turn, kTurnThreads);  // warpgroup 0 takes the first turn
 
     slot_ready(0);
     marks.mark(kMarkSlotFull, 0);
@@ -891,14 +894,12 @@ __device__ __forceinline__ void consume_tiles_pipelined(ConsumerState<D>& st, ui
 template <int kConsumers, class Ready, class VReady, class KRead, class Done, class QDone>
 __device__ __forceinline__ void pass_turns(int end, int consumer, Ready slot_ready, VReady v_ready, KRead k_read, Done slot_done,
                                            QDone q_done) {
-    constexpr uint32_t kPair = 256;  // threads per turn barrier, as in consume_tiles_pipelined()
-    const uint32_t my_turn = kTurnBarrier + uint32_t(consumer);
-    const uint32_t next_turn = kTurnBarrier + uint32_t((consumer + 1) % kConsumers);
+    const uint32_t my_turn = turn_barrier(consumer), next_turn = turn_barrier((consumer + 1) % kConsumers);
     for (int turn = 0; turn <= end; ++turn) {  // turn j would issue S_j = Q K_j^T and P_{j-1} V_{j-1}
         if (turn < end) slot_ready(turn);
         if (turn > 0) v_ready(turn - 1);
-        named_barrier_sync(my_turn, kPair);
-        named_barrier_arrive(next_turn, kPair);
+        named_barrier_sync(my_turn, kTurnThreads);
+        named_barrier_arrive(next_turn, kTurnThreads);
         if (turn < end) {
             k_read(turn);
             if (turn == end - 1) q_done();
@@ -1203,7 +1204,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
     }
     // The last warpgroup's last turn opened warpgroup 0's for an item that never came: warpgroup 0
     // takes it, so that no named barrier is left half-arrived when the block ends.
-    if (kF.consumers > 1 && consumer == 0 && rounds > 0) named_barrier_sync(kTurnBarrier, 256);
+    if (kF.consumers > 1 && consumer == 0 && rounds > 0) named_barrier_sync(turn_barrier(0), kTurnThreads);
     if constexpr (S::kStaged) {
         if (ct == 0) bulk_wait_group<0>();  // the last store has written O before the block ends
     }
