@@ -26,7 +26,10 @@
 #              mma_ceiling and wgmma_ceiling in it too, or the sweeps print no fraction of the ceilings)
 #   test       the whole CTest suite (builds everything)
 #   test11     the tests of stage 11 and of Hopper's wrappers alone (ctest -R 'hopper|stage11': the
-#              host maps, each wrapper, every step's tests, the stage's run and command line)
+#              host maps, each wrapper, every step's tests, the reading files of steps 1-4 and 9 against
+#              the switch kernel bit for bit, the shared-memory map, the stage's run and command line)
+#   traps11    stage 11's compiler traps (bench/traps11.py): ptxas's messages and the SASS counts of
+#              each trap and its fix, checked: stage11_traps.json, stage11_traps_table.txt
 #   sanitize   compute-sanitizer memcheck, racecheck, synccheck, initcheck on stages 05, 06, 07, 09
 #              (SANITIZE_STAGES="05 06 07 09" picks which; 11 adds stage 11: tails, Nq != Nk both
 #              ways, causal rows that see no key, bnhd, fp16, d 64 and 128, at every step of its
@@ -214,7 +217,7 @@ build_targets() {
         esac
     done
     [ ${#targets[@]} -eq 0 ] && return 0
-    targets+=(stage11_hopper_kernel wgmma_ceiling test_stage11 test_hopper_wrappers)
+    targets+=(stage11_hopper_kernel wgmma_ceiling test_stage11 test_stage11_steps test_stage11_smem_map test_hopper_wrappers)
     printf '%s\n' "${targets[@]}" | sort -u
 }
 
@@ -421,6 +424,17 @@ step_test11() {
     ctest --test-dir "$BUILD" --output-on-failure -R 'hopper|stage11' -j4 --timeout "${TEST11_TIMEOUT:-240}" \
         >"$LOGS/ctest11.log" 2>&1 || status=1
     grep -E "Test +#|tests passed|tests failed|Skipped|Failed" "$LOGS/ctest11.log" | tail -25 | tee -a "$LOGS/summary.txt"
+}
+
+# Stage 11's compiler traps (stages/11_hopper_kernel/traps/traps.cu): ptxas's messages and each
+# kernel's SASS counts, with the expectation of each pair checked (bench/traps11.py):
+# stage11_traps.json and stage11_traps_table.txt, the records docs/results/ keeps.
+step_traps11() {
+    note "traps11: stage 11's compiler traps, ptxas and SASS"
+    python3 bench/traps11.py --check --json "$RESULTS/stage11_traps.json" --table "$RESULTS/stage11_traps_table.txt" \
+        >"$LOGS/traps11.log" 2>&1 || { record "FAIL  traps11 (see traps11.log)"; status=1; }
+    tee -a "$LOGS/summary.txt" <"$RESULTS/stage11_traps_table.txt" 2>/dev/null
+    tail -1 "$LOGS/traps11.log" | tee -a "$LOGS/summary.txt"
 }
 
 # Small problems with tails, Nq != Nk, rows and whole query tiles that see no key.
@@ -1607,7 +1621,7 @@ trap 'kill "$packer" 2>/dev/null' EXIT
 
 for step in "$@"; do
     if ! declare -F "step_$step" >/dev/null; then
-        record "unknown step '$step': use newcomer newcomer_test newcomer_test_start newcomer_wait build prebuilt test test11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncucudnn11 ncusource09 ncusource11 ncu11 ncu11road lessons"
+        record "unknown step '$step': use newcomer newcomer_test newcomer_test_start newcomer_wait build prebuilt test test11 traps11 sanitize ceiling road05 road road11 groups11 timeline11 switches07 stage10 order07 order09 split09 road09 timing sweep07 sweep09 sweep quick ncu ncu05road ncu07 ncu07road ncu09 ncu09at ncudrop ncugqa ncuflash09 ncucudnn11 ncusource09 ncusource11 ncu11 ncu11road lessons"
         status=2
         continue
     fi

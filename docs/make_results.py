@@ -213,6 +213,8 @@ def read_gpu(path, notes, info, rename=None):
                     "date": raw["date"].strip(),
                     "pass": (raw.get("pass") or "").strip() or "forward",
                     "check": (raw.get("check") or "").strip(),
+                    "step": (raw.get("step") or "").strip(),
+                    "step_name": (raw.get("step_name") or "").strip(),
                 })
             except (KeyError, ValueError, TypeError, AttributeError):
                 bad += 1
@@ -223,6 +225,25 @@ def read_gpu(path, notes, info, rename=None):
                         "kernel for that dtype and shape, or skipped it (SDPA's math backend where its N × N "
                         "matrices would not fit). They show as – in the tables.")
     return rows
+
+
+def stage09_shown_step(path):
+    """The renaming read_gpu() needs to show stage 09's rows: none when the sweep has rows of the
+    default main kernel (impl stage09); else those of the lowest step it has (stage09_step<i> and
+    its deterministic rows) under the default's names, since a sweep measured when that step was
+    the default is all there is (stage09_section() names the step)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            impls = {(r.get("impl") or "").strip() for r in csv.DictReader(f)}
+    except OSError:
+        return None
+    if "stage09" in impls:
+        return None
+    steps = sorted(int(m.group(1)) for m in (re.fullmatch(r"stage09_step(\d+)", i) for i in impls) if m)
+    if not steps:
+        return None
+    shown = f"stage09_step{steps[0]}"
+    return {shown: "stage09", shown + "_deterministic": "stage09_deterministic"}
 
 
 def read_gpu_meta(csv_path):
@@ -876,6 +897,8 @@ def stage11_section(rows, meta, road11, first_contact, groups_table, images, out
     w = out.append
     w("## GPU: stage 11 on Hopper beside stage 07, SDPA flash and cuDNN {#results_stage11}")
     w("")
+    w("Every run behind this section, round by round, and the tries that lost: \\ref stage11_record.")
+    w("")
     ours = [r for r in rows or [] if r["impl"] == "stage11" and r["dtype"] in HALF_DTYPES]
     wgmma = meta.get("wgmma_ceiling_tflops")
     if not ours:
@@ -894,16 +917,34 @@ def stage11_section(rows, meta, road11, first_contact, groups_table, images, out
           + (f" The dense `wgmma` bf16 ceiling of `bench/wgmma_ceiling.cu` on this GPU: {fmt_num(wgmma)} TFLOP/s."
              if wgmma else "")
           + (f" The rows named stage 11 are step {meta['stage11_final_step']} of its road, the default of the build that "
-             f"measured them; the lesson measures the later steps beside it (\\ref stage11_measured)."
+             f"measured them; its record times every step of the road (\\ref stage11_measured)."
              if meta.get("stage11_final_step") is not None else ""))
         w("")
         for gpu, d, mask, anchor, g in gpu_sections(side, "results_stage11", gpus, w):
             tflops_table(g, dtypes, STAGE11_IMPLS, w)
         stage11_ratios(side, dtypes, wgmma, out)
     road11_section(road11, images, out, plots_made)
+    earlier_sweep11_section(os.path.join(os.path.dirname(groups_table), "stage11_sweep_h100_table.txt"), out)
     groups11_section(groups_table, out)
     if ours:
         first_contact_table(first_contact, out)
+
+
+def earlier_sweep11_section(path, out):
+    """Stage 11's default on another GPU (an earlier sweep, kept as bench/sdpa_compare.py printed it)."""
+    if not os.path.exists(path):
+        return
+    w = out.append
+    w("### The default on an H100 {#results_stage11_h100}")
+    w("")
+    w("The same kernel on an H100 80GB HBM3 the day before the sweep above, two rounds and four sizes "
+      "(`docs/results/stage11_sweep_h100_table.txt`, with its CSV `stage11_sweep_h100.csv`), as written:")
+    w("")
+    w("~~~")
+    with open(path, encoding="utf-8") as f:
+        out.extend(line.rstrip("\n") for line in f)
+    w("~~~")
+    w("")
 
 
 def groups11_section(path, out):
@@ -1041,6 +1082,8 @@ def stage09_section(rows, images, out, plots_made):
     w = out.append
     w("## GPU: the training step, stage 07 forward + stage 09 backward beside SDPA {#results_stage09}")
     w("")
+    w("Every run behind this section, round by round, and the tries that lost: \\ref stage09_record.")
+    w("")
     ours = [r for r in rows or [] if r["impl"] in STAGE09_IMPLS and r["dtype"] in HALF_DTYPES]
     if not ours:
         w("\\note The backward has not been measured yet: `docs/results/gpu_sweep.csv` has no stage 09 rows. "
@@ -1053,8 +1096,13 @@ def stage09_section(rows, images, out, plots_made):
             and (r["gpu"], r["dtype"], r["B"], r["H"], r["N"], r["d"], r["causal"]) in shapes_of]
     dtypes = [t for t in HALF_DTYPES if any(r["dtype"] == t for r in ours)]
     gpus = sorted({r["gpu"] for r in side})
+    steps = sorted({str(r.get("step") or "") for r in ours})
     w(f"Measured on **{md(', '.join(gpus))}**, SM clock {span((r['sm_clock_mhz'] for r in side), 'MHz')}, "
-      f"{span(r['date'] for r in side)}. Ours: stage 07's final kernel as the forward (it writes the O and LSE the "
+      f"{span(r['date'] for r in side)}. "
+      + (f"Stage 09's rows are step {', '.join(steps)} of its road (`{md(ours[0].get('step_name') or '')}`), the default "
+         "main kernel when they were measured; the lesson gives the default of today beside SDPA "
+         "(\\ref stage09_sweep). " if steps and steps != [""] else "")
+      + "Ours: stage 07's final kernel as the forward (it writes the O and LSE the "
       "backward reads) and stage 09's three backward kernels, dQ added across key blocks with float32 atomics or, "
       "with deterministic dQ, in a fixed order. SDPA: the backward alone is `torch.autograd.grad(o, (q, k, v), do)` "
       "after one forward. Forward + backward is timed as one pair on both sides (CUDA events around both, the L2 "
@@ -1395,6 +1443,8 @@ def stage10_section(rows, images, out, plots_made):
     window's time against the pairs it keeps, and the course's targets checked on the data."""
     w = out.append
     w("## Stage 10: what real models call {#results_stage10}")
+    w("")
+    w("Every run behind this section, round by round, and the tries that lost: \\ref stage10_record.")
     w("")
     if rows is None:
         w("\\note Stage 10 has not been measured yet: `docs/results/stage10.csv` is not there "
@@ -2025,6 +2075,55 @@ def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_st
 # their ldmatrix.x4 (512 bytes) and mma (4096 FLOPs) per pair of blocks: the first kernel (step 0,
 # "where the time goes", question 3) and the warp-tiled one of step 1 at d = 64. An SM's shared
 # memory delivers 128 bytes per clock.
+# The records of stage 09's default main kernel (step 9) on the grid: the sizes other than 4096 in
+# one run, 4096 and 16384 in the road's run of the same day and GPU.
+STAGE09_DEFAULT_GRID_RECORDS = ("stage09_grid_step9_quick.txt", "stage09_road09.txt")
+
+
+def stage09_default_grid_numbers(results_dir):
+    """The figures of the stage 09 lesson's sweep section: the default main kernel beside SDPA on the
+    grid, from the pair tables of STAGE09_DEFAULT_GRID_RECORDS (sdpa_compare.py's table of stage 07 +
+    stage 09, its "09 f+b ... det/at" columns; each point once, the first record first): forward +
+    backward over SDPA flash's pair, \\s09_sweep_fb_flash, and over cuDNN's, \\s09_sweep_fb_cudnn; the
+    backward alone over flash's, \\s09_sweep_bwd_flash; the deterministic backward's time over the
+    atomic one, \\s09_sweep_det; the sizes they cover, \\s09_sweep_sizes, and the records' GPU and
+    dates, \\s09_sweep_gpu and \\s09_sweep_date ("–" without data)."""
+    points, gpus, dates = OrderedDict(), [], []
+    for name in STAGE09_DEFAULT_GRID_RECORDS:
+        try:
+            with open(os.path.join(results_dir, name), encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        dtype = None
+        for line in lines:
+            head = re.match(r"^(.+?), (\d{4}-\d{2}-\d{2}): stage 07 forward \+ stage 09 backward in (bf16|fp16)", line)
+            if head:
+                dtype = head.group(3)
+                gpus.append(head.group(1).strip())
+                dates.append(head.group(2))
+                continue
+            if not line.strip():
+                dtype = None
+                continue
+            cells = line.split()
+            if dtype and len(cells) == 14 and cells[0].isdigit():
+                key = (dtype, int(cells[0]), int(cells[1]), cells[2] == "True")
+                values = [float(c) for c in cells[3:]]
+                # 09 f+b, flash, cudnn, /flash, /cudnn, 09 bwd, /flash, /cudnn, bwd ms, det ms, det/at
+                points.setdefault(key, values)
+    aliases = OrderedDict()
+    aliases["s09_sweep_fb_flash"] = span_ratios(v[3] for v in points.values())
+    aliases["s09_sweep_fb_cudnn"] = span_ratios(v[4] for v in points.values())
+    aliases["s09_sweep_bwd_flash"] = span_ratios(v[6] for v in points.values())
+    aliases["s09_sweep_det"] = span_ratios(v[10] for v in points.values())
+    sizes = sorted({k[2] for k in points})
+    aliases["s09_sweep_sizes"] = ", ".join(str(n) for n in sizes) if sizes else "–"
+    aliases["s09_sweep_gpu"] = ", ".join(sorted(set(gpus))) or "–"
+    aliases["s09_sweep_date"] = ", ".join(sorted(set(dates))) or "–"
+    return aliases
+
+
 STAGE09_FLOPS_PER_SMEM_BYTE = {"step0": 12.8, "step1": 16.0}
 SMEM_BYTES_PER_CLOCK = 128
 
@@ -2287,6 +2386,7 @@ def stage09_tiles_numbers(road09_tiles, results_dir):
             aliases[f"{prefix}_fb_flash_d{d}"] = span_ratios(r["fb_vs_flash"] for r in rows if r["d"] == d)
         aliases[f"{prefix}_det"] = span_ratios(r["det_vs_atomic"] for r in rows)
     aliases.update(stage09_grid_numbers(results_dir, "stage09_grid_step9_ratios_over_rounds.txt", "s09_grid9"))
+    aliases.update(stage09_default_grid_numbers(results_dir))
     aliases.update(ncu09_side_numbers(results_dir, "s09_tiles", [
         ("s4_d64", "ncu_stage09_step4_beside9_d64"), ("s9_d64", "ncu_stage09_step9_d64"),
         ("s4_d128", "ncu_stage09_step4_beside9_d128"), ("s9_d128", "ncu_stage09_step9_d128")]))
@@ -2551,7 +2651,10 @@ def main():
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
 
     notes, info = [], []
-    gpu = read_gpu(args.gpu_csv, notes, info)
+    # Stage 09's rows name the step of its road they ran (impl stage09_step<i> for a step other than
+    # the default). A sweep that holds none of the default's rows is shown through the step it has,
+    # and the section says which (stage09_section()).
+    gpu = read_gpu(args.gpu_csv, notes, info, rename=stage09_shown_step(args.gpu_csv))
     cpu = read_cpu(args.cpu_jsonl, notes)
     road_csv = args.road_csv or os.path.join(os.path.dirname(args.gpu_csv), "road.csv")
     road = read_road(road_csv, notes)

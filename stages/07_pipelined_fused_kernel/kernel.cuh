@@ -734,6 +734,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
     // the sequences are equal, entry by entry with the heads innermost when their lengths differ,
     // so that the longest sequence's heaviest tiles of the last heads do not start last. A dense
     // call's blocks see Nq and Nk of the call and start at row 0.
+    //! [model_block_order]
     // The block's query tile (packed: its entry of the schedule) and (batch, head): the query tile
     // fastest, or (packed, heads_innermost; B = 1) the head fastest.
     const bool heads_innermost = PacksSequences<F>::value && a.heads_innermost;
@@ -748,6 +749,7 @@ __global__ void __launch_bounds__(Shape<T, D, F>::kThreads, F::kMinBlocksPerSm) 
                     : a.causal && !RunsInOrder<F>::value ? a.q_tiles - 1 - q_tile_index : q_tile_index) * F::kBr;
     const int bh = int(heads_innermost ? blockIdx.x % unsigned(a.heads) : blockIdx.x / unsigned(a.q_tiles));
     const int b = bh / a.heads, h = bh % a.heads;
+    //! [model_block_order]
     const int sequence = PacksSequences<F>::value ? packed_seq : b;  // dropout's b: the batch entry or the sequence
     const T* q_head = a.q + b * a.q_sb + h * a.q_sh + q_row0 * a.q_sn;  // [Nq, d] global
     //! [model_heads]

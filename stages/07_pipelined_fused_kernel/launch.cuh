@@ -256,6 +256,7 @@ inline std::vector<int32_t> tile_schedule(const VarlenProblem& vp, const Resolve
 }
 //! [tile_schedule]
 
+//! [packed_heads_innermost]
 /// Whether a packed call's blocks go entry by entry of the schedule, heads innermost, rather than
 /// head by head: when the sequences differ in length (VarlenProblem::lengths_differ()). Head by
 /// head, the blocks running at once share one head's K and V in L2, and with equal lengths every
@@ -267,6 +268,7 @@ inline bool packed_heads_innermost(const VarlenProblem& vp) {
     if (order != nullptr && std::string(order) == "heads") return false;
     return vp.lengths_differ();
 }
+//! [packed_heads_innermost]
 
 //! [make_varlen_args]
 /// The kernel's arguments for one packed call: make_args() of the dense problem of one batch

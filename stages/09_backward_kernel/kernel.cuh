@@ -760,6 +760,7 @@ __host__ __device__ inline bool block_needs_mask(int q0, int kv0, int bc, int se
 //! [query_blocks]
 
 //! [window_blocks]
+//! [window_query_blocks]
 /// The query blocks key block `j` visits under the window (left, right) (fa/varlen.hpp's Window,
 /// -1 unbounded; causal is (-1, 0)): `[begin, end)`, the blocks holding a row that sees one of its
 /// keys (`begin == end`: none). Row r sees the keys [max(0, δ_r - left), min(Nk, δ_r + right + 1))
@@ -780,6 +781,7 @@ __host__ __device__ inline void window_query_blocks(int j, int br, int bc, int s
     begin = r0 <= r1 ? int(r0 / br) : 0;
     end = r0 <= r1 ? int(r1 / br) + 1 : 0;
 }
+//! [window_query_blocks]
 
 /// The key blocks that visit query block `i` under the window: `[first, last]` (first > last:
 /// none). Key block j visits i iff r0(j) <= q_last and r1(j) >= q0 (the block's first and last
@@ -1279,6 +1281,7 @@ template <class F, class L, int kThreads, int kQElems, int D, bool kDeterministi
 __device__ __forceinline__ void model_query_block_pipeline(const Args<T>& a, BlockView<T>& w, uint16_t* k_tile,
                                                            uint16_t* v_tile, uint16_t* q_ring, uint16_t* do_ring,
                                                            float* lse_ring, float* delta_ring, Body&& body) {
+    //! [model_group_loop]
     int i_begin, i_end;  // the query blocks key block j visits (the window's range, or the causal one)
     if constexpr (kWindow<F>) {
         window_query_blocks(w.j, F::kBr, F::kBc, a.seq_q, a.seq_k, a.window_left, a.window_right, i_begin, i_end);
@@ -1289,6 +1292,7 @@ __device__ __forceinline__ void model_query_block_pipeline(const Args<T>& a, Blo
     const int group = kGroupedHeads<F> ? a.kv_group : 1;
     const int heads = query_heads_of_block<F, kDeterministic>(group, a.group_split);  // G, or G / S with the group split
     const int iterations = heads * blocks;
+    //! [model_group_loop]
     // Query block i of the head `x` is on (w already is on the first head of the block's split).
     const auto load_query_block = [&](const BlockView<T>& x, int i, int slot) {
         const int q0 = i * F::kBr;

@@ -22,6 +22,25 @@ namespace fa::stage11 {
 
 namespace {
 
+// Why kDefaultStep (at the road snippet's end) is 17: in three runs on an H100, step 10 was level with
+// step 9 or ahead of it at every point with N = 1024 and 4096 (×1.00-1.09), and at N = 16384
+// within the spread of that point between runs (×0.94-1.05; stage11_road_table.txt,
+// stage11_own_key_tiles.txt). Step 11 runs step 10's kernel except on short causal heads at
+// d = 64, where its small blocks were ×1.18 in bf16 and fp16 at N = 1024 (stage11_small_blocks.txt).
+// Step 12 was ×1.005-1.03 of step 11 at every N = 1024 point in two runs, and level with it at
+// N = 4096 and 16384 within the spread between rounds (stage11_early_claim.txt). Step 13 was
+// ×1.006-1.010 of step 12 at d = 64 without the mask at N = 1024 and ×1.003-1.018 at 2048 and 4096
+// in two runs, level elsewhere (its d = 128 code is step 12's; stage11_staged_store.txt). Step 14
+// was ×1.008-1.019 of step 13 at d = 128 at N = 1024 and ×1.003-1.014 at 2048 and 4096 in two runs
+// (its d = 64 code is step 13's; stage11_batched_epilogue.txt). Step 15 was ×1.005-1.034 of step 14
+// at every d = 128 point, bf16 and fp16, in two runs (its d = 64 code is step 14's;
+// stage11_split_ring.txt). Step 16 was x1.068-1.072 of step 15 at d = 64 without the mask at N = 1024
+// and x1.018-1.035 at 2048 and 4096 in two rounds; at d = 128, where no warpgroup is idle in those
+// shapes, x0.993-1.003 up to N = 4096 (stage11_idle_warpgroups.txt). Step 17 was x1.012-1.031 of
+// step 16 at every d = 128 point up to N = 4096 (x1.028-1.035 at 16384 under the mask) and
+// x1.026-1.032 on d = 64's short causal heads (the small blocks, half of it step 14's batched
+// epilogue, which they carry from step 17 on), bf16 and fp16, in two runs of two rounds; d = 64's
+// other kernel is step 16's, byte for byte (stage11_lazy_rescale.txt).
 //! [road]
 // The road as named values, each the one before plus one idea (see Features).
 constexpr Features kStep1{};                                    // one consumer warpgroup, wgmma, cp.async ring
@@ -52,26 +71,7 @@ struct StepN {
     static constexpr Features value = kSteps[N];
 };
 
-/// The step attention_device() runs by default: the one expected fastest. The road table
-/// (docs/results/) is what says whether it is: in three runs on an H100, step 10 was level with
-/// step 9 or ahead of it at every point with N = 1024 and 4096 (×1.00-1.09), and at N = 16384
-/// within the spread of that point between runs (×0.94-1.05; stage11_road_table.txt,
-/// stage11_own_key_tiles.txt). Step 11 runs step 10's kernel except on short causal heads at
-/// d = 64, where its small blocks were ×1.18 in bf16 and fp16 at N = 1024 (stage11_small_blocks.txt).
-/// Step 12 was ×1.005-1.03 of step 11 at every N = 1024 point in two runs, and level with it at
-/// N = 4096 and 16384 within the spread between rounds (stage11_early_claim.txt). Step 13 was
-/// ×1.006-1.010 of step 12 at d = 64 without the mask at N = 1024 and ×1.003-1.018 at 2048 and 4096
-/// in two runs, level elsewhere (its d = 128 code is step 12's; stage11_staged_store.txt). Step 14
-/// was ×1.008-1.019 of step 13 at d = 128 at N = 1024 and ×1.003-1.014 at 2048 and 4096 in two runs
-/// (its d = 64 code is step 13's; stage11_batched_epilogue.txt). Step 15 was ×1.005-1.034 of step 14
-/// at every d = 128 point, bf16 and fp16, in two runs (its d = 64 code is step 14's;
-/// stage11_split_ring.txt). Step 16 was x1.068-1.072 of step 15 at d = 64 without the mask at N = 1024
-/// and x1.018-1.035 at 2048 and 4096 in two rounds; at d = 128, where no warpgroup is idle in those
-/// shapes, x0.993-1.003 up to N = 4096 (stage11_idle_warpgroups.txt). Step 17 was x1.012-1.031 of
-/// step 16 at every d = 128 point up to N = 4096 (x1.028-1.035 at 16384 under the mask) and
-/// x1.026-1.032 on d = 64's short causal heads (the small blocks, half of it step 14's batched
-/// epilogue, which they carry from step 17 on), bf16 and fp16, in two runs of two rounds; d = 64's
-/// other kernel is step 16's, byte for byte (stage11_lazy_rescale.txt).
+/// The step attention_device() runs by default: the fastest of the road (measured: the comment above the road).
 constexpr int kDefaultStep = 17;
 //! [road]
 

@@ -132,6 +132,7 @@ struct Features {
         f.tma_store = true;
         return f;
     }
+    //! [step8_shape]
     /// Step 8: a shape for d = 64, where a tile's GEMMs are half as long as at d = 128 and the
     /// softmax as long: three consumer warpgroups (Br = 192) take turns, so two softmaxes hide
     /// under each one's GEMMs, and a K/V tile serves 192 query rows; 160 registers each
@@ -143,6 +144,7 @@ struct Features {
         f.consumer_registers_d64 = 160;
         return f;
     }
+    //! [step8_shape]
     /// Step 9: a persistent grid. One block per SM takes the work items (query tile, head) from a
     /// counter, in the order of the grid before, and keeps its producer and consumers, its ring
     /// and its turns from one item to the next: the producer loads the next
@@ -243,6 +245,7 @@ struct Features {
         f.rescale_slack_log2 = slack_log2;
         return f;
     }
+    //! [small_blocks_shape]
     /// The shape step 11 runs on short causal heads at d = 64: blocks of one producer and one
     /// consumer warpgroup (Br = 64), three per SM, each with its own ring of four 64-key tiles.
     /// The warp schedulers interleave the blocks as the turns of step 4 interleaved the consumers
@@ -262,6 +265,7 @@ struct Features {
         f.blocks_per_sm = 3;
         return f;
     }
+    //! [small_blocks_shape]
     /// The instrumented build of a step: one thread per warpgroup of block Args::timeline_block
     /// records when each wait, GEMM issue, softmax and epilogue ends (fa/cuda/timeline.cuh), so
     /// that the lesson's timeline is measured. Not a step of the road: the same kernel, observed.
@@ -397,12 +401,14 @@ struct Shape {
     static constexpr int kBarrierBytes = 8 * (1 + 2 * kSlots + (kF.persistent ? 5 + kMailboxWords : 0));
     /// Shared memory without O's buffer: 1024 bytes of slack to align, Q, stages x (K, V), the barriers.
     static constexpr size_t kSmemBytesWithoutO = 1024 + size_t(kQBytes) + 2 * size_t(kF.stages) * kKVBytes + kBarrierBytes;
+    //! [staged_buffer]
     /// Step 13: O's own buffer (a [Br, d] tile, as Q's) where the SM's 228 KB holds blocks_per_sm
     /// blocks with it, each with the 1 KB the hardware keeps per block (not the small blocks, three
     /// to an SM).
     static constexpr bool kStaged =
         kF.staged_store && kF.persistent && (kSmemBytesWithoutO + kQBytes + 1024) * kF.blocks_per_sm <= 228 * 1024;
     static constexpr int kOBytes = kStaged ? kQBytes : 0;  ///< O's buffer: Br rows of d
+    //! [staged_buffer]
     /// Shared memory: the slack, Q, the ring, O's buffer (step 13) between the ring and the barriers.
     static constexpr size_t kSmemBytes = kSmemBytesWithoutO + size_t(kOBytes);
 };
@@ -1068,6 +1074,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
         if (thread == 0) {
             marks.mark(kMarkStart, 0, true);
             int rounds = 0, ring = 0;
+            //! [early_claim]
             // Step 12: the number of the next item, claimed while the current one's last tile loads.
             unsigned claimed = kF.claim_ahead ? atomicAdd(a.work_counter, 1u) : 0u;
             for (int r = 0;; ++r) {
@@ -1084,6 +1091,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
                     mailbox[e] = w;
                 }
                 mbarrier_arrive(bar(kItemFull + e));  // release: the consumers' wait sees the entry
+            //! [early_claim]
                 if (w >= items) break;
                 if constexpr (!kF.claim_ahead) it = item(w);
                 marks.mark(kMarkItem, tiles_mark(it.end));
@@ -1100,11 +1108,13 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
                 ++rounds;
                 for (int tile = 0; tile < it.end; ++tile, ++ring) {
                     const int slot = ring % kF.stages;
+                    //! [claim_at_last_tile]
                     // Step 12: the atomic's round trip runs while this thread waits for the slot
                     // and the consumers finish the item; its result is first read next round.
                     if constexpr (kF.claim_ahead) {
                         if (tile == it.end - 1) claimed = atomicAdd(a.work_counter, 1u);
                     }
+                    //! [claim_at_last_tile]
                     // Round ring / stages refills a slot after round - 1 was consumed: the empty
                     // barrier's phase of the round before.
                     if constexpr (kF.split_ring) {  // step 15: K's slot and V's, each freed on its own
@@ -1172,6 +1182,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
             mbarrier_wait_parity(q_full, uint32_t(rounds & 1));  // this item's Q has landed
             marks.mark(kMarkQLanded);
             const int base = ring;
+            //! [ring_hooks]
             const auto slot_ready = [&](int tile) {
                 const int k = base + tile;
                 mbarrier_wait_parity(bar(1 + k % kF.stages), uint32_t((k / kF.stages) & 1));
@@ -1184,6 +1195,7 @@ __device__ __forceinline__ void run_persistent(const Args<T>& a, unsigned char* 
             };
             const auto slot_done = [&](int tile) { mbarrier_arrive(bar(S::v_empty(base + tile))); };
             const auto q_done = [&] { mbarrier_arrive(q_empty); };
+            //! [ring_hooks]
             if (idle) {
                 pass_turns<kF.consumers>(it.end, consumer, slot_ready, v_ready, k_read, slot_done, q_done);
             } else {

@@ -120,14 +120,16 @@ class Checker:
         self.failures.append(f"{page}: {message}")
 
     def find_lessons(self):
-        """{page name: README path} for every stage lesson in the repository."""
+        """{page name: Markdown path} for every stage lesson and record page in the repository."""
         lessons = {}
-        for readme in sorted(glob.glob(os.path.join(self.repo, "stages", "*", "README.md"))):
-            with open(readme, encoding="utf-8") as f:
+        pages = glob.glob(os.path.join(self.repo, "stages", "*", "README.md"))
+        pages += glob.glob(os.path.join(self.repo, "stages", "*", "RECORD.md"))
+        for page in sorted(pages):
+            with open(page, encoding="utf-8") as f:
                 first = f.readline()
-            m = re.search(r"\{#(stage\d+)\}", first)
+            m = re.search(r"\{#(stage\d+(?:_record)?)\}", first)
             if m:
-                lessons[m.group(1) + ".html"] = readme
+                lessons[m.group(1) + ".html"] = page
         return lessons
 
     # ------------------------------------------------------------------ static checks
@@ -141,7 +143,7 @@ class Checker:
         # Top-level entries of the tree, in order: [ "title", "file.html", ...
         entries = re.findall(r'^\s{4}\[ "([^"]*)", "([^"#]*)', tree, flags=re.M)
         files = [f for _, f in entries]
-        stages = [f for f in files if re.fullmatch(r"stage\d+\.html", f)]
+        stages = [f for f in files if re.fullmatch(r"stage\d+(?:_record)?\.html", f)]  # a lesson, then its record
         if not files or files[0] != "index.html":
             self.fail("tree view", f"the main page should come first, found {files[:3]}")
         if stages != sorted(stages):

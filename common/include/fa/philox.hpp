@@ -37,8 +37,9 @@
 ///   columns that thread holds in each of four 8-column tiles.
 ///
 /// The backward kernels compute \f$S^\top\f$ (keys as rows), where a thread holds the transposed
-/// pattern; a group's 16 bytes then belong to two lanes of the same warp, 8 each, and two shuffles
-/// per group bring them over (the lesson of stage 10 draws it).
+/// pattern: a group's 16 bytes then belong to two neighbouring lanes of a warp, 8 each. Each lane
+/// draws one call whole and hands the half its neighbour holds over with one shuffle (stage 09's
+/// `dropout_keep_bits()`).
 ///
 /// For score \f$(b, h, i, j)\f$ -- sequence \f$b\f$ of the batch, query head \f$h\f$, query row
 /// \f$i\f$ and key column \f$j\f$ counted from the start of that sequence (not of the packed
@@ -152,9 +153,11 @@ FA_HD constexpr PhiloxKey dropout_key(uint64_t seed) { return {{uint32_t(seed), 
 /// sequence `batch`: \f$(4 \lfloor j/32 \rfloor + \lfloor (j \bmod 8)/2 \rfloor,\;
 /// 8 \lfloor i/16 \rfloor + i \bmod 8,\; b \cdot 2^{16} + h,\; \text{offset})\f$. `batch` and `head`
 /// must be below \f$2^{16}\f$ (VarlenProblem::validate() checks it when dropout is on).
+//! [dropout_map]
 FA_HD constexpr PhiloxWords dropout_counter(uint32_t offset, uint32_t batch, uint32_t head, uint32_t row, uint32_t col) {
     return {{(col / 32u) * 4u + (col % 8u) / 2u, (row / 16u) * 8u + row % 8u, (batch << 16) | head, offset}};
 }
+//! [dropout_map]
 
 /// Which of its group's 16 bytes decides score (`row`, `col`):
 /// \f$8 \lfloor (i \bmod 16)/8 \rfloor + 2 \lfloor (j \bmod 32)/8 \rfloor + j \bmod 2\f$.
