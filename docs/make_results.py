@@ -2080,14 +2080,11 @@ def stage09_road_table(road09, path, dtype="bf16", name="docs/results/stage09_st
 STAGE09_DEFAULT_GRID_RECORDS = ("stage09_grid_step9_quick.txt", "stage09_road09.txt")
 
 
-def stage09_default_grid_numbers(results_dir):
-    """The figures of the stage 09 lesson's sweep section: the default main kernel beside SDPA on the
-    grid, from the pair tables of STAGE09_DEFAULT_GRID_RECORDS (sdpa_compare.py's table of stage 07 +
-    stage 09, its "09 f+b ... det/at" columns; each point once, the first record first): forward +
-    backward over SDPA flash's pair, \\s09_sweep_fb_flash, and over cuDNN's, \\s09_sweep_fb_cudnn; the
-    backward alone over flash's, \\s09_sweep_bwd_flash; the deterministic backward's time over the
-    atomic one, \\s09_sweep_det; the sizes they cover, \\s09_sweep_sizes, and the records' GPU and
-    dates, \\s09_sweep_gpu and \\s09_sweep_date ("–" without data)."""
+def read_stage09_default_grid(results_dir):
+    """The default main kernel's points of STAGE09_DEFAULT_GRID_RECORDS: {(dtype, d, N, causal):
+    [09 f+b, flash, cudnn, /flash, /cudnn, 09 bwd, /flash, /cudnn, bwd ms, det ms, det/at]} from their
+    pair tables (sdpa_compare.py's table of stage 07 + stage 09, each point once, the first record
+    first), with the records' GPUs and dates."""
     points, gpus, dates = OrderedDict(), [], []
     for name in STAGE09_DEFAULT_GRID_RECORDS:
         try:
@@ -2109,9 +2106,17 @@ def stage09_default_grid_numbers(results_dir):
             cells = line.split()
             if dtype and len(cells) == 14 and cells[0].isdigit():
                 key = (dtype, int(cells[0]), int(cells[1]), cells[2] == "True")
-                values = [float(c) for c in cells[3:]]
-                # 09 f+b, flash, cudnn, /flash, /cudnn, 09 bwd, /flash, /cudnn, bwd ms, det ms, det/at
-                points.setdefault(key, values)
+                points.setdefault(key, [float(c) for c in cells[3:]])
+    return points, sorted(set(gpus)), sorted(set(dates))
+
+
+def stage09_default_grid_numbers(results_dir):
+    """The figures of the stage 09 lesson's sweep section (read_stage09_default_grid()): forward +
+    backward over SDPA flash's pair, \\s09_sweep_fb_flash, and over cuDNN's, \\s09_sweep_fb_cudnn; the
+    backward alone over flash's, \\s09_sweep_bwd_flash; the deterministic backward's time over the
+    atomic one, \\s09_sweep_det; the sizes they cover, \\s09_sweep_sizes, and the records' GPU and
+    dates, \\s09_sweep_gpu and \\s09_sweep_date ("–" without data)."""
+    points, gpus, dates = read_stage09_default_grid(results_dir)
     aliases = OrderedDict()
     aliases["s09_sweep_fb_flash"] = span_ratios(v[3] for v in points.values())
     aliases["s09_sweep_fb_cudnn"] = span_ratios(v[4] for v in points.values())
@@ -2119,9 +2124,29 @@ def stage09_default_grid_numbers(results_dir):
     aliases["s09_sweep_det"] = span_ratios(v[10] for v in points.values())
     sizes = sorted({k[2] for k in points})
     aliases["s09_sweep_sizes"] = ", ".join(str(n) for n in sizes) if sizes else "–"
-    aliases["s09_sweep_gpu"] = ", ".join(sorted(set(gpus))) or "–"
-    aliases["s09_sweep_date"] = ", ".join(sorted(set(dates))) or "–"
+    aliases["s09_sweep_gpu"] = ", ".join(gpus) or "–"
+    aliases["s09_sweep_date"] = ", ".join(dates) or "–"
     return aliases
+
+
+def stage09_default_grid_table(results_dir, path):
+    """The lesson's table of the default main kernel on the grid (read_stage09_default_grid()): one
+    line per point, the ratios the course's targets name."""
+    points, gpus, dates = read_stage09_default_grid(results_dir)
+    with open(path, "w", encoding="utf-8") as f:
+        if not points:
+            f.write("(no record of the default main kernel on the grid is committed)\n")
+            return
+        f.write(f"{', '.join(gpus)}, {', '.join(dates)}: stage 07 forward + stage 09 backward (default main\n"
+                "kernel) beside SDPA. f+b: forward + backward timed as one pair; bwd: the backward alone;\n"
+                "det/at: the deterministic backward's time over the atomic one\n\n")
+        f.write(f"{'dtype':>5} {'d':>4} {'N':>6} {'causal':>7}  {'f+b TFLOP/s':>11} {'/flash':>7} {'/cudnn':>7}  "
+                f"{'bwd TFLOP/s':>11} {'/flash':>7} {'/cudnn':>7}  {'det/at':>6}\n")
+        for (dtype, d, n, causal), v in sorted(points.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3])):
+            f.write(f"{dtype:>5} {d:>4} {n:>6} {str(causal):>7}  {v[0]:>11.1f} {v[3]:>7.2f} {v[4]:>7.2f}  "
+                    f"{v[5]:>11.1f} {v[6]:>7.2f} {v[7]:>7.2f}  {v[10]:>6.2f}\n")
+        f.write(f"\nfrom docs/results/{' and '.join(STAGE09_DEFAULT_GRID_RECORDS)}\n"
+                "(each point the round of median time, as each run printed it)\n")
 
 
 STAGE09_FLOPS_PER_SMEM_BYTE = {"step0": 12.8, "step1": 16.0}
@@ -2708,6 +2733,7 @@ def main():
         os.makedirs(args.lesson_tables, exist_ok=True)
         stage07_bridge_table(gpu, road, os.path.join(args.lesson_tables, "stage07_bridge_table.txt"))
         stage09_road_table(road09, os.path.join(args.lesson_tables, "stage09_road_table.txt"))
+        stage09_default_grid_table(results_dir, os.path.join(args.lesson_tables, "stage09_default_grid_table.txt"))
         stage09_road_table(road09_later, os.path.join(args.lesson_tables, "stage09_road4_table.txt"),
                            name="docs/results/stage09_steps4_quick.txt")
         stage09_road_table(road09_fresh, os.path.join(args.lesson_tables, "stage09_road6_table.txt"),
