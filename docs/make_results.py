@@ -940,11 +940,15 @@ def earlier_sweep11_section(path, out):
     w("The same kernel on an H100 80GB HBM3 the day before the sweep above, two rounds and four sizes "
       "(`docs/results/stage11_sweep_h100_table.txt`, with its CSV `stage11_sweep_h100.csv`), as written:")
     w("")
-    w("~~~")
+    verbatim_file(path, out)
+
+
+def verbatim_file(path, out):
+    """A record of docs/results/ shown on the page as it was written, in a fenced block."""
+    out.append("~~~")
     with open(path, encoding="utf-8") as f:
         out.extend(line.rstrip("\n") for line in f)
-    w("~~~")
-    w("")
+    out.extend(["~~~", ""])
 
 
 def groups11_section(path, out):
@@ -964,11 +968,7 @@ def groups11_section(path, out):
       "of every head) beside step 5, bf16, median of 20 runs each; the course's default budget is the one with the "
       "best geometric mean. `docs/results/stage11_groups_table.txt`, as written:")
     w("")
-    w("~~~")
-    with open(path, encoding="utf-8") as f:
-        out.extend(line.rstrip("\n") for line in f)
-    w("~~~")
-    w("")
+    verbatim_file(path, out)
 
 
 def first_contact_table(first_contact, out):

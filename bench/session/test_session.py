@@ -1,0 +1,266 @@
+"""Tests of the session driver without a GPU: the records are complete, `list` shows them, a dry run
+prints each experiment's commands, --set is typed and refused with exit 2 when wrong, and the
+experiments of one call share one results folder and one packed archive.
+
+    python3 -m unittest discover -s bench/session -p 'test_*.py'     (from the repository root; CTest runs it)
+
+Fast (about a second): the only programs run are small fakes and python3 itself.
+"""
+import contextlib
+import io
+import os
+import re
+import stat
+import sys
+import tarfile
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(HERE))  # bench/: the package `session`
+
+from session import cli, registry, runner  # noqa: E402
+from session.experiment import (ALL_TARGETS, Command, Experiment, format_value, parse_value,  # noqa: E402
+                                resolve_params)
+
+BUILD = "/nonexistent/build-test"
+WORK = "/nonexistent/work-test"
+
+
+def call(*argv):
+    """main(argv) from the repository root: (exit code, stdout, stderr)."""
+    out, err, cwd = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(ROOT)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = cli.main(list(argv))
+            except SystemExit as e:  # argparse's own refusals
+                rc = e.code
+    finally:
+        os.chdir(cwd)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def dry(*argv):
+    return call("run", *argv, "--dry-run", "--build", BUILD, "--work", WORK, "--out", "/nonexistent/out-test")
+
+
+def dry_commands(exp):
+    """The experiment's commands at its defaults, as a dry run forms them."""
+    ctx = runner.Context(WORK, BUILD, "/nonexistent/out", dry_run=True)
+    return exp.commands(dict(exp.params), ctx)
+
+
+class Records(unittest.TestCase):
+    def setUp(self):
+        self.exps = registry.experiments()
+
+    def test_every_record_is_complete(self):
+        for name, exp in self.exps.items():
+            with self.subTest(name):
+                self.assertTrue(exp.description and exp.stage and exp.summary_text())
+                self.assertEqual(set(exp.params), set(exp.param_help), "every parameter says what it is")
+                for param, default in exp.params.items():
+                    self.assertIsNotNone(default)
+                    # A default is --set-able as list shows it: its text gives it back.
+                    self.assertEqual(parse_value(default, format_value(default)), default, param)
+                cmds = dry_commands(exp)
+                self.assertTrue(cmds, "it runs something")
+                runs_ctest = any(c.argv[0] == "ctest" for c in cmds)
+                self.assertTrue(exp.outputs or runs_ctest, "its outputs are named (ctest writes only its log)")
+                if any(BUILD in str(a) for c in cmds for a in c.argv):
+                    self.assertTrue(exp.targets, "it runs a built binary, so it names its targets")
+
+    def test_each_step_of_gpu_session_is_ported_or_listed(self):
+        script = os.path.join(ROOT, "bench", "gpu_session.sh")
+        if not os.path.isfile(script):
+            self.skipTest("bench/gpu_session.sh is gone")
+        with open(script) as f:
+            steps = set(re.findall(r"^step_(\w+)\(\)", f.read(), re.M))
+        covered = set(self.exps) | set(registry.NOT_PORTED) | {"build"}  # build: part of every run
+        self.assertEqual(steps - covered, set())
+        self.assertEqual(set(registry.NOT_PORTED) & set(self.exps), set())
+
+    def test_modules_hold_their_stage(self):
+        for module in registry.MODULES:
+            stage = module.__name__.rsplit("stage", 1)[-1] if "stage" in module.__name__ else "all"
+            for exp in module.EXPERIMENTS:
+                self.assertEqual(exp.stage, stage, exp.name)
+
+
+class List(unittest.TestCase):
+    def test_list_shows_every_experiment_with_its_defaults(self):
+        rc, out, _ = call("list")
+        self.assertEqual(rc, 0)
+        for name, exp in registry.experiments().items():
+            self.assertRegex(out, rf"(?m)^{name}  \(stage {exp.stage}\)$")
+            for param, default in exp.params.items():
+                self.assertIn(f"{param}={format_value(default)}", out)
+            for output in exp.outputs:
+                self.assertIn(output, out)
+
+    def test_list_refuses_an_unknown_name(self):
+        rc, _, err = call("list", "nope")
+        self.assertEqual(rc, 2)
+        self.assertIn("nope", err)
+
+
+class DryRun(unittest.TestCase):
+    def test_each_experiment_prints_its_commands(self):
+        for name, exp in registry.experiments().items():
+            with self.subTest(name):
+                rc, out, _ = dry(name)
+                self.assertEqual(rc, 0, out)
+                self.assertIn(f"{WORK}/results/{name}", out)
+                self.assertIn(BUILD, out)
+                for cmd in dry_commands(exp):
+                    self.assertIn(os.path.basename(str(cmd.argv[1 if cmd.argv[0] == "timeout" else 0])), out)
+
+    def test_build_flags_and_targets(self):
+        rc, out, _ = dry("road11", "ceiling")
+        self.assertEqual(rc, 0)
+        configure = next(line for line in out.splitlines() if line.startswith("cmake "))
+        for flag in ("-DCMAKE_CUDA_ARCHITECTURES=90", "-DFA_BUILD_DOCS=OFF", "-DFA_WERROR=ON", f"-B {BUILD}"):
+            self.assertIn(flag, configure)
+        ninja = next(line for line in out.splitlines() if line.startswith("ninja "))
+        self.assertIn("bench_gpu mma_ceiling wgmma_ceiling", ninja)  # the union, once each
+
+    def test_all_targets_build_everything(self):
+        rc, out, _ = dry("test", "road11")
+        ninja = next(line for line in out.splitlines() if line.startswith("ninja "))
+        self.assertRegex(ninja, rf"^ninja -C {BUILD} -j16 -k 0 >")
+        self.assertEqual(ALL_TARGETS, registry.experiments()["test"].targets)
+
+    def test_no_build(self):
+        rc, out, _ = dry("road11", "--no-build")
+        self.assertEqual(rc, 0)
+        self.assertNotIn("ninja", out)
+
+    def test_ceilings_measured_earlier_in_the_call_are_reused(self):
+        _, alone, _ = dry("road11")
+        _, after, _ = dry("ceiling", "road11")
+        self.assertNotIn("--mma-ceiling-json", alone)
+        self.assertIn(f"--mma-ceiling-json {WORK}/results/ceiling/mma_ceiling.jsonl", after)
+
+
+class Set(unittest.TestCase):
+    def test_set_changes_exactly_the_named_parameter(self):
+        exp = registry.experiments()["road11"]
+        params = resolve_params(exp, {"steps": "0,8,9"})
+        changed = {k for k in params if params[k] != exp.params[k]}
+        self.assertEqual(changed, {"steps"})
+        self.assertEqual(params["steps"], ("0", "8", "9"))
+        rc, out, _ = dry("road11", "sweep09", "--set", "road11.steps=0,8,9")
+        self.assertEqual(rc, 0)
+        self.assertIn("--steps11 0 8 9 --sizes 1024 4096 16384", out)
+        self.assertIn("--stages 07 09 --dtypes bf16 fp16 --steps09 1", out)  # sweep09 untouched
+
+    def test_typed_values(self):
+        exp = registry.experiments()["ncu11road"]
+        params = resolve_params(exp, {"causal": "yes", "dims": "128", "size": "1024"})
+        self.assertEqual((params["causal"], params["dims"], params["size"]), (True, (128,), 1024))
+        rc, out, _ = dry("ncu11road", "--set", "ncu11road.causal=yes", "--set", "ncu11road.dims=128")
+        self.assertIn("--causal yes", out)
+        self.assertNotIn("--head-dims 64", out)
+
+    def test_bad_sets_exit_2_naming_what_is_wrong(self):
+        cases = {
+            "road11.sizes=abc": ["road11.sizes", "integer"],
+            "road11.nope=1": ["nope", "steps"],
+            "road11.steps=all,x": ["steps", "0,8,9"],
+            "road11.dtypes=fp8": ["bf16"],
+            "ncu11road.causal=maybe": ["causal", "boolean"],
+            "timeline11.shapes=128x4096": ["d:N:causal"],
+            "sweep07.rounds=3": ["sweep07", "not run"],
+            "road11=3": ["EXP.PARAM=VALUE"],
+            "road11.rounds=2.5": ["rounds", "integer"],
+        }
+        for item, words in cases.items():
+            with self.subTest(item):
+                exp = item.split(".")[0].split("=")[0]
+                names = ["road11"] if exp == "sweep07" else [exp]
+                rc, out, err = dry(*names, "--set", item)
+                self.assertEqual(rc, 2)
+                self.assertEqual(out, "", "nothing runs")
+                for word in words:
+                    self.assertIn(word, err)
+
+    def test_unknown_experiment_exits_2_with_the_list(self):
+        rc, _, err = dry("road11", "sanitize")
+        self.assertEqual(rc, 2)
+        self.assertIn("sanitize", err)
+        self.assertIn("road11", err)
+        self.assertIn("gpu_session.sh", err)
+
+
+def toy(name, *makers):
+    """An experiment of the commands makers(ctx) give, whose summary is its a.txt."""
+    return Experiment(name=name, stage="00", description="a toy", targets=(), params={}, param_help={},
+                      commands=lambda p, ctx: [m(ctx) for m in makers], outputs=("a.txt",), summary="a.txt")
+
+
+class Run(unittest.TestCase):
+    """Real runs of small fakes: the call's folders, its summary, its archive."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.work, self.out = os.path.join(self.tmp.name, "work"), os.path.join(self.tmp.name, "out")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def writer(self, name, text):
+        path = lambda ctx: os.path.join(ctx.results(name), "a.txt")  # noqa: E731
+        return lambda ctx: Command((sys.executable, "-c", f"open({path(ctx)!r}, 'w').write({text!r})"))
+
+    def test_two_experiments_share_one_results_folder_and_archive(self):
+        ctx = runner.Context(self.work, os.path.join(self.tmp.name, "build"), self.out)
+        planned = [(toy("one", self.writer("one", "first\n")), {}), (toy("two", self.writer("two", "second\n")), {})]
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = runner.run_all(ctx, planned, "ON", do_build=False, pack_every=30)
+        self.assertEqual(rc, 0)
+        self.assertEqual(sorted(os.listdir(os.path.join(self.work, "results"))), ["one", "two"])
+        with tarfile.open(os.path.join(self.out, "session.tgz")) as tar:
+            names = tar.getnames()
+        self.assertIn("results/one/a.txt", names)
+        self.assertIn("results/two/a.txt", names)
+        with open(os.path.join(self.out, "summary.txt")) as f:
+            summary = f.read()
+        self.assertLess(summary.index("first\n"), summary.index("second\n"))  # each summary, in order
+        self.assertRegex(summary, r"\[one: \d+ s, \d+ s since the start\]")
+        self.assertIn("done, status 0", summary)
+
+    def test_packs_during_an_experiment(self):
+        archive = os.path.join(self.out, "session.tgz")
+        wait = (f"import tarfile, time, sys\nfor _ in range(100):\n    time.sleep(0.05)\n    try:\n"
+                f"        if 'results/slow/a.txt' in tarfile.open({archive!r}).getnames(): sys.exit(0)\n"
+                f"    except Exception: pass\nsys.exit(1)")
+        ctx = runner.Context(self.work, os.path.join(self.tmp.name, "build"), self.out)
+        exp = toy("slow", self.writer("slow", "x\n"), lambda ctx: Command((sys.executable, "-c", wait)))
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = runner.run_all(ctx, [(exp, {})], "ON", do_build=False, pack_every=0.1)
+        self.assertEqual(rc, 0, "the background packer packed the first file while the second command waited")
+
+    def test_failure_and_tolerated_exit_codes(self):
+        build = os.path.join(self.tmp.name, "build")
+        os.makedirs(os.path.join(build, "bench"))
+        fake = {"mma_ceiling": "echo mma 1000 TFLOP/s; echo '{}' > \"$2\"", "wgmma_ceiling": "echo no wgmma here; exit 77"}
+        for exe, body in fake.items():
+            path = os.path.join(build, "bench", exe)
+            with open(path, "w") as f:
+                f.write(f"#!/bin/sh\n{body}\n")
+            os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+        rc, out, _ = call("run", "ceiling", "--no-build", "--build", build, "--work", self.work, "--out", self.out)
+        self.assertEqual(rc, 0, out)  # 77: no Hopper GPU, recorded and not a failure
+        self.assertIn("mma 1000 TFLOP/s", out)
+        self.assertIn("no wgmma here", out)
+        os.remove(os.path.join(build, "bench", "mma_ceiling"))
+        rc, out, _ = call("run", "ceiling", "--no-build", "--build", build, "--work", self.work, "--out", self.out)
+        self.assertEqual(rc, 1)
+        self.assertIn("FAIL  ceiling: mma_ceiling", out)
+
+
+if __name__ == "__main__":
+    unittest.main()

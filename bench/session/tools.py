@@ -1,0 +1,60 @@
+"""What several stages' experiments share: the side-by-side run through bench/sdpa_compare.py, its
+summary, and the arguments that reuse this session's ceilings.
+
+One helper, because every comparison with PyTorch SDPA runs the same way (ours, then SDPA, ROUNDS
+times, each ratio's median over the rounds): gpu_session.sh's compare() made into a Command.
+"""
+from __future__ import annotations
+
+import os
+
+from .experiment import Command, Where, grep, file_lines
+
+# What every comparison builds: bench_gpu, and both ceilings (without them the sweeps print no
+# fraction of the ceilings; sdpa_compare.py runs them from beside bench_gpu).
+COMPARE_TARGETS = ("bench_gpu", "mma_ceiling", "wgmma_ceiling")
+
+# What sdpa_compare.py writes into its --out-dir whatever it compares (see its docstring).
+COMPARE_OUTPUTS = ("gpu_sweep.csv", "gpu_sweep.json", "bench_gpu.json", "bench_gpu.csv")
+
+# The summary's "rounds" parameter: the whole sequence (ours, then SDPA) this many times.
+ROUNDS_HELP = "rounds of ours then SDPA; each ratio is the median over them (--rounds)"
+
+
+def ceiling_args(ctx) -> list:
+    """sdpa_compare.py's options to reuse the ceilings the `ceiling` experiment measured in this
+    session, rather than measure them again (none when it did not run)."""
+    out = []
+    for flag, name in (("--mma-ceiling-json", "mma_ceiling.jsonl"), ("--wgmma-ceiling-json", "wgmma_ceiling.jsonl")):
+        path = os.path.join(ctx.results("ceiling"), name)
+        if ctx.has_output(path):
+            out += [flag, path]
+    return out
+
+
+def compare(ctx, name: str, rounds: int, *options: str) -> Command:
+    """bench/sdpa_compare.py with bench_gpu from the build folder, its records in the experiment's
+    results folder, this session's ceilings, ROUNDS rounds, then the experiment's options."""
+    argv = ("python3", "bench/sdpa_compare.py", "--bench-exe", ctx.exe("bench/bench_gpu"),
+            "--out-dir", ctx.results(name), *ceiling_args(ctx), "--rounds", str(rounds), *options)
+    return Command(argv, env={"PYTHONUNBUFFERED": "1"})
+
+
+def merge_with() -> list:
+    """The committed sweep whose other rows a new gpu_sweep.csv keeps (--merge-with), when there."""
+    path = "docs/results/gpu_sweep.csv"
+    return ["--merge-with", path] if os.path.isfile(path) else []
+
+
+def compare_summary(where: Where) -> list:
+    """The points that failed their check and the kernels skipped, then sdpa_compare.py's tables."""
+    lines = grep(where.log, r"BAD|MISMATCH|^ +skipped", 20)
+    log = file_lines(where.log)
+    # The tables start after the first empty line: bench_gpu and the SDPA progress print none.
+    start = next((i for i, line in enumerate(log) if not line), len(log))
+    return lines + log[start:]
+
+
+def yes_no(flag: bool) -> str:
+    """bench_gpu's and sdpa_compare.py's spelling of a boolean option (--causal yes)."""
+    return "yes" if flag else "no"
