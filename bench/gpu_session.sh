@@ -234,9 +234,11 @@ step_build() {
     mapfile -t targets < <(build_targets)
     ninja -C "$BUILD" -j16 -k 0 "${targets[@]}" >"$LOGS/build.log" 2>&1 \
         || { record "build FAILED (some targets)"; grep -B2 -A12 -m3 "error" "$LOGS/build.log"; }
-    if grep -q "wgmma.mma_async instructions are serialized" "$LOGS/build.log"; then
+    # The tests' own kernels (namespace fa::test, mangled _ZN2fa4test) check one instruction's result,
+    # not speed: a serialized pipeline there is no fault.
+    if grep "wgmma.mma_async instructions are serialized" "$LOGS/build.log" | grep -qv "_ZN2fa4test"; then
         record "FAIL  ptxas serialized a wgmma pipeline:"
-        grep "wgmma.mma_async instructions are serialized" "$LOGS/build.log" | sed 's/.*(C75/  (C75/' | sort | uniq -c | head -8 \
+        grep "wgmma.mma_async instructions are serialized" "$LOGS/build.log" | grep -v "_ZN2fa4test" | sed 's/.*(C75/  (C75/' | sort | uniq -c | head -8 \
             | tee -a "$LOGS/summary.txt"
         status=1
     fi

@@ -18,7 +18,9 @@ the wrong type), before anything runs.
 
 The layout: experiment.py (the Experiment and Command records, parameters typed by their
 defaults), runner.py (build, run, summary, packing), tools.py (the sdpa_compare.py comparison every
-stage shares), one module per stage (stage07.py, stage09.py, stage11.py, and common.py for what
-belongs to none), registry.py (which modules join), cli.py, test_session.py (no GPU: CTest runs it).
-bench/gpu_session.sh stays the driver for the steps not ported yet (`list` names them).
+stage shares, the packed batch, block-order rounds), sanitize.py (compute-sanitizer's cases),
+ncu.py (Nsight Compute's counters, reports and tables), one module per stage (stage05.py ...
+stage11.py, and common.py for what belongs to none), registry.py (which modules join), cli.py,
+test_session.py (no GPU: CTest runs it). bench/gpu_session.sh stays the driver for the newcomer
+steps (a fresh copy of the checkout) and for any step not ported yet (`list` names them).
 """

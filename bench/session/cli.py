@@ -42,8 +42,10 @@ def cmd_list(names) -> int:
         raise BadInput(f"unknown experiment {', '.join(unknown)}; experiments: {' '.join(exps)}")
     blocks = ["\n".join(describe(exps[n])) for n in chosen]
     print("\n\n".join(blocks))
-    if not names:
+    if not names and registry.NOT_PORTED:
         print(f"\nnot ported yet (run them with bench/gpu_session.sh): {' '.join(registry.NOT_PORTED)}")
+    if not names:
+        print(f"\nrun by bench/gpu_session.sh (a fresh copy of the checkout): {' '.join(registry.BASH_ONLY)}")
     return 0
 
 
@@ -66,9 +68,10 @@ def plan(names, sets) -> list:
     exps = registry.experiments()
     unknown = [n for n in names if n not in exps]
     if unknown:
+        bash = registry.NOT_PORTED + registry.BASH_ONLY
         raise BadInput(f"unknown experiment {', '.join(unknown)}; experiments: {' '.join(exps)}"
-                       + (f" (not ported yet: {', '.join(u for u in unknown if u in registry.NOT_PORTED)}: "
-                          "bench/gpu_session.sh runs it)" if any(u in registry.NOT_PORTED for u in unknown) else ""))
+                       + (f" (not ported: {', '.join(u for u in unknown if u in bash)}: "
+                          "bench/gpu_session.sh runs it)" if any(u in bash for u in unknown) else ""))
     if len(set(names)) != len(names):
         raise BadInput(f"an experiment named twice: {' '.join(names)} (one results folder each)")
     by_exp = parse_sets(sets, names)

@@ -35,13 +35,17 @@ class Glob:
 class Command:
     """One program run: argv (str or Glob items), extra environment, where its stdout and stderr go
     (None: the experiment's log in WORK/logs, appended), lines written before its output, and the
-    exit codes that are not a failure (wgmma_ceiling's 77: no Hopper GPU)."""
+    exit codes that are not a failure (wgmma_ceiling's 77: no Hopper GPU). filter, a function of the
+    output's lines returning the lines to keep, stands for a shell pipe (`2>&1 | strip_bench >`);
+    stderr, a file that stderr is appended to apart from stdout (`2>> LOG`)."""
     argv: tuple
     env: dict = dataclasses.field(default_factory=dict)
     stdout: str | None = None
     append: bool = False
     header: tuple = ()
     ok: tuple = (0,)
+    filter: Callable | None = None
+    stderr: str | None = None
 
     def shell(self, log: str) -> str:
         """The command as a shell line, as it would run: environment, argv, redirection."""
@@ -49,7 +53,12 @@ class Command:
         words += [shlex.quote(str(a)) if not isinstance(a, Glob) else a.pattern for a in self.argv]
         out = self.stdout or log
         redirect = ">>" if (self.append or self.stdout is None) else ">"
-        line = " ".join(words) + f" {redirect} {shlex.quote(out)} 2>&1"
+        if self.filter:
+            line = " ".join(words) + f" 2>&1 | {self.filter.__name__} {redirect} {shlex.quote(out)}"
+        elif self.stderr:
+            line = " ".join(words) + f" {redirect} {shlex.quote(out)} 2>> {shlex.quote(self.stderr)}"
+        else:
+            line = " ".join(words) + f" {redirect} {shlex.quote(out)} 2>&1"
         if self.header:
             line = f"# first into {out}: " + " / ".join(self.header) + "\n" + line
         return line

@@ -6,13 +6,19 @@ Ported from bench/gpu_session.sh's steps `road11`, `test11`, `traps11`, `timelin
 `ncu11road` with the same commands; their environment variables (ROAD11_STEPS, TIMELINE11_SHAPES,
 NCU11_DIMS, ...) became the parameters below.
 """
+import csv
+import glob
+import math
+import os
 import re
 
+from . import sanitize
+from .ncu import KERNEL11, NCU11_METRICS, launch_lines, ncu_command, ncu_one, report_lines, side_by_side
 from .experiment import Command, Experiment, Glob, Where, file_lines, grep, in_results, tail
+from .runner import SessionError
 from .tools import COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, compare, compare_summary, yes_no
 
 STAGE11 = "stages/11_hopper_kernel/stage11_hopper_kernel"
-KERNEL11 = "hopper_forward_kernel"  # stage 11's kernel (every step but 0), as Nsight Compute filters it
 
 
 def _road11_commands(p, ctx):
@@ -155,31 +161,6 @@ TIMELINE11 = Experiment(
     check=_check_timeline11,
 )
 
-# Stage 11's counters: the tensor pipe as wgmma drives it (and as mma.sync would, to see that none
-# of it is left), the special-function pipe (exp2), registers and occupancy, shared-memory traffic,
-# the stall reasons (a warp waiting on an mbarrier or a wgmma shows as long scoreboard or wait).
-NCU11_METRICS = (
-    "gpu__time_duration.sum",
-    "sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
-    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
-    "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
-    "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active",
-    "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active",
-    "smsp__issue_active.avg.pct_of_peak_sustained_active",
-    "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum",
-    "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
-    "launch__registers_per_thread",
-    "launch__occupancy_limit_registers",
-    "launch__occupancy_limit_shared_mem",
-    "sm__warps_active.avg.pct_of_peak_sustained_active",
-    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum",
-    "l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum",
-    "dram__bytes_read.sum",
-    "smsp__inst_executed.sum",
-) + tuple(f"smsp__average_warps_issue_stalled_{r}_per_issue_active.ratio" for r in (
-    "barrier", "membar", "long_scoreboard", "short_scoreboard", "mio_throttle", "math_pipe_throttle", "wait",
-    "sleeping", "not_selected", "selected", "dispatch_stall", "no_instruction", "branch_resolving"))
-
 
 def _ncu11road_commands(p, ctx):
     out, n, cmds = ctx.results("ncu11road"), p["size"], []
@@ -218,4 +199,245 @@ NCU11ROAD = Experiment(
     check=lambda p: _check_steps(p["steps"]),
 )
 
-EXPERIMENTS = (ROAD11, TEST11, TRAPS11, TIMELINE11, NCU11ROAD)
+
+
+def _groups11_commands(p, ctx):
+    out, cmds, bench = ctx.results("groups11"), [], ctx.exe("bench/bench_gpu")
+    for mib in p["mib"]:
+        env = {"FA_STAGE11_GROUP_MIB": str(mib)}
+        cmds.append(Command((bench, "--stages", "11", "--steps11", "5", "6", "--dtypes", "bf16", "--sizes", "1024", "4096",
+                             "16384", "--head-dims", "64", "128", "--causal", "yes", "--repeat", "20", "--warmup", "3",
+                             "--check", "false", "--json", f"{out}/sweep_{mib}.json", "--csv", f"{out}/sweep_{mib}.csv"),
+                            env=env))
+        for d in (64, 128):
+            cmds.append(Command((bench, "--stages", "11", "--steps11", "5", "6", "--dtypes", "bf16", "--sizes", "4096",
+                                 "--head-dims", str(d), "--causal", "yes", "--tokens", "4096", "--width", str(16 * d),
+                                 "--repeat", "20", "--warmup", "3", "--check", "false", "--json", f"{out}/h16_{mib}_{d}.json",
+                                 "--csv", f"{out}/h16_{mib}_{d}.csv"), env=env))
+    return cmds
+
+
+def _budget_name(m: int) -> str:
+    return "all" if m >= 1 << 20 else f"{m} MiB"
+
+
+def _groups11_rows(folder: str) -> list:
+    """Stage 11's rows of every CSV of the folder, each with its budget (the file's second name part)."""
+    rows = []
+    for path in glob.glob(os.path.join(folder, "*.csv")):
+        mib = int(os.path.basename(path).split("_")[1].split(".")[0])
+        with open(path) as f:
+            rows += [dict(r, mib=mib) for r in csv.DictReader(f) if r["impl"].startswith("stage11")]
+    return rows
+
+
+def groups11_table(folder: str):
+    """(lines, best budget): per shape step 5's median TFLOP/s [min-max] and step 6's at each budget,
+    the best over step 5; then each budget's geometric mean gain over the shapes (the heredoc of
+    gpu_session.sh's groups11)."""
+    rows, gains = _groups11_rows(folder), {}
+    g, budgets = rows[0], sorted({r["mib"] for r in rows})
+    out = [f"{g['gpu']}, {g['date']}: stage 11 under a causal mask, bf16, TFLOP/s (median of 20): step 5 "
+           "(head by head, timed",
+           "beside each budget), step 6 (heaviest first across groups of heads whose K and V fit the budget)",
+           f"{'B':>3} {'H':>3} {'d':>4} {'N':>6}  {'step 5':>14}  "
+           + "  ".join(f"{'6 @ ' + _budget_name(m):>12}" for m in budgets) + "   best/step 5"]
+    shape = lambda r: (int(r["B"]), int(r["H"]), int(r["d"]), int(r["N"]))  # noqa: E731
+    for key in sorted({shape(r) for r in rows}, key=lambda k: (k[0] == 1, k[2], k[3])):
+        sel = [r for r in rows if shape(r) == key]
+        s5 = sorted(float(r["tflops"]) for r in sel if r["step"] == "5")
+        s6 = {r["mib"]: float(r["tflops"]) for r in sel if r["step"] == "6"}
+        mid = s5[len(s5) // 2]
+        out.append(f"{key[0]:>3} {key[1]:>3} {key[2]:>4} {key[3]:>6}  {mid:6.1f} [{s5[0]:.0f}-{s5[-1]:.0f}]  "
+                   + "  ".join(f"{s6.get(m, float('nan')):12.1f}" for m in budgets) + f"   {max(s6.values()) / mid:.2f}")
+        for m in budgets:
+            gains.setdefault(m, []).append(s6.get(m, 0.0) / mid)
+    mean = {m: math.exp(sum(math.log(max(x, 1e-9)) for x in gains[m]) / len(gains[m])) for m in budgets}
+    out.append("step 6 / step 5, geometric mean over the shapes: "
+               + ", ".join(f"{_budget_name(m)} {mean[m]:.3f}" for m in budgets))
+    best = max(budgets, key=lambda m: mean[m])
+    out.append(f"best budget: {_budget_name(best)}")
+    return out, best
+
+
+def _groups11_finish(p, ctx, where: Where):
+    """groups11_table.txt and best_mib.txt from the CSVs of every budget (groups11_table())."""
+    try:
+        lines, best = groups11_table(where.results)
+    except (KeyError, ValueError, IndexError, OSError) as e:
+        raise SessionError(f"groups11_table: the CSVs of {where.results} could not be read: {e!r}") from None
+    with open(in_results(where, "groups11_table.txt"), "w") as f:
+        f.write("".join(line + "\n" for line in lines))
+    with open(in_results(where, "best_mib.txt"), "w") as f:
+        f.write(f"{best}\n")
+
+
+GROUPS11 = Experiment(
+    name="groups11",
+    stage="11",
+    description="stage 11's block order under a causal mask: step 5 (head by head) and step 6 (heaviest first across "
+                "groups of heads) with several L2 budgets per group, bf16, d 64/128, N 1024/4096/16384 (B*N = 16384, "
+                "H*d = 2048) and B 1, H 16, N 4096",
+    targets=("bench_gpu",),
+    params={"mib": (4, 16, 64, 1073741824)},
+    param_help={"mib": "L2 budgets per group of heads, MiB (FA_STAGE11_GROUP_MIB; GROUP11_MIB; the largest: all heads)"},
+    commands=_groups11_commands,
+    outputs=("sweep_{mib}.json", "sweep_{mib}.csv", "h16_{mib}_{d}.json", "h16_{mib}_{d}.csv", "groups11_table.txt",
+             "best_mib.txt"),
+    summary="groups11_table.txt",
+    finish=_groups11_finish,
+)
+
+SANITIZE11 = sanitize.experiment("11", "compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on stage 11 at "
+                                       "every step of its road from 1: tails, Nq != Nk both ways, causal rows that see "
+                                       "no key, bnhd, fp16, d 64 and 128")
+
+
+def _ncu11_commands(p, ctx):
+    cmds = []
+    for d in p["dims"]:
+        # The first launch of the kernel is bench_gpu's untimed run of the final step.
+        cmds += ncu_one(ctx, "ncu11", KERNEL11, f"ncu_stage11_d{d}", NCU11_METRICS, "--stages", "11", "--dtypes", "bf16",
+                        "--sizes", "4096", "--head-dims", str(d), "--causal", "no")
+    return cmds
+
+
+def _ncu11_summary(where: Where):
+    """Per d: the kernel's time, throughputs, occupancy, registers, shared memory, then its tensor pipe
+    (wgmma), exp2, spills and stalls; the counters this ncu does not know."""
+    lines = []
+    for d in where.params["dims"]:
+        lines += [f"-- d={d}"] + report_lines(
+            where.results, f"ncu_stage11_d{d}",
+            rf"{KERNEL11}|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|"
+            r"Registers Per|Dynamic Shared|Block Limit",
+            r"gmma|hmma|pipe_xu|registers|occupancy_limit|local_op|"
+            r"stalled_(barrier|membar|long|short|mio|math|wait|sleeping)")
+    return lines + sorted(set(grep(where.log, "does not know")))
+
+
+NCU11 = Experiment(
+    name="ncu11",
+    stage="11",
+    description="Nsight Compute on stage 11's default kernel, bf16, N=4096 non-causal, d=64 (B=4 H=32) and d=128 "
+                "(B=4 H=16), one launch each: tensor-pipe use (wgmma), stall reasons, registers",
+    targets=("bench_gpu",),
+    params={"dims": (64, 128)},
+    param_help={"dims": "head dimensions, one report each (fixed in gpu_session.sh)"},
+    commands=_ncu11_commands,
+    outputs=("ncu_stage11_d{d}.txt", "ncu_stage11_d{d}_metrics.txt"),
+    summary=_ncu11_summary,
+)
+
+
+def _point(spec: str):
+    """'d:N:causal' (causal yes or no) as (d, N, causal, the reports' name for it)."""
+    d, n, causal = spec.split(":")
+    return int(d), int(n), causal, f"d{d}_n{n}" + ("_causal" if causal == "yes" else "")
+
+
+def _ncucudnn11_commands(p, ctx):
+    """A generator: each point's cuDNN kernel is named by the listing its first command writes."""
+    out = ctx.results("ncucudnn11")
+    for spec in p["points"]:
+        d, n, causal, name = _point(spec)
+        once = ("python3", "bench/sdpa_once.py", "--backend", "cudnn", "--forward-only", "--dtype", "bf16", "--seq", str(n),
+                "--head-dim", str(d), *(("--causal",) if causal == "yes" else ()))
+        listing, longest = f"{out}/cudnn_kernels_{name}.csv", f"{out}/cudnn_longest_{name}.txt"
+        yield Command(("timeout", "300", "ncu", "--clock-control", "none", "--print-kernel-base", "function", "--csv",
+                       "--metrics", "gpu__time_duration.sum", *once), stdout=listing, stderr=ctx.log("ncucudnn11"))
+        yield Command(("python3", "bench/ncu_side_by_side.py", "--longest", listing), stdout=longest)
+        kernel = f"<the-kernel-named-in-cudnn_longest_{name}.txt>" if ctx.dry_run else "".join(file_lines(longest)).strip()
+        if not kernel:
+            yield Command(("test", "-s", longest))  # fails: no kernel found, as the script's status=1
+            continue
+        yield from ncu_one(ctx, "ncucudnn11", KERNEL11, f"ncu_stage11_{name}", NCU11_METRICS, "--stages", "11", "--dtypes",
+                           "bf16", "--sizes", str(n), "--head-dims", str(d), "--causal", causal)
+        yield from ncu_command(ctx, "ncucudnn11", f"^{kernel}$", f"ncu_cudnn_{name}", NCU11_METRICS, once)
+        head = (f"stage 11's default kernel beside SDPA cuDNN's forward kernel (bench/session.py ncucudnn11), bf16, d {d}, "
+                f"N {n}, causal {causal}, B N = 16384, H d = 2048, one launch each")
+        yield side_by_side(ctx, "ncucudnn11", head, f"ncu_cudnn11_{name}.txt",
+                           (f"stage11={out}/ncu_stage11_{name}_metrics.txt", f"cudnn={out}/ncu_cudnn_{name}_metrics.txt"))
+
+
+def _ncucudnn11_summary(where: Where):
+    """Per point: how many kernels cuDNN's forward launched and the longest, each report's launch,
+    registers, shared memory and occupancy, then the side-by-side table."""
+    lines = []
+    for spec in where.params["points"]:
+        name = _point(spec)[3]
+        count = len(grep(in_results(where, f"cudnn_kernels_{name}.csv"), '^"')) - 1
+        kernel = "".join(file_lines(in_results(where, f"cudnn_longest_{name}.txt"))).strip() or "none found"
+        lines.append(f"-- {name}: cuDNN's forward launches {count} kernels; the longest: {kernel}")
+        lines += launch_lines(where.results, f"ncu_stage11_{name}", f"ncu_cudnn_{name}")
+        lines += file_lines(in_results(where, f"ncu_cudnn11_{name}.txt"))
+    return lines
+
+
+def _check_points(p):
+    bad = [s for s in p["points"] if not re.fullmatch(r"[0-9]+:[0-9]+:(yes|no)", s)]
+    if bad:
+        raise ValueError(f"points are d:N:causal with causal yes or no (like 128:1024:no), not {','.join(bad)}")
+
+
+NCUCUDNN11 = Experiment(
+    name="ncucudnn11",
+    stage="11",
+    description="Nsight Compute on stage 11's default kernel and on SDPA cuDNN's forward kernel (the longest it "
+                "launches), bf16, at each point d:N:causal (B N = 16384, H d = 2048), the same counters side by side",
+    targets=("bench_gpu",),
+    params={"points": ("128:1024:no",)},
+    param_help={"points": "d:N:causal points, causal yes or no (NCUCUDNN11)"},
+    commands=_ncucudnn11_commands,
+    outputs=("cudnn_kernels_{point}.csv", "cudnn_longest_{point}.txt", "ncu_stage11_{point}.txt",
+             "ncu_stage11_{point}_metrics.txt", "ncu_cudnn_{point}.txt", "ncu_cudnn_{point}_metrics.txt",
+             "ncu_cudnn11_{point}.txt"),
+    summary=_ncucudnn11_summary,
+    check=_check_points,
+)
+
+
+def _ncusource11_commands(p, ctx):
+    out, reps, log = ctx.results("ncusource11"), f"{ctx.work}/ncu-rep", ctx.log("ncusource11")
+    cmds, pages = [Command(("mkdir", "-p", reps))], []
+    for spec in p["entries"]:
+        step, d, n, causal = spec.split(":")
+        steps = () if step == "default" else ("--steps11", step)  # bench_gpu times the default without --steps11
+        name = f"s{step}_d{d}_n{n}_" + ("causal" if causal == "yes" else "full")
+        rep = f"{reps}/source11_{name}"
+        cmds.append(Command(("timeout", "300", "ncu", "--clock-control", "none", "-k", f"regex:{KERNEL11}", "--launch-count",
+                             "1", "--import-source", "yes", "--section", "SourceCounters", "--section", "WarpStateStats",
+                             "--section", "LaunchStats", "--force-overwrite", "-o", rep, ctx.exe("bench/bench_gpu"),
+                             "--stages", "11", *steps, "--dtypes", "bf16", "--sizes", n, "--head-dims", d, "--causal", causal,
+                             "--repeat", "1", "--warmup", "0", "--check", "false")))
+        for kind, source in (("sass", "sass"), ("cuda", "cuda,sass")):
+            cmds.append(Command(("ncu", "-i", f"{rep}.ncu-rep", "--page", "source", "--csv", "--print-source", source),
+                                stdout=f"{out}/ncu_source11_{name}_{kind}.csv", stderr=log))
+        pages.append(f"{name}={out}/ncu_source11_{name}_cuda.csv,{out}/ncu_source11_{name}_sass.csv")
+    head = (f"{ctx.gpu_name()}, {ctx.date()}: stage 11 per source line (bench/session.py ncusource11), bf16, B*N = 16384, "
+            "H*d = 2048, one launch each")
+    return cmds + [Command(("python3", "bench/ncu_source_lines.py", *pages, "--top", "20", "--snippets",
+                            "stages/11_hopper_kernel/kernel.cuh"), stdout=f"{out}/ncu_source11.txt", header=(head,))]
+
+
+def _check_entries(p):
+    bad = [s for s in p["entries"] if not re.fullmatch(r"(default|[0-9]+):[0-9]+:[0-9]+:(yes|no)", s)]
+    if bad:
+        raise ValueError(f"entries are step:d:N:causal (step a number or default, causal yes or no), not {','.join(bad)}")
+
+
+NCUSOURCE11 = Experiment(
+    name="ncusource11",
+    stage="11",
+    description="stage 11's kernel under Nsight Compute's source counters, one launch per entry step:d:N:causal, bf16: "
+                "warp samples by source line and by the kernel's snippets (bench/ncu_source_lines.py)",
+    targets=("bench_gpu",),
+    params={"entries": ("default:128:1024:no", "default:64:1024:no")},
+    param_help={"entries": "step:d:N:causal launches, step default: the stage's default step (NCUSOURCE11)"},
+    commands=_ncusource11_commands,
+    outputs=("ncu_source11_{entry}_sass.csv", "ncu_source11_{entry}_cuda.csv", "ncu_source11.txt"),
+    summary="ncu_source11.txt",
+    check=_check_entries,
+)
+
+EXPERIMENTS = (ROAD11, TEST11, TRAPS11, TIMELINE11, NCU11ROAD, NCU11, NCUCUDNN11, NCUSOURCE11, GROUPS11, SANITIZE11)

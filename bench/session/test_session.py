@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))  # bench/: the package `session`
 
-from session import cli, registry, runner  # noqa: E402
+from session import cli, ncu, registry, runner, sanitize, stage05, stage11, tools  # noqa: E402
 from session.experiment import (ALL_TARGETS, Command, Experiment, format_value, parse_value,  # noqa: E402
                                 resolve_params)
 
@@ -50,7 +50,7 @@ def dry(*argv):
 def dry_commands(exp):
     """The experiment's commands at its defaults, as a dry run forms them."""
     ctx = runner.Context(WORK, BUILD, "/nonexistent/out", dry_run=True)
-    return exp.commands(dict(exp.params), ctx)
+    return list(exp.commands(dict(exp.params), ctx))  # a list, or a generator (ncucudnn11)
 
 
 class Records(unittest.TestCase):
@@ -70,7 +70,7 @@ class Records(unittest.TestCase):
                 self.assertTrue(cmds, "it runs something")
                 runs_ctest = any(c.argv[0] == "ctest" for c in cmds)
                 self.assertTrue(exp.outputs or runs_ctest, "its outputs are named (ctest writes only its log)")
-                if any(BUILD in str(a) for c in cmds for a in c.argv):
+                if any(BUILD + "/" in str(a) for c in cmds for a in c.argv):  # a path in the build folder
                     self.assertTrue(exp.targets, "it runs a built binary, so it names its targets")
 
     def test_each_step_of_gpu_session_is_ported_or_listed(self):
@@ -79,9 +79,11 @@ class Records(unittest.TestCase):
             self.skipTest("bench/gpu_session.sh is gone")
         with open(script) as f:
             steps = set(re.findall(r"^step_(\w+)\(\)", f.read(), re.M))
-        covered = set(self.exps) | set(registry.NOT_PORTED) | {"build"}  # build: part of every run
+        bash = set(registry.NOT_PORTED) | set(registry.BASH_ONLY)
+        covered = set(self.exps) | bash | {"build"}  # build: part of every run
         self.assertEqual(steps - covered, set())
-        self.assertEqual(set(registry.NOT_PORTED) & set(self.exps), set())
+        self.assertEqual(bash & set(self.exps), set())
+        self.assertEqual(bash - steps, set(), "each listed step is one of the script's")
 
     def test_modules_hold_their_stage(self):
         for module in registry.MODULES:
@@ -188,11 +190,155 @@ class Set(unittest.TestCase):
                     self.assertIn(word, err)
 
     def test_unknown_experiment_exits_2_with_the_list(self):
-        rc, _, err = dry("road11", "sanitize")
+        rc, _, err = dry("road11", "newcomer")
         self.assertEqual(rc, 2)
-        self.assertIn("sanitize", err)
+        self.assertIn("newcomer", err)
         self.assertIn("road11", err)
         self.assertIn("gpu_session.sh", err)
+
+
+# The experiments ported after the first twelve: each must dry-run (DryRun checks every experiment the
+# same way); this list keeps one from leaving the registry unnoticed.
+PORTED_LATER = (
+    "sanitize", "sanitize05", "sanitize06", "sanitize07", "sanitize07m", "sanitize09", "sanitize09m", "sanitize11",
+    "quick", "sweep", "groups11", "ncu11", "ncucudnn11", "ncusource11", "ncu09", "ncu09at", "ncuflash09", "ncudrop",
+    "ncugqa", "ncusource09", "ncuvarlen09", "road05", "ncu", "ncu05road", "ncu07", "ncu07road", "switches07", "stage10",
+    "order07", "order09", "split09", "timing", "lessons", "prebuilt",
+)
+
+
+def shell_lines(exp_name, *sets):
+    """The dry run's command lines of one experiment (comments and notes left out)."""
+    rc, out, err = dry(exp_name, "--no-build", *(x for s in sets for x in ("--set", s)))
+    assert rc == 0, err
+    return [line for line in out.splitlines() if line and not line.startswith(("#", "====="))]
+
+
+class Ported(unittest.TestCase):
+    def test_every_later_port_is_registered_and_dry_runs(self):
+        exps = registry.experiments()
+        for name in PORTED_LATER:
+            with self.subTest(name):
+                self.assertIn(name, exps)
+                self.assertTrue(shell_lines(name), "it prints its commands")
+
+    def test_sanitize_options_per_tool_and_stage(self):
+        lines = shell_lines("sanitize", "sanitize.stages=07,07m,09m", "sanitize.tools=memcheck,racecheck")
+        memcheck = [line for line in lines if "--tool memcheck" in line]
+        racecheck = [line for line in lines if "--tool racecheck" in line]
+        self.assertEqual(len(memcheck), len(racecheck))
+        self.assertTrue(all("--leak-check full" in line for line in memcheck))
+        self.assertFalse(any("--leak-check" in line for line in racecheck))
+        for line in lines:
+            self.assertEqual("tests/test_stage" not in line, "--reference never" in line, line)
+        self.assertEqual(len(lines), 2 * (len(sanitize.CASES07) + len(sanitize.CASES07M) + 4))
+        # a doctest filter holding a comma stays one argument
+        self.assertIn("'-tc=*stage?09?with?dropout*,*regenerates?stage?07?s?dropout?mask*'", "\n".join(lines))
+
+    def test_sanitize_steps_and_cases_from_parameters(self):
+        lines = shell_lines("sanitize11", "sanitize11.steps=1,3", "sanitize11.tools=synccheck")
+        self.assertEqual(len(lines), 2 * len(sanitize.CASES11))
+        self.assertTrue(all(line.split(" >>")[0].endswith(("--step 1 --reference never", "--step 3 --reference never"))
+                            for line in lines))
+        lines = shell_lines("sanitize09m", "sanitize09m.cases=-tc=*a*|-tc=*b*", "sanitize09m.tools=initcheck")
+        self.assertEqual(len(lines), 2)
+        rc, _, err = dry("sanitize05", "--set", "sanitize05.tools=memcheck,nope")
+        self.assertEqual(rc, 2)
+        self.assertIn("memcheck", err)
+        rc, _, err = dry("sanitize", "--set", "sanitize.stages=05,08")
+        self.assertEqual(rc, 2)
+        self.assertIn("08", err)
+
+    def test_road_steps_of_stage_09_from_its_help(self):
+        ctx = runner.Context(WORK, BUILD, "/nonexistent/out", dry_run=False)
+        ctx.help_text = lambda exe: "  --step INT:INT in [0 - 4]  which step of the road runs (default: step 3):"
+        steps, note = sanitize.road_steps(ctx, "09", ("all",), 0)
+        self.assertEqual(steps, ["0", "1", "2", "3", "4"])
+        self.assertIn("of 0 to 4", note)
+        self.assertEqual(sanitize.road_steps(ctx, "11", ("all",), 1)[0], ["1", "2", "3", "4"])
+
+    def test_packed_lengths_as_the_script_drew_them(self):
+        self.assertEqual(tools.packed_lengths(), "2780,7892,1363,3362,987")
+        self.assertIn("--varlen07 2780,7892,1363,3362,987", "\n".join(shell_lines("stage10")))
+        self.assertNotIn("--varlen07", "\n".join(shell_lines("stage10", "stage10.varlen=false")))
+
+    def test_split09_skips_splits_that_do_not_divide_the_group(self):
+        lines = shell_lines("split09", "split09.rounds=1")
+        splits = [line.split()[0] for line in lines]
+        self.assertEqual(len(lines), 5 + 4)  # 8:1 takes 1 2 4 8 0, 4:1 takes 1 2 4 0
+        self.assertEqual(splits.count("FA_STAGE09_GROUP_SPLIT=8"), 1)
+
+    def test_block_orders_interleave_rounds(self):
+        lines = shell_lines("order09", "order09.rounds=2")
+        self.assertEqual([line.split()[0] for line in lines], ["FA_STAGE09_BLOCK_ORDER=key-blocks",
+                                                                "FA_STAGE09_BLOCK_ORDER=heads"] * 2)
+
+    def test_ncu_reports_and_regexes(self):
+        lines = shell_lines("ncu09at", "ncu09at.at=9:128")
+        self.assertIn(r"--kernel-name-base demangled -k 'regex:flash_backward_tiled_kernel<[^,]*, \(int\)128, "
+                      r"[^<]*WithDqTiles<", "\n".join(lines))
+        self.assertTrue(any(line.endswith("| strip_bench > " + f"{WORK}/results/ncu09at/ncu_stage09_step9_d128_metrics.txt")
+                            for line in lines))
+        cudnn = "\n".join(shell_lines("ncucudnn11", "ncucudnn11.points=64:4096:yes"))
+        self.assertIn("--head-dim 64 --causal", cudnn)
+        self.assertIn("regex:^<the-kernel-named-in-cudnn_longest_d64_n4096_causal.txt>$", cudnn)
+        rc, _, err = dry("ncugqa", "--set", "ncugqa.stage=11")
+        self.assertEqual(rc, 2)
+
+    def test_strip_bench(self):
+        kept = ncu.strip_bench(["[ 1/ 4] stage 07 ...", "gpu NVIDIA H200", "  vs SDPA",
+                                "    gpu__time_duration.sum  us  12.5", "==PROF== Disconnected"])
+        self.assertEqual(kept, ["    gpu__time_duration.sum  us  12.5", "==PROF== Disconnected"])
+        self.assertEqual(ncu.strip_bench_and_ncu(kept), kept[:1])
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+class Tables(unittest.TestCase):
+    """The tables the script drew with heredocs and awk, from small made-up records."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.dir = self.tmp.name
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_groups11_table(self):
+        head = "impl,gpu,date,B,H,d,N,step,tflops\n"
+        for mib, s6 in ((4, 110.0), (1073741824, 90.0)):
+            write(os.path.join(self.dir, f"sweep_{mib}.csv"),
+                  head + f"stage11,H200,2026-11-28,4,16,128,4096,5,100.0\nstage11,H200,2026-11-28,4,16,128,4096,6,{s6}\n"
+                  "sdpa,H200,2026-11-28,4,16,128,4096,,300\n")
+        lines, best = stage11.groups11_table(self.dir)
+        self.assertEqual(best, 4)
+        self.assertIn("best budget: 4 MiB", lines)
+        self.assertRegex(lines[3], r"^  4  16  128   4096   100.0 \[100-100\] +110.0 +90.0   1.10$")
+
+    def test_road05_table(self):
+        path = os.path.join(self.dir, "road05.csv")
+        write(path, "impl,gpu,date,d,N,step,step_name,median_ms,tflops,check\n"
+                    "stage05,H200,2026-11-28,64,1024,0,naive,2.0,1.0,ok\nstage05,H200,2026-11-28,64,1024,1,tiles,1.0,2.5,\n")
+        lines = stage05.road05_table(path)
+        self.assertIn("stage 05's road", lines[0])
+        self.assertTrue(lines[2].endswith("     -  ok"))
+        self.assertTrue(lines[3].endswith(" 2.50x  -"))
+
+    def test_dropout_and_gqa_price(self):
+        metrics = ("    gpu__time_duration.sum   ms   1.5\n    smsp__inst_executed.sum   inst   1,000,000\n"
+                   "    sm__cycles_active.max   cycle   200\n    sm__cycles_active.avg   cycle   100\n"
+                   "    dram__bytes_read.sum   Gbyte   2\n")
+        write(os.path.join(self.dir, "ncu_stage07_dropout0.1_d64_metrics.txt"), metrics)
+        write(os.path.join(self.dir, "ncu_stage09_gqa4_d128_metrics.txt"), metrics)
+        drop = ncu.dropout_price_table(self.dir)
+        self.assertEqual(len(drop), 2)
+        self.assertRegex(drop[1], r"^stage07 +64  0.1 +1500 +1000000 ")
+        gqa = ncu.gqa_price_table(self.dir, "09", 128, ("plain", "4", "8"))
+        self.assertEqual(len(gqa), 2)
+        self.assertRegex(gqa[1], r"^4 +1500 +1000000 .* 2.00 .* 2000$")
 
 
 def toy(name, *makers):
@@ -260,6 +406,19 @@ class Run(unittest.TestCase):
         rc, out, _ = call("run", "ceiling", "--no-build", "--build", build, "--work", self.work, "--out", self.out)
         self.assertEqual(rc, 1)
         self.assertIn("FAIL  ceiling: mma_ceiling", out)
+
+    def test_a_filtered_command_and_a_separate_stderr(self):
+        ctx = runner.Context(self.work, os.path.join(self.tmp.name, "build"), self.out)
+        res = os.path.join(self.work, "results", "pipe")
+        code = "import sys; print('keep'); print('gpu drop'); print('err', file=sys.stderr)"
+        exp = toy("pipe", lambda ctx: Command((sys.executable, "-c", code), stdout=f"{res}/a.txt", filter=ncu.strip_bench),
+                  lambda ctx: Command((sys.executable, "-c", code), stdout=f"{res}/b.txt", stderr=f"{res}/err.txt"))
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = runner.run_all(ctx, [(exp, {})], "ON", do_build=False, pack_every=30)
+        self.assertEqual(rc, 0)
+        for name, text in (("a.txt", ["keep", "err"]), ("b.txt", ["keep", "gpu drop"]), ("err.txt", ["err"])):
+            with open(os.path.join(res, name)) as f:
+                self.assertEqual(sorted(f.read().split("\n")[:-1]), sorted(text), name)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ times, each ratio's median over the rounds): gpu_session.sh's compare() made int
 from __future__ import annotations
 
 import os
+import random
 
 from .experiment import Command, Where, grep, file_lines
 
@@ -58,3 +59,27 @@ def compare_summary(where: Where) -> list:
 def yes_no(flag: bool) -> str:
     """bench_gpu's and sdpa_compare.py's spelling of a boolean option (--causal yes)."""
     return "yes" if flag else "no"
+
+
+def packed_lengths() -> str:
+    """The packed batch of stage 10's benchmarks: lengths drawn from 128 to 8192 (seed 7) until
+    16384 tokens, the last one cut to fit; comma-separated (gpu_session.sh's packed_lengths)."""
+    r, out, left = random.Random(7), [], 16384
+    while left > 0:
+        n = min(left, r.randint(128, 8192))
+        out.append(n)
+        left -= n
+    return ",".join(map(str, out))
+
+
+def block_orders(ctx, name: str, variable: str, orders, rounds: int, args, header=()) -> list:
+    """ROUNDS rounds of bench_gpu with each value of the environment variable that picks a block
+    order, interleaved, into the results folder's NAME.txt, each run under a line naming it."""
+    out = os.path.join(ctx.results(name), f"{name}.txt")
+    cmds = []
+    for r in range(1, rounds + 1):
+        for order in orders:
+            head = (tuple(header) if not cmds else ()) + (f"== round {r}, block order {order}",)
+            cmds.append(Command((ctx.exe("bench/bench_gpu"), *args), env={variable: order}, stdout=out, append=True,
+                                header=head))
+    return cmds

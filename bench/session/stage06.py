@@ -1,0 +1,10 @@
+"""Stage 06's experiments (causal masking): compute-sanitizer over its cases.
+
+Ported from bench/gpu_session.sh's step `sanitize` (stage 06) with the same commands.
+"""
+from . import sanitize
+
+SANITIZE06 = sanitize.experiment("06", "compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on stage 06: "
+                                       "small problems with tails, Nq != Nk, causal rows that see no key, bnhd")
+
+EXPERIMENTS = (SANITIZE06,)
