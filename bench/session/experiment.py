@@ -190,3 +190,13 @@ def tail(path: str, n: int) -> list:
 
 def in_results(where: Where, *parts: str) -> str:
     return os.path.join(where.results, *parts)
+
+
+def entries_match(param: str, pattern: str, what: str) -> Callable[[dict], None]:
+    """A parameter check: every entry of the list parameter `param` matches `pattern` whole, or
+    ValueError names the ones that do not and says what is allowed (`what`)."""
+    def check(p: dict) -> None:
+        bad = [e for e in p[param] if not re.fullmatch(pattern, e)]
+        if bad:
+            raise ValueError(f"{param} are {what}, not {','.join(bad)}")
+    return check

@@ -13,7 +13,7 @@ import os
 import re
 
 from . import sanitize
-from .experiment import Command, Experiment, Where, file_lines, grep
+from .experiment import Command, Experiment, Where, entries_match, file_lines, grep
 from .ncu import (ATOMIC09, BENCH_NCU, KERNEL07, KERNEL09, KERNEL09_TILED, NCU07_METRICS, NCUDROP_METRICS,
                   NCUGQA_METRICS, dropout_price_table, gqa_price_table, instance09, launch_lines, ncu_command, ncu_one,
                   report_lines, side_by_side, strip_bench, write_lines)
@@ -284,12 +284,6 @@ def _ncu09at_summary(where: Where):
     return lines
 
 
-def _check_at(p):
-    bad = [a for a in p["at"] if not re.fullmatch(r"[0-9]+:[0-9]+", a)]
-    if bad:
-        raise ValueError(f"at is step:d (like 2:64), not {','.join(bad)}")
-
-
 NCU09AT = Experiment(
     name="ncu09at",
     stage="09",
@@ -301,7 +295,7 @@ NCU09AT = Experiment(
     commands=_ncu09at_commands,
     outputs=("ncu_stage09_step{s}_d{d}.txt", "ncu_stage09_step{s}_d{d}_metrics.txt"),
     summary=_ncu09at_summary,
-    check=_check_at,
+    check=entries_match("at", r"[0-9]+:[0-9]+", "step:d (like 2:64)"),
 )
 
 _DROP_REPORT = r"Duration|Registers Per|Achieved Occupancy"

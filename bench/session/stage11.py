@@ -10,11 +10,10 @@ import csv
 import glob
 import math
 import os
-import re
 
 from . import sanitize
 from .ncu import KERNEL11, NCU11_METRICS, launch_lines, ncu_command, ncu_one, report_lines, side_by_side
-from .experiment import Command, Experiment, Glob, Where, file_lines, grep, in_results, tail
+from .experiment import Command, Experiment, Glob, Where, entries_match, file_lines, grep, in_results, tail
 from .runner import SessionError
 from .tools import COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, compare, compare_summary, yes_no
 
@@ -116,12 +115,6 @@ def _shape(spec: str):
     return int(d), int(n), causal == "1", f"d{d}_n{n}" + ("_causal" if causal == "1" else "")
 
 
-def _check_timeline11(p):
-    bad = [s for s in p["shapes"] if not re.fullmatch(r"[0-9]+:[0-9]+:[01]", s)]
-    if bad:
-        raise ValueError(f"shapes are d:N:causal with causal 0 or 1 (like 128:4096:0), not {','.join(bad)}")
-
-
 def _timeline11_commands(p, ctx):
     out, cmds = ctx.results("timeline11"), []
     for spec in p["shapes"]:
@@ -158,7 +151,7 @@ TIMELINE11 = Experiment(
     commands=_timeline11_commands,
     outputs=("stage11_timeline_{shape}_step{step}.json", "timeline_{shape}.svg", "timeline_table_{shape}.txt"),
     summary=_timeline11_summary,
-    check=_check_timeline11,
+    check=entries_match("shapes", r"[0-9]+:[0-9]+:[01]", "d:N:causal with causal 0 or 1 (like 128:4096:0)"),
 )
 
 
@@ -374,12 +367,6 @@ def _ncucudnn11_summary(where: Where):
     return lines
 
 
-def _check_points(p):
-    bad = [s for s in p["points"] if not re.fullmatch(r"[0-9]+:[0-9]+:(yes|no)", s)]
-    if bad:
-        raise ValueError(f"points are d:N:causal with causal yes or no (like 128:1024:no), not {','.join(bad)}")
-
-
 NCUCUDNN11 = Experiment(
     name="ncucudnn11",
     stage="11",
@@ -393,7 +380,7 @@ NCUCUDNN11 = Experiment(
              "ncu_stage11_{point}_metrics.txt", "ncu_cudnn_{point}.txt", "ncu_cudnn_{point}_metrics.txt",
              "ncu_cudnn11_{point}.txt"),
     summary=_ncucudnn11_summary,
-    check=_check_points,
+    check=entries_match("points", r"[0-9]+:[0-9]+:(yes|no)", "d:N:causal with causal yes or no (like 128:1024:no)"),
 )
 
 
@@ -420,12 +407,6 @@ def _ncusource11_commands(p, ctx):
                             "stages/11_hopper_kernel/kernel.cuh"), stdout=f"{out}/ncu_source11.txt", header=(head,))]
 
 
-def _check_entries(p):
-    bad = [s for s in p["entries"] if not re.fullmatch(r"(default|[0-9]+):[0-9]+:[0-9]+:(yes|no)", s)]
-    if bad:
-        raise ValueError(f"entries are step:d:N:causal (step a number or default, causal yes or no), not {','.join(bad)}")
-
-
 NCUSOURCE11 = Experiment(
     name="ncusource11",
     stage="11",
@@ -437,7 +418,8 @@ NCUSOURCE11 = Experiment(
     commands=_ncusource11_commands,
     outputs=("ncu_source11_{entry}_sass.csv", "ncu_source11_{entry}_cuda.csv", "ncu_source11.txt"),
     summary="ncu_source11.txt",
-    check=_check_entries,
+    check=entries_match("entries", r"(default|[0-9]+):[0-9]+:[0-9]+:(yes|no)",
+                        "step:d:N:causal (step a number or default, causal yes or no)"),
 )
 
 EXPERIMENTS = (ROAD11, TEST11, TRAPS11, TIMELINE11, NCU11ROAD, NCU11, NCUCUDNN11, NCUSOURCE11, GROUPS11, SANITIZE11)
