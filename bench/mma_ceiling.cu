@@ -15,11 +15,10 @@
 // a flag the compiler cannot see is set, so nothing is optimized away and nothing is written.
 // Timing: fa::cuda::time_on_gpu (CUDA events, warm-up, median), the loop length calibrated to
 // about --target-ms per run. What it measured on the course's H100 is in
-// docs/results/mma_ceiling.jsonl (written by bench/gpu_session.sh ceiling); the lessons and the
+// docs/results/mma_ceiling.jsonl (written by bench/session.py run ceiling); the lessons and the
 // results page read their figures from that file.
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -33,6 +32,7 @@
 #include "fa/cuda/ptx.cuh"
 #include "fa/cuda/timing.hpp"
 #include "fa/error.hpp"
+#include "fa/json.hpp"
 
 namespace {
 
@@ -102,13 +102,6 @@ struct Ceiling {
     std::string unit;                 // what the rate counts
 };
 
-std::string today() {
-    const std::time_t now = std::time(nullptr);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
-    return buf;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,7 +141,7 @@ int main(int argc, char** argv) {
     }
     try {
         const fa::cuda::GpuInfo gpu = fa::cuda::gpu_info();
-        const std::string date = today();
+        const std::string date = fa::record_date();
         const unsigned blocks = unsigned(gpu.sm_count * blocks_per_sm), threads = unsigned(32 * warps);
         fa::cuda::DeviceBuffer<float> out(size_t(blocks) * threads);
         std::printf("gpu        %s\n", gpu.describe().c_str());
@@ -178,13 +171,12 @@ int main(int argc, char** argv) {
                         per_sm_cycle, clock_for_per_cycle, clock);
             std::fflush(stdout);
             if (json) {
-                json << "{\"name\": \"" << c.name << "\", \"instruction\": \"" << c.instruction << "\", \"value\": " << rate
-                     << ", \"unit\": \"" << c.unit << "\", \"per_sm_per_clock\": " << per_sm_cycle
-                     << ", \"median_ms\": " << t.median_ms << ", \"min_ms\": " << t.min_ms << ", \"max_ms\": " << t.max_ms
-                     << ", \"iters\": " << iters << ", \"blocks\": " << blocks << ", \"warps_per_block\": " << warps
-                     << ", \"chains\": " << kChains << ", \"sm_clock_mhz\": " << clock << ", \"max_sm_clock_mhz\": "
-                     << gpu.max_sm_clock_mhz << ", \"sm_count\": " << gpu.sm_count << ", \"gpu\": \"" << gpu.name
-                     << "\", \"date\": \"" << date << "\"}\n";
+                const fa::Json record = {{"name", c.name}, {"instruction", c.instruction}, {"value", rate}, {"unit", c.unit},
+                                         {"per_sm_per_clock", per_sm_cycle}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
+                                         {"max_ms", t.max_ms}, {"iters", iters}, {"blocks", blocks}, {"warps_per_block", warps},
+                                         {"chains", kChains}, {"sm_clock_mhz", clock}, {"max_sm_clock_mhz", gpu.max_sm_clock_mhz},
+                                         {"sm_count", gpu.sm_count}, {"gpu", gpu.name}, {"date", date}};
+                json << fa::json_line(record) << '\n';
             }
         }
     } catch (const fa::cuda::Error& e) {

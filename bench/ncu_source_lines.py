@@ -14,14 +14,20 @@ samples the softmax, the epilogue or the producer's loop holds (regions may nest
 lines of SOURCE itself, where an inlined helper's instructions are attributed to the line that
 calls it).
 
-usage: ncu_source_lines.py LABEL=CUDA_PAGE.csv[,SASS_PAGE.csv] ... [--top N] [--snippets SOURCE]
-Used by bench/gpu_session.sh ncusource11 (stage 11's kernel per source line).
+usage: ncu_source_lines.py LABEL=CUDA_PAGE.csv[,SASS_PAGE.csv] ... [--top N] [--snippets SOURCE] [--csv TABLE.csv]
+--csv writes what is printed also as CSV, one row per figure: label, kind (total: the samples on
+lines with a source line; sass_total: the SASS page's samples; snippet_total: the samples on the
+lines of SOURCE; snippet; line), name (the snippet's), file (its base name), first and last line
+(a line's number in first), samples, executed, share_pct (of the label's total, or for a snippet
+of SOURCE's), text (the source line). Used by bench/session.py ncusource11 (stage 11's kernel per
+source line).
 """
 import csv
 import os
 import re
 import sys
 
+import ncu_pages
 import ncu_source_diff
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
@@ -29,10 +35,8 @@ EXECUTED = "Instructions Executed"
 
 
 def number(text):
-    try:
-        return float(text.replace(",", "") or 0)
-    except ValueError:
-        return 0.0
+    """A counter's cell as a float, 0 where it is empty or not a number."""
+    return ncu_pages.number(text) or 0.0
 
 
 def read(path):
@@ -95,11 +99,16 @@ def option(argv, name):
     return argv[k + 1], argv[:k] + argv[k + 2:]
 
 
+CSV_HEADER = ["label", "kind", "name", "file", "first", "last", "samples", "executed", "share_pct", "text"]
+
+
 def main(argv):
     top, argv = option(argv, "--top")
     top = int(top or 30)
     source, argv = option(argv, "--snippets")
+    out, argv = option(argv, "--csv")
     regions = snippets(source) if source else {}
+    rows = []  # the CSV's rows (CSV_HEADER), what is printed
     for arg in argv:
         label, paths = arg.split("=", 1)
         path, _, sass_path = paths.partition(",")
@@ -111,27 +120,35 @@ def main(argv):
         total = sum(e[3] for e in entries) or 1.0
         print(f"\n== {label}: {int(total)} warp samples on instructions with a source line; the {top} lines with the most "
               f"(file:line; a line inlined in several places sums them)")
+        rows.append([label, "total", "", "", "", "", int(total), "", "", ""])
         if sass_path:
             try:
                 every = sum(ncu_source_diff.read(sass_path)[1].values())
                 print(f"   (the SASS page: {int(every)} samples in all; an instruction inlined from another file counts "
                       f"under a line of each file it passes through, so the lines of all files sum to more)")
+                rows.append([label, "sass_total", "", "", "", "", int(every), "", "", ""])
             except (OSError, StopIteration, ValueError) as e:
                 print(f"   ({sass_path}: {e})")
         if regions:
             base = os.path.basename(source)
             mine = [e for e in entries if os.path.basename(e[0]) == base]
-            print(f"   by snippet of {base} (share of the samples on its lines, {int(sum(e[3] for e in mine))} in all):")
             in_file = sum(e[3] for e in mine) or 1.0
+            print(f"   by snippet of {base} (share of the samples on its lines, {int(sum(e[3] for e in mine))} in all):")
+            rows.append([label, "snippet_total", "", base, "", "", int(sum(e[3] for e in mine)), "", "", ""])
             for name, (first, last) in sorted(regions.items(), key=lambda kv: kv[1]):
                 part = sum(e[3] for e in mine if first <= int(e[1]) <= last)
                 if part == 0:
                     continue  # a snippet this kernel instance does not run
                 print(f"     {name:24} lines {first:5}-{last:<5} {int(part):8d} samples  {100 * part / in_file:5.1f} %")
+                rows.append([label, "snippet", name, base, first, last, int(part), "", round(100 * part / in_file, 1), ""])
         print(f"{'share':>6} {'samples':>8} {'executed':>11}  {'where':28} line")
         for file, line, text, samples, executed in sorted(entries, key=lambda e: -e[3])[:top]:
             where = f"{os.path.basename(file)}:{line}"
             print(f"{100 * samples / total:5.1f}% {int(samples):8d} {int(executed):11d}  {where:28} {text[:90]}")
+            rows.append([label, "line", "", os.path.basename(file), int(line), "", int(samples), int(executed),
+                         round(100 * samples / total, 1), text])
+    if out:
+        ncu_pages.write_csv(out, CSV_HEADER, rows)
 
 
 if __name__ == "__main__":

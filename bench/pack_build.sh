@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Packs executables of a CUDA build for a GPU machine whose time is better spent running them than
-# compiling them (bench/gpu_session.sh prebuilt unpacks them there):
+# compiling them (bench/session.py's experiment prebuilt unpacks them there:
+# `python3 bench/session.py run prebuilt road11 --no-build`):
 #
 #   bench/pack_build.sh [-b BUILD] [-o ARCHIVE] PATH...
 #

@@ -9,7 +9,8 @@ A and B name rows as the log prints them: an implementation of ours (`stage11`, 
 11's default over each other step timed beside it, as a median over the rounds with its min and
 max; this lists every round, one line per point (dtype, d, N, mask) with A / B in each round of
 each log, in the logs' order, and pairs any two rows, in the log of any earlier run:
-`gpu_session.sh road11` with two steps in ROAD11_STEPS writes such a log (road11.log).
+`python3 bench/session.py run road11 --set road11.steps=0,9` (two steps) writes such a log
+(WORK/logs/road11.log).
 """
 import re
 import sys

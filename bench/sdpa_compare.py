@@ -51,6 +51,11 @@ Writes to OUT_DIR:
   mma_ceiling.jsonl              what mma_ceiling measured
   wgmma_ceiling.jsonl            what wgmma_ceiling measured (with stage 11)
   bench_gpu.csv, bench_gpu.json  bench_gpu's own output
+  tables.json                    the cells of every table printed (bench/records.py: kinds fp32, stage07,
+                                 stage09_pair, stage09_step, stage11, ratios, refused, worst, ...), with
+                                 the run's GPU, date, command, rounds, size and default steps; and beside
+                                 each table file above (stage09_sweep_table.txt ...) a .json of its own
+                                 tables: what docs/results_pages/ reads, never the printed text
 and prints the tables: float32 stages against SDPA efficient, stage 07 against SDPA flash and
 cuDNN per dtype (with the worst ratio), the road, and stage 07 + 09 against SDPA flash and cuDNN
 forward + backward (with the backward alone and the deterministic backward beside it). The exit
@@ -71,6 +76,10 @@ import os
 import subprocess
 import sys
 import warnings
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import records  # noqa: E402  (bench/records.py: the tables as data)
+from records import Column, Table  # noqa: E402
 
 CSV_COLUMNS = ["impl", "dtype", "B", "H", "N", "d", "causal", "median_ms", "tflops", "gpu", "sm_clock_mhz", "date",
                "step", "step_name", "min_ms", "max_ms", "check", "check_max_abs", "check_rel_l2", "note", "pass", "spec"]
@@ -436,14 +445,63 @@ def first_line(e):
 
 
 # ----------------------------------------------------------------------------- files
+# Every table this run prints, cell by cell (bench/records.py): written to tables.json at the end,
+# and each file that tee_to_file() writes gets the tables it shows beside it as JSON. Nothing reads
+# the printed text back.
+PRINTED = records.Run()
+_TEED = []  # the tables of each file being written by tee_to_file(), innermost last
+
+
+def emit(table):
+    """Keeps a printed table's cells for tables.json and the file being written."""
+    PRINTED.tables.append(table)
+    for tables in _TEED:
+        tables.append(table)
+
+
+def show(table, rows=None):
+    """Prints a table (its title, its heads, its rows: all, or those given) and keeps its cells."""
+    print(table.meta["title"])
+    print(table.head_line())
+    for r in table.rows if rows is None else rows:
+        print(table.row_line(r))
+    emit(table)
+
+
 def tee_to_file(path, fn, *args):
-    """Runs fn(*args), prints what it printed and keeps a copy in `path`: the table a lesson shows."""
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        fn(*args)
+    """Runs fn(*args), prints what it printed and keeps a copy in `path` (the table a lesson shows),
+    and the cells of the tables it printed in the JSON file beside it (X.txt: X.json)."""
+    buf, tables = io.StringIO(), []
+    _TEED.append(tables)
+    try:
+        with contextlib.redirect_stdout(buf):
+            fn(*args)
+    finally:
+        _TEED.pop()
     sys.stdout.write(buf.getvalue())
     with open(path, "w") as f:
         f.write(buf.getvalue().lstrip("\n"))
+    if tables:
+        records.write_tables(os.path.splitext(path)[0] + ".json", records.Run(dict(PRINTED.meta), tables))
+
+
+def worst_table(kind, title, found, over_rounds=False):
+    """The lowest ratio of each kind compared (found: label -> (ratio[, lo, hi], dtype, d, N, causal))
+    as a table of its own, for the worst lines the tables end with."""
+    cols = [Column("what", "what", 0, "s"), Column("value", "value", 0, ".2f")]
+    cols += [Column("lo", "lo", 0, ".2f"), Column("hi", "hi", 0, ".2f")] if over_rounds else []
+    cols += [Column("dtype", "dtype", 0, "s"), Column("d", "d", 0, "d"), Column("N", "N", 0, "d"),
+             Column("causal", "causal", 0, "bool")]
+    t = Table(kind, cols, {"title": title})
+    for label, cells in found.items():
+        t.add(label, *cells[:-1], bool(cells[-1]))
+    emit(t)
+    return t
+
+
+def where(t, d, n, c):
+    """'(bf16, d=64, N=4096, causal)': where a worst ratio was."""
+    return f"({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})"
 
 
 def write_csv(path, rows, columns):
@@ -558,7 +616,8 @@ def print_round_ratios(args, round_rows, gpu_name, date):
     ratios are of the forward + backward pair and of the backward alone, for the default main kernel
     and for each other one timed (--steps09: rows stage09_step<i>; a step timed without its pair,
     --steps09-backward-only, has the backward's ratio alone). Stage 11's default is also held against
-    each other step of its road timed beside it (--steps11: rows stage11_step<i>, 11/11s<i>)."""
+    each other step of its road timed beside it (--steps11: rows stage11_step<i>, 11/11s<i>). One
+    table of kind "ratios" holds every ratio; it is printed six ratios at a time."""
     # (what is compared, its pass, the rows of each round indexed for that pass)
     by_pass = {p: [index(r, p) for r in round_rows] for p in ("forward", "fwd+bwd", "backward")}
     pairs = []
@@ -583,36 +642,52 @@ def print_round_ratios(args, round_rows, gpu_name, date):
     def name(a, b, p):
         return short.get(a, a.replace("stage09_step", "09s")) + "/" + short.get(b, b.replace("stage11_step", "11s")) + tag[p]
 
+    title = (f"{gpu_name}, {date}: ratios over {len(round_rows)} rounds (ours, then SDPA, in each round): median [min, max]"
+             + ("; 09s<i>: stage 09's main kernel of step i, f+b: stage 07's forward + the backward, bwd: the backward"
+                if "09" in args.stages else ""))
+    table = Table("ratios", records.RATIO_POINT + [records.ratio_column(*x, name(*x)) for x in pairs],
+                  {"title": title, "rounds": len(round_rows)})
     worst = {}
+    for t in args.dtypes:
+        for d in args.head_dims:
+            for n in args.sizes:
+                for c in causal_values(args.causal):
+                    cells = []
+                    for a, b, p in pairs:
+                        st = round_ratio(by_pass[p], a, b, (t, n, d, int(c)))
+                        if st is None and b == "stage07":  # stage 07 not timed: step 0 of stage 11's road is its kernel
+                            st = round_ratio(by_pass[p], a, "stage11_step0", (t, n, d, int(c)))
+                        cells.append(None if st is None else list(st[:3]))
+                        if st is not None and ((a, b, p) not in worst or st[0] < worst[(a, b, p)][0]):
+                            worst[(a, b, p)] = (st[0], st[1], st[2], t, d, n, c)
+                    if any(x is not None for x in cells):
+                        table.add(t, d, n, c, *cells)
     print()
-    print(f"{gpu_name}, {date}: ratios over {len(round_rows)} rounds (ours, then SDPA, in each round): median [min, max]"
-          + ("; 09s<i>: stage 09's main kernel of step i, f+b: stage 07's forward + the backward, bwd: the backward"
-             if "09" in args.stages else ""))
-    for chunk in range(0, len(pairs), 6):  # at most six ratios per table, so that a line stays readable
-        part = pairs[chunk:chunk + 6]
-        print(f"{'dtype':>5} {'d':>4} {'N':>6} {'causal':>7} " + " ".join(f"{name(*x):>19}" for x in part))
-        for t in args.dtypes:
-            for d in args.head_dims:
-                for n in args.sizes:
-                    for c in causal_values(args.causal):
-                        cells = []
-                        for a, b, p in part:
-                            st = round_ratio(by_pass[p], a, b, (t, n, d, int(c)))
-                            if st is None and b == "stage07":  # stage 07 not timed: step 0 of stage 11's road is its kernel
-                                st = round_ratio(by_pass[p], a, "stage11_step0", (t, n, d, int(c)))
-                            cells.append("-" if st is None else f"{st[0]:.2f} [{st[1]:.2f}, {st[2]:.2f}]")
-                            if st is not None and ((a, b, p) not in worst or st[0] < worst[(a, b, p)][0]):
-                                worst[(a, b, p)] = (st[0], st[1], st[2], t, d, n, c)
-                        if any(x != "-" for x in cells):
-                            print(f"{t:>5} {d:>4} {n:>6} {str(c):>7} " + " ".join(f"{x:>19}" for x in cells))
+    print(title)
+    point = len(records.RATIO_POINT)
+    for chunk in range(0, len(pairs), 6):  # at most six ratios per printed table, so that a line stays readable
+        cols = list(range(point)) + list(range(point + chunk, point + min(chunk + 6, len(pairs))))
+        part = Table("ratios", [table.columns[i] for i in cols])
+        print(part.head_line())
+        for r in table.rows:
+            if any(r[i] is not None for i in cols[point:]):
+                print(part.row_line([r[i] for i in cols]))
         print()
-    for (a, b, p), (med, lo, hi, t, d, n, c) in worst.items():
-        print(f"worst median {a} / {b}{' (' + p + ')' if p != 'forward' else ''} ratio over rounds: {med:.2f} "
-              f"[{lo:.2f}, {hi:.2f}] ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
+    emit(table)
+    labels = {(a, b, p): f"{a} / {b}{' (' + p + ')' if p != 'forward' else ''}" for a, b, p in worst}
+    found = worst_table("worst_over_rounds", "worst median ratio over rounds",
+                        {labels[k]: v for k, v in worst.items()}, over_rounds=True)
+    for label, med, lo, hi, t, d, n, c in found.rows:
+        print(f"worst median {label} ratio over rounds: {med:.2f} [{lo:.2f}, {hi:.2f}] {where(t, d, n, c)}")
 
 
 def fmt(r, key="tflops", digits=1):
     return f"{float(r[key]):.{digits}f}" if r else "-"
+
+
+def value(r, key="tflops"):
+    """A row's number (its rate by default) for a table's cell; None without the row."""
+    return float(r[key]) if r else None
 
 
 def ratio(a, b):
@@ -623,12 +698,21 @@ def rfmt(x, digits=2, suffix=""):
     return f"{x:.{digits}f}{suffix}" if x is not None else "-"
 
 
+def is_bad(*rows):
+    """Whether a row of the point failed its check (its table row ends in BAD)."""
+    return any(r and r.get("check") == "BAD" for r in rows)
+
+
+FP32_COLUMNS = records.POINT + [
+    Column("stage05", "stage05", 8), Column("stage06", "stage06", 8), Column("sdpa_efficient", "sdpa_eff", 9),
+    Column("vs_eff05", "05/eff", 7, ".2f"), Column("vs_eff06", "06/eff", 7, ".2f")]
+
+
 def print_fp32_table(args, idx, gpu_name, date):
     half = "bf16"
-    print()
-    print(f"{gpu_name}, {date}: TFLOP/s in float32 (ratio = ours / SDPA efficient fp32; target >= 0.50)")
-    print(f"{'d':>4} {'N':>6} {'causal':>7} {'stage05':>8} {'stage06':>8} {'sdpa_eff':>9} {'05/eff':>7} {'06/eff':>7}"
-          f" {'flash ' + half:>11} {'cudnn ' + half:>11}")
+    table = Table("fp32", FP32_COLUMNS + [Column("flash_half", "flash " + half, 11), Column("cudnn_half", "cudnn " + half, 11)],
+                  {"title": f"{gpu_name}, {date}: TFLOP/s in float32 (ratio = ours / SDPA efficient fp32; target >= 0.50)",
+                   "half": half})
     worst = None
     for d in args.head_dims:
         for n in args.sizes:
@@ -638,28 +722,41 @@ def print_fp32_table(args, idx, gpu_name, date):
                 r5, r6 = ratio(s5, eff), ratio(s6, eff)
                 if r6 is not None:
                     worst = r6 if worst is None else min(worst, r6)
-                print(f"{d:>4} {n:>6} {str(c):>7} {fmt(s5):>8} {fmt(s6):>8} {fmt(eff):>9} {rfmt(r5):>7} {rfmt(r6):>7} "
-                      f"{fmt(fl):>11} {fmt(cu):>11}")
+                table.add(d, n, c, value(s5), value(s6), value(eff), r5, r6, value(fl), value(cu))
     print()
-    print("stage 06 causal / non-causal time (target <= 0.55 at N >= 4096):")
+    show(table)
+    share = Table("causal_share", records.POINT[:2] + [Column("causal_over_full", "causal/full", 0, ".3f")],
+                  {"title": "stage 06 causal / non-causal time (target <= 0.55 at N >= 4096):"})
     for d in args.head_dims:
         for n in args.sizes:
             nc, c = idx.get(("stage06", "fp32", n, d, 0)), idx.get(("stage06", "fp32", n, d, 1))
             if nc and c:
-                print(f"  d={d:<4} N={n:<6} {float(c['median_ms']) / float(nc['median_ms']):.3f}")
+                share.add(d, n, float(c["median_ms"]) / float(nc["median_ms"]))
+    print()
+    print(share.meta["title"])
+    for d, n, x in share.rows:
+        print(f"  d={d:<4} N={n:<6} {x:.3f}")
+    emit(share)
     if worst is not None:
+        emit(Table("worst", [Column("what", "what", 0, "s"), Column("value", "value", 0, ".2f")],
+                   {"title": "worst stage06 / sdpa_efficient fp32 ratio"}, [["stage06 / sdpa_efficient", worst]]))
         print(f"\nworst stage06 / sdpa_efficient fp32 ratio: {worst:.2f}")
+
+
+STAGE07_COLUMNS = records.POINT + [
+    Column("stage07", "stage07", 8), Column("flash", "flash", 8), Column("cudnn", "cudnn", 8),
+    Column("vs_flash", "07/flash", 9, ".2f"), Column("vs_cudnn", "07/cudnn", 9, ".2f"),
+    Column("pct_of_mma", "% of mma", 9, ".1f%"), Column("bad", "BAD", 0, "flag")]
 
 
 def print_stage07_tables(args, idx, rows, ceiling, gpu_name, date):
     """Stage 07's final kernel against SDPA flash and cuDNN, one table per dtype; returns the worst 07/flash."""
     worst = None
     for t in args.dtypes:
-        print()
-        print(f"{gpu_name}, {date}: stage 07 in {t}, TFLOP/s (target: 07 / flash >= 1.0, aim 1.2)"
-              + (f"; mma.sync bf16 ceiling {ceiling:.0f} TFLOP/s" if ceiling else ""))
-        print(f"{'d':>4} {'N':>6} {'causal':>7} {'stage07':>8} {'flash':>8} {'cudnn':>8} {'07/flash':>9} {'07/cudnn':>9} "
-              f"{'% of mma':>9}")
+        table = Table("stage07", STAGE07_COLUMNS, {
+            "title": f"{gpu_name}, {date}: stage 07 in {t}, TFLOP/s (target: 07 / flash >= 1.0, aim 1.2)"
+                     + (f"; mma.sync bf16 ceiling {ceiling:.0f} TFLOP/s" if ceiling else ""),
+            "dtype": t, "ceiling": ceiling})
         for d in args.head_dims:
             for n in args.sizes:
                 for c in causal_values(args.causal):
@@ -669,22 +766,33 @@ def print_stage07_tables(args, idx, rows, ceiling, gpu_name, date):
                     if rf is not None and (worst is None or rf < worst[0]):
                         worst = (rf, t, d, n, c)
                     pct = 100 * float(s7["tflops"]) / ceiling if s7 and ceiling else None
-                    bad = "  BAD" if s7 and s7.get("check") == "BAD" else ""
-                    print(f"{d:>4} {n:>6} {str(c):>7} {fmt(s7):>8} {fmt(fl):>8} {fmt(cu):>8} {rfmt(rf):>9} {rfmt(rc):>9} "
-                          f"{rfmt(pct, 1, '%'):>9}{bad}")
+                    table.add(d, n, c, value(s7), value(fl), value(cu), rf, rc, pct, is_bad(s7))
+        print()
+        show(table)
         print_refused(rows, t)
     if worst:
-        rf, t, d, n, c = worst
-        print(f"\nworst stage07 / sdpa_flash ratio: {rf:.2f} ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
+        found = worst_table("worst", "worst stage07 / sdpa_flash ratio", {"stage07 / sdpa_flash": worst})
+        for label, x, t, d, n, c in found.rows:
+            print(f"\nworst {label} ratio: {x:.2f} {where(t, d, n, c)}")
 
 
-def print_refused(rows, dtype):
-    """The forward shapes of `dtype` that SDPA's flash or cuDNN backend refused, with its reason."""
-    refused = sorted({(r["impl"], r["N"], r["d"], r["causal"], r["note"]) for r in rows
-                      if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == dtype and pass_of(r) == "forward"
-                      and r.get("note")})
-    for impl, n, d, c, note in refused:
-        print(f"  {impl} {dtype} d={d} N={n} {'causal' if c else 'non-causal'}: {note}")
+REFUSED_COLUMNS = [Column("impl", "impl", 0, "s"), Column("dtype", "dtype", 0, "s"), Column("pass", "pass", 0, "s"),
+                   Column("d", "d", 0, "d"), Column("N", "N", 0, "d"), Column("causal", "causal", 0, "bool"),
+                   Column("note", "note", 0, "s")]
+
+
+def print_refused(rows, dtype, forward=True):
+    """The shapes of `dtype` that SDPA's flash or cuDNN backend refused, with its reason: of the
+    forward (forward=True), else of the backward and the pair."""
+    refused = sorted({(r["impl"], pass_of(r), r["N"], r["d"], r["causal"], r["note"]) for r in rows
+                      if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == dtype
+                      and (pass_of(r) == "forward") == forward and r.get("note")})
+    table = Table("refused", REFUSED_COLUMNS, {"title": "what SDPA refused", "dtype": dtype})
+    for impl, pass_, n, d, c, note in refused:
+        table.add(impl, dtype, pass_, int(d), int(n), bool(int(c)), note)
+        print(f"  {impl} {dtype}{'' if forward else ' ' + pass_} d={d} N={n} {'causal' if c else 'non-causal'}: {note}")
+    if table.rows:
+        emit(table)
 
 
 def print_stage09_tables(args, rows, gpu_name, date):
@@ -693,16 +801,14 @@ def print_stage09_tables(args, rows, gpu_name, date):
     fwd_bwd, bwd = index(rows, "fwd+bwd"), index(rows, "backward")
     worst = {}  # what is compared -> (ratio, dtype, d, N, causal), the lowest ratio seen
 
-    def keep_worst(label, x, where):
+    def keep_worst(label, x, at):
         if x is not None and (label not in worst or x < worst[label][0]):
-            worst[label] = (x, *where)
+            worst[label] = (x, *at)
 
     for t in args.dtypes:
-        print()
-        print(f"{gpu_name}, {date}: stage 07 forward + stage 09 backward in {t}, TFLOP/s (fwd+bwd timed as one pair; "
-              "the backward alone; det: deterministic dQ)")
-        print(f"{'d':>4} {'N':>6} {'causal':>7} {'09 f+b':>7} {'flash':>7} {'cudnn':>7} {'/flash':>7} {'/cudnn':>7} "
-              f"{'09 bwd':>7} {'/flash':>7} {'/cudnn':>7} {'bwd ms':>8} {'det ms':>8} {'det/at':>7}")
+        table = Table("stage09_pair", records.STAGE09_PAIR, {
+            "title": f"{gpu_name}, {date}: stage 07 forward + stage 09 backward in {t}, TFLOP/s (fwd+bwd timed as one pair; "
+                     "the backward alone; det: deterministic dQ)", "dtype": t})
         for d in args.head_dims:
             for n in args.sizes:
                 for c in causal_values(args.causal):
@@ -715,19 +821,16 @@ def print_stage09_tables(args, rows, gpu_name, date):
                                      ("backward / sdpa_flash", rbf), ("backward / sdpa_cudnn", rbc)):
                         keep_worst(label, x, (t, d, n, c))
                     slower = float(det["median_ms"]) / float(ours_b["median_ms"]) if det and ours_b else None
-                    bad = "  BAD" if any(r and r.get("check") == "BAD" for r in (ours_b, det)) else ""
-                    print(f"{d:>4} {n:>6} {str(c):>7} {fmt(ours):>7} {fmt(fl):>7} {fmt(cu):>7} {rfmt(rf):>7} {rfmt(rc):>7} "
-                          f"{fmt(ours_b):>7} {rfmt(rbf):>7} {rfmt(rbc):>7} {fmt(ours_b, 'median_ms', 3):>8} "
-                          f"{fmt(det, 'median_ms', 3):>8} {rfmt(slower):>7}{bad}")
-        refused = sorted({(r["impl"], pass_of(r), r["N"], r["d"], r["causal"], r["note"]) for r in rows
-                          if r["impl"] in ("sdpa_flash", "sdpa_cudnn") and r["dtype"] == t and pass_of(r) != "forward"
-                          and r.get("note")})
-        for impl, pass_, n, d, c, note in refused:
-            print(f"  {impl} {t} {pass_} d={d} N={n} {'causal' if c else 'non-causal'}: {note}")
+                    table.add(d, n, c, value(ours), value(fl), value(cu), rf, rc, value(ours_b), rbf, rbc,
+                              value(ours_b, "median_ms"), value(det, "median_ms"), slower, is_bad(ours_b, det))
+        print()
+        show(table)
+        print_refused(rows, t, forward=False)
     if worst:
         print()
-    for label, (x, t, d, n, c) in worst.items():
-        print(f"worst stage 07 + 09 {label} ratio: {x:.2f} ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
+        found = worst_table("worst", "worst stage 07 + 09 ratio", worst)
+        for label, x, t, d, n, c in found.rows:
+            print(f"worst stage 07 + 09 {label} ratio: {x:.2f} {where(t, d, n, c)}")
     print_stage09_step_tables(args, fwd_bwd, bwd)
 
 
@@ -735,8 +838,7 @@ def print_stage09_step_tables(args, fwd_bwd, bwd):
     """Other main kernels of stage 09 (bench_gpu --steps09: rows stage09_step<i>) beside the default
     one and SDPA flash, one table per step and dtype. A step timed by its backward alone (bench_gpu
     --steps09-backward-only: no fwd+bwd row, no deterministic row) keeps every column, "-" where
-    its row is missing: docs/make_results.py (read_stage09_steps) reads these tables by their
-    column count."""
+    its row is missing (null in its table's cells)."""
     steps = sorted({k[0] for k in list(fwd_bwd) + list(bwd)
                     if k[0].startswith("stage09_step") and not k[0].endswith("_deterministic")})
     for impl in steps:
@@ -745,12 +847,11 @@ def print_stage09_step_tables(args, fwd_bwd, bwd):
                 continue  # not timed in this dtype: no table
             backward_only = not any(k[:2] == (impl, t) for k in fwd_bwd) and not any(
                 k[:2] == (impl + "_deterministic", t) for k in bwd)
-            print()
-            print(f"{impl} in {t} beside the default main kernel (stage09) and SDPA flash, TFLOP/s; "
-                  + ("its backward alone, with atomic dQ (no pair, no deterministic backward timed)" if backward_only
-                     else "its backward's time with atomic and deterministic dQ"))
-            print(f"{'d':>4} {'N':>6} {'causal':>7} {'f+b':>7} {'/09':>7} {'/flash':>7} {'bwd':>7} {'/09':>7} {'/flash':>7} "
-                  f"{'bwd ms':>8} {'det ms':>8} {'det/at':>7}")
+            table = Table("stage09_step", records.STAGE09_STEP, {
+                "title": f"{impl} in {t} beside the default main kernel (stage09) and SDPA flash, TFLOP/s; "
+                         + ("its backward alone, with atomic dQ (no pair, no deterministic backward timed)" if backward_only
+                            else "its backward's time with atomic and deterministic dQ"),
+                "dtype": t, "impl": impl, "step": int(impl[len("stage09_step"):]), "backward_only": backward_only})
             for d in args.head_dims:
                 for n in args.sizes:
                     for c in causal_values(args.causal):
@@ -761,10 +862,11 @@ def print_stage09_step_tables(args, fwd_bwd, bwd):
                             continue
                         det = bwd.get((impl + "_deterministic", *key))
                         slower = float(det["median_ms"]) / float(mine_b["median_ms"]) if det and mine_b else None
-                        bad = "  BAD" if mine_b and mine_b.get("check") == "BAD" else ""
-                        print(f"{d:>4} {n:>6} {str(c):>7} {fmt(mine):>7} {rfmt(ratio(mine, base)):>7} {rfmt(ratio(mine, fl)):>7} "
-                              f"{fmt(mine_b):>7} {rfmt(ratio(mine_b, base_b)):>7} {rfmt(ratio(mine_b, fl_b)):>7} "
-                              f"{fmt(mine_b, 'median_ms', 3):>8} {fmt(det, 'median_ms', 3):>8} {rfmt(slower):>7}{bad}")
+                        table.add(d, n, c, value(mine), ratio(mine, base), ratio(mine, fl), value(mine_b), ratio(mine_b, base_b),
+                                  ratio(mine_b, fl_b), value(mine_b, "median_ms"), value(det, "median_ms"), slower,
+                                  is_bad(mine_b))
+            print()
+            show(table)
 
 
 def road_rows(args, bench, idx, ceiling):
@@ -846,19 +948,24 @@ def print_road(args, rows):
               f"the final kernel reaches x{worst:.2f} of the fastest at worst")
 
 
+STAGE11_COLUMNS = records.POINT + [
+    Column("stage11", "stage11", 8), Column("stage07", "stage07", 8), Column("flash", "flash", 8), Column("cudnn", "cudnn", 8),
+    Column("vs_cudnn", "11/cudnn", 9, ".2f"), Column("vs_flash", "11/flash", 9, ".2f"), Column("vs_stage07", "11/07", 7, ".2f"),
+    Column("pct_of_wgmma", "% wgmma", 8, ".1f%")]
+
+
 def print_stage11_tables(args, idx, rows, wgmma, gpu_name, date, round_idx=()):
     """Stage 11's final kernel against SDPA cuDNN and flash and stage 07's final kernel, one table
     per dtype, then the worst ratio to each. With several rounds, 11/cudnn is also given as its
     median over the rounds with min and max (the last columns)."""
     several = len(round_idx) > 1
     worst = {}  # label -> (ratio, dtype, d, N, causal), the lowest seen
+    spread_col = [Column("vs_cudnn_over_rounds", "11/cudnn over %d rounds" % len(round_idx), 26, "ratio")] if several else []
     for t in args.dtypes:
-        print()
-        print(f"{gpu_name}, {date}: stage 11 in {t}, TFLOP/s (target: 11 / cudnn >= 1.0)"
-              + (f"; wgmma bf16 ceiling {wgmma:.0f} TFLOP/s" if wgmma else ""))
-        print(f"{'d':>4} {'N':>6} {'causal':>7} {'stage11':>8} {'stage07':>8} {'flash':>8} {'cudnn':>8} {'11/cudnn':>9} "
-              f"{'11/flash':>9} {'11/07':>7} {'% wgmma':>8}"
-              + (f" {'11/cudnn over %d rounds' % len(round_idx):>26}" if several else ""))
+        table = Table("stage11", STAGE11_COLUMNS + spread_col + [Column("bad", "BAD", 0, "flag")], {
+            "title": f"{gpu_name}, {date}: stage 11 in {t}, TFLOP/s (target: 11 / cudnn >= 1.0)"
+                     + (f"; wgmma bf16 ceiling {wgmma:.0f} TFLOP/s" if wgmma else ""),
+            "dtype": t, "ceiling": wgmma, "rounds": len(round_idx)})
         for d in args.head_dims:
             for n in args.sizes:
                 for c in causal_values(args.causal):
@@ -870,21 +977,23 @@ def print_stage11_tables(args, idx, rows, wgmma, gpu_name, date, round_idx=()):
                         if x is not None and (label not in worst or x < worst[label][0]):
                             worst[label] = (x, t, d, n, c)
                     pct = 100 * float(s11["tflops"]) / wgmma if s11 and wgmma else None
-                    bad = "  BAD" if s11 and s11.get("check") == "BAD" else ""
-                    spread = ""
+                    spread = []
                     if several:
                         st = round_ratio(round_idx, "stage11", "sdpa_cudnn", (t, n, d, int(c)))
-                        spread = f" {'-' if st is None else '%.2f [%.2f, %.2f]' % st[:3]:>26}"
-                        if st is not None and ("stage11 / sdpa_cudnn, median over rounds" not in worst
-                                               or st[0] < worst["stage11 / sdpa_cudnn, median over rounds"][0]):
-                            worst["stage11 / sdpa_cudnn, median over rounds"] = (st[0], t, d, n, c)
-                    print(f"{d:>4} {n:>6} {str(c):>7} {fmt(s11):>8} {fmt(s7):>8} {fmt(fl):>8} {fmt(cu):>8} {rfmt(rc):>9} "
-                          f"{rfmt(rf):>9} {rfmt(r7):>7} {rfmt(pct, 1, '%'):>8}{spread}{bad}")
+                        spread = [None if st is None else list(st[:3])]
+                        label = "stage11 / sdpa_cudnn, median over rounds"
+                        if st is not None and (label not in worst or st[0] < worst[label][0]):
+                            worst[label] = (st[0], t, d, n, c)
+                    table.add(d, n, c, value(s11), value(s7), value(fl), value(cu), rc, rf, r7, pct, *spread, is_bad(s11))
+        print()
+        show(table)
         print_refused(rows, t)
     if worst:
         print()
-    for label, (x, t, d, n, c) in worst.items():
-        print(f"worst {label} ratio: {x:.2f} ({t}, d={d}, N={n}, {'causal' if c else 'non-causal'})")
+        found = worst_table("worst", "worst stage 11 ratio", worst)
+        for label, x, t, d, n, c in found.rows:
+            print(f"worst {label} ratio: {x:.2f} {where(t, d, n, c)}")
+
 
 
 def road11_rows(args, bench, idx, ceiling, wgmma):
@@ -965,7 +1074,7 @@ def print_road11(args, rows):
 STAGE10_BACKENDS = ("flash", "cudnn", "efficient")
 STAGE10_PASSES = ("forward", "backward", "fwd+bwd")
 STAGE10_COLUMNS = ["kind", "variant", "ours", "other", "pass", "dtype", "d", "N", "B", "H", "value", "lo", "hi", "rounds",
-                   "ours_ms", "other_ms", "ours_tflops", "other_tflops", "note", "gpu", "date"]
+                   "ours_ms", "other_ms", "ours_tflops", "other_tflops", "note", "gpu", "date", "padded_bytes", "packed_bytes"]
 # What the window's time over the plain causal kernel's should stay under at N = 16384 with a
 # 4096-key window: a quarter of the pairs (7/32 of the causal triangle's), plus the diagonal blocks.
 STAGE10_WINDOW_TARGET = 0.35
@@ -1160,7 +1269,8 @@ def stage10_comparisons(rows, round_rows):
                  ran it, and the packed batch beside SDPA's nested and padded batches
       vs_causal  a window's time over the plain causal kernels' at the same N (below 1: faster)
       vs_dense   a packed batch's rate over the dense kernel's on the uniform batch of the same tokens
-      memory     SDPA's padded batch: the bytes of its tensors and mask over the packed tensors' (no rounds)
+      memory     SDPA's padded batch: the bytes of its tensors and mask over the packed tensors' (no rounds;
+                 the two counts in padded_bytes and packed_bytes)
     A side without a time (a refused pass) leaves value empty and gives its note.
 
     >>> mk = lambda impl, ms, p="forward", **x: dict(impl=impl, dtype="bf16", B=1, H=2, N=8, d=64, causal=1, median_ms=ms,
@@ -1208,7 +1318,8 @@ def stage10_comparisons(rows, round_rows):
                             N=int(r["N"]), B=r["B"], H=r["H"], value=float(r["padded_bytes"]) / float(r["packed_bytes"]),
                             lo="", hi="", rounds=0, ours_ms="", other_ms="", ours_tflops="", other_tflops="",
                             note=f"{r['padded_bytes']} bytes padded, {r['packed_bytes']} packed", gpu=r.get("gpu", ""),
-                            date=r.get("date", ""), **{"pass": "forward"}))
+                            date=r.get("date", ""), padded_bytes=int(r["padded_bytes"]), packed_bytes=int(r["packed_bytes"]),
+                            **{"pass": "forward"}))
     return out
 
 
@@ -1294,6 +1405,17 @@ def print_stage10_tables(comparisons, rows, gpu_name, date):
 
 
 # ----------------------------------------------------------------------------- main
+def run_meta(args, bench, gpu_name, date):
+    """What the run was, for its tables' files: the GPU, the date, the command, the rounds, the
+    problems' size (B*N tokens, H*d width), and the step each stage's default kernel was in (from
+    bench_gpu's record: the final steps of stages 07 and 11, stage 09's default main kernel)."""
+    steps = {"07": bench.get("stage07_final_step"), "09": bench.get("stage09_default_step"),
+             "11": bench.get("stage11_final_step")}
+    return dict(gpu=gpu_name, date=date, command=" ".join(["bench/sdpa_compare.py"] + sys.argv[1:]), rounds=args.rounds,
+                tokens=args.tokens, width=args.width, stages=list(args.stages),
+                default_steps={k: v for k, v in steps.items() if k in args.stages and v is not None})
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1417,6 +1539,7 @@ def main():
     with open(os.path.join(args.out_dir, "gpu_sweep.json"), "w") as f:
         json.dump(dict(meta, results=rows), f, indent=1)
 
+    PRINTED.meta.update(run_meta(args, ours, gpu_name, date))
     if any(s in FP32_STAGES for s in args.stages):
         print_fp32_table(args, idx, gpu_name, date)
     if "07" in args.stages:
@@ -1443,7 +1566,9 @@ def main():
         tee_to_file(os.path.join(args.out_dir, "stage10.txt"), print_stage10_tables, comparisons, measured, gpu_name, date)
     if args.rounds > 1 and any(s in ("07", "09", "11") for s in args.stages):
         tee_to_file(os.path.join(args.out_dir, "ratios_over_rounds.txt"), print_round_ratios, args, round_rows, gpu_name, date)
+    records.write_tables(os.path.join(args.out_dir, "tables.json"), PRINTED)
     print(f"wrote {csv_path}")
+    print(f"wrote {os.path.join(args.out_dir, 'tables.json')} (the cells of every table above)")
     if not checks_ok:
         print("FAILED: bench_gpu marked at least one point BAD or MISMATCH (see its lines above)")
         return 1

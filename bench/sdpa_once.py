@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One call of PyTorch SDPA, forward and backward (or, with --forward-only, the forward alone), on
 one backend: for Nsight Compute to profile SDPA's own kernels beside the course's
-(bench/gpu_session.sh ncuflash09, ncucudnn11).
+(python3 bench/session.py run ncuflash09 ncucudnn11).
 
 The shape follows the course's grid: B * N = --tokens, H * d = --width, layout (B, H, N, d), inputs
 drawn from a normal distribution. Nothing is timed or checked here: ncu replays the kernel it

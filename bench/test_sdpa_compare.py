@@ -4,9 +4,8 @@ comparisons and tables on synthetic rows of three rounds as bench_gpu and the SD
 (grouped heads beside three backends, a window beside the plain causal kernels, dropout whose
 backward stage 09 refuses, the packed batch beside the uniform one and SDPA's nested and padded
 batches); stage 09's tables and ratios when --steps09 steps have their backward alone, and
-docs/make_results.py's reading of those tables; ncu_side_by_side.py's reading of Nsight
-Compute's units; ncu_source_diff.py's sums by opcode; ncu_steps11.py's rows, one per step of
-stage 11; round_ratios.py's reading of the logs (its doctests) and its command line. Run:
+docs/make_results.py's reading of those tables; round_ratios.py's reading of the logs (its
+doctests) and its command line (Nsight Compute's scripts: bench/test_ncu.py). Run:
 python3 bench/test_sdpa_compare.py"""
 import contextlib
 import csv
@@ -177,23 +176,25 @@ class Stage09StepsBackwardOnly(unittest.TestCase):
         self.assertNotIn("-", cells)
 
     def test_road_table_of_make_results(self):
-        """docs/make_results.py reads the road's record (these tables) by column count and builds the
-        lesson's road table from each step's backward: the backward-only step is in it."""
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs"))
+        """The tables printed are written as data beside the text (stage09_sweep_table.json), and
+        docs/results_pages/ builds the lesson's road table from each step's backward there: the
+        backward-only step is in it, its missing cells null, not "-"."""
+        docs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs")
+        sys.path.insert(0, docs)
         try:
-            import make_results as mr
+            from results_pages import stage09, tables
         finally:
             sys.path.pop(0)
-        lines = self.tables(sc.print_stage09_tables, self.rows)
+        sc.PRINTED.meta.update(gpu="Test GPU", date="2026-11-25", default_steps={"09": 9})
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "stage09_sweep_table.txt")
-            with open(path, "w") as f:
-                f.write("\n".join(lines) + "\n")
-            road = mr.read_stage09_steps(path)
-            table = mr.stage09_road_table(road, os.path.join(tmp, "road.txt"))
+            with contextlib.redirect_stdout(io.StringIO()):
+                sc.tee_to_file(path, sc.print_stage09_tables, self.args, self.rows, "Test GPU", "2026-11-25")
+            road = tables.read_stage09_steps(os.path.join(tmp, "stage09_sweep_table.json"))
+            table = stage09.road_table(road, os.path.join(tmp, "road.txt"))
         got = {r["step"]: r for r in road["rows"]}
-        self.assertEqual(set(got), {None, 3, 5})
-        self.assertAlmostEqual(got[3]["bwd"], round(1e12 / 2.4e-3 * 1e-12, 1))
+        self.assertEqual(set(got), {9, 3, 5})  # the default's rows under the default step the run names
+        self.assertAlmostEqual(got[3]["bwd"], 1e12 / 2.4e-3 * 1e-12)  # full precision: the data, not the print
         self.assertIsNone(got[3]["fb"])
         self.assertIsNone(got[3]["det_ms"])
         self.assertTrue(any(x.startswith("  step 3") and "%.1f" % got[3]["bwd"] in x for x in table))
@@ -493,137 +494,6 @@ def write_files(folder, suffix, *texts):
     return paths
 
 
-class NcuSideBySide(unittest.TestCase):
-    """ncu_side_by_side.py, which writes the records stage 09's lesson sets side by side."""
-
-    REPORT = """==PROF== Connected to process 1 (bench_gpu)
-  void kernel<64>(Args) (4096, 1, 1)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
-    Section: Command line profiler metrics
-    gpu__time_duration.sum                                                               ms         2.58
-    l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum                                       Gbyte         1.30
-    smsp__inst_executed.sum                                                            inst  512,774,144
-    sm__warps_active.avg.pct_of_peak_sustained_active                                     %        12.50
-  void kernel<128>(Args) (2048, 1, 1)x(256, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
-    gpu__time_duration.sum                                                               ms         9.99
-"""
-
-    def test_units_and_first_kernel(self):
-        import ncu_side_by_side as nsb
-        with tempfile.TemporaryDirectory() as tmp:
-            a, b = write_files(tmp, "txt", self.REPORT,
-                               self.REPORT.replace("Gbyte         1.30", "byte             0").replace("2.58", "2.10"))
-            values = nsb.read(a)
-            self.assertAlmostEqual(values["gpu__time_duration.sum"][0], 2580.0)  # the first kernel's, in us
-            self.assertEqual(values["gpu__time_duration.sum"][1], "us")
-            self.assertAlmostEqual(values["l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"][0], 1300.0)  # MB
-            self.assertEqual(values["smsp__inst_executed.sum"][0], 512774144.0)
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                nsb.main([f"ours={a}", f"theirs={b}"])
-            lines = out.getvalue().splitlines()
-            self.assertIn("ours", lines[0])
-            self.assertIn("theirs", lines[0])
-            local = next(line for line in lines if line.startswith("l1tex__t_bytes_pipe_lsu_mem_local_op_ld.sum"))
-            self.assertEqual(local.split()[-2:], ["1,300.00", "0.00"])
-            with self.assertRaises(SystemExit):
-                nsb.main(["no-label"])
-
-    def test_longest_kernel_of_a_listing(self):
-        import ncu_side_by_side as nsb
-        listing = ('==PROF== Connected to process 1 (python3)\n'
-                   '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
-                   '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"\n'
-                   '"0","1","python3","h","fill_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","Command line profiler '
-                   'metrics","gpu__time_duration.sum","nsecond","81,856"\n'
-                   'sdpa cudnn bf16: forward ran\n'
-                   '"1","1","python3","h","attention_fprop","1","7","(384, 1, 1)","(132, 1, 1)","0","9.0","Command line profiler '
-                   'metrics","gpu__time_duration.sum","usecond","227.81"\n'
-                   '"2","1","python3","h","fill_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","Command line profiler '
-                   'metrics","gpu__time_duration.sum","nsecond","99,000"\n')
-        with tempfile.TemporaryDirectory() as tmp:
-            path, empty = write_files(tmp, "csv", listing, "==PROF== no kernels\n")
-            self.assertEqual(nsb.longest(path), "attention_fprop")  # 227.81 us against 81.9 and 99.0
-            self.assertEqual(nsb.longest(empty), "")
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                nsb.main(["--longest", path])
-            self.assertEqual(out.getvalue().strip(), "attention_fprop")
-
-
-class NcuSourceDiff(unittest.TestCase):
-    """ncu_source_diff.py, which sums two kernels' source pages by SASS opcode (gpu_session.sh ncusource09)."""
-
-    PAGE = ('"Kernel Name","void kernel<64>(Args)",\n'
-            '"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
-            '"# Samples","Instructions Executed"\n'
-            '"0x10","      LDC R1, c[0x0][0x28]","3","2","3","100"\n'
-            '"0x20","      @!P0 BRA 0x40","5","5","5","1,000"\n'
-            '"0x30","      @P1   REDG.E.ADD.F32x2.FTZ.RN.STRONG.GPU desc[UR4][R2.64], R8","7","1","7","2000"\n'
-            '"0x40","      @!UP3 UIADD3 UR4, UR4, 0x1, URZ","0","0","0","400"\n'
-            '"0x50","      BRA 0x50","11","0","11","0"\n')
-
-    def test_sums_by_opcode(self):
-        import ncu_source_diff as nsd
-        with tempfile.TemporaryDirectory() as tmp:
-            a, b = write_files(tmp, "csv", self.PAGE, self.PAGE.replace('"1,000"', '"10"'))
-            inst, samples = nsd.read(a)
-            self.assertEqual(inst["BRA"], 1000)  # "1,000" read as a number, predicates dropped
-            self.assertEqual(samples["BRA"], 16)
-            self.assertEqual(inst["REDG"], 2000)
-            self.assertEqual(inst["UIADD3"], 400)
-            self.assertEqual(inst["LDC"], 100)
-            self.assertEqual(sum(inst.values()), 3500)
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                nsd.main([f"packed={a}", f"dense={b}"])
-            lines = out.getvalue().splitlines()
-            self.assertIn("packed 3,500 against dense 2,510 (1.394x)", lines[0])
-            self.assertEqual(lines[2].split(), ["BRA", "1,000", "10", "+990"])
-            with self.assertRaises(SystemExit):
-                nsd.main(["no-label"])
-
-
-class NcuSteps11(unittest.TestCase):
-    """ncu_steps11.py, which tabulates stage 11's road in Nsight Compute counters."""
-
-    REPORT = """stage 11   bf16; steps: 9 (persistent) 10 (wide stores); each checked against stage 07 step 6 (x)
-==PROF== Profiling "void fa::stage11::hopper_forward_kernel<__nv_bfloat16, (int)128, fa::stage11::(anonymous namespace)::StepN<(int)9>>": 0%
-  void hopper_forward_kernel<__nv_bfloat16, 128, StepN<9>>(Args<T1>) (132, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
-    gpu__time_duration.sum                                                               us       834.00
-    sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active                %        74.90
-    smsp__average_warps_issue_stalled_wait_per_issue_active.ratio                      inst         1.86
-  void hopper_forward_kernel<__nv_bfloat16, 128, StepN<9>>(Args<T1>) (132, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
-    gpu__time_duration.sum                                                               us       999.00
-  void hopper_forward_kernel<__nv_bfloat16, 128, StepN<10>>(Args<T1>) (132, 1, 1)x(384, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
-    gpu__time_duration.sum                                                               ms         0.81
-    l1tex__t_requests_pipe_lsu_mem_global_op_st.sum                                               262,144
-"""
-
-    def test_first_launch_of_each_step(self):
-        import ncu_steps11 as ns
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "r.txt")
-            with open(path, "w") as f:
-                f.write(self.REPORT)
-            runs, names = {}, {}
-            ns.read(path, runs, names)
-            self.assertEqual(sorted(runs), [(128, 9, False), (128, 10, False)])
-            self.assertAlmostEqual(runs[(128, 9, False)]["gpu__time_duration.sum"], 834.0)  # the first launch's
-            self.assertAlmostEqual(runs[(128, 10, False)]["gpu__time_duration.sum"], 810.0)  # ms read as us
-            self.assertEqual(runs[(128, 10, False)]["l1tex__t_requests_pipe_lsu_mem_global_op_st.sum"], 262144.0)
-            self.assertEqual(names, {9: "persistent", 10: "wide stores"})
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                ns.main([path])
-            rows = [line.split() for line in out.getvalue().splitlines()[2:]]
-            self.assertEqual([r[:2] for r in rows], [["128", "9"], ["128", "10"]])
-            self.assertEqual(rows[0][3:5], ["834.0", "74.9"])
-            self.assertIn("1.86", rows[0])
-            with self.assertRaises(SystemExit):
-                ns.main([])
-
-
-
 class Stage11StepsOverRounds(unittest.TestCase):
     """With several --steps11, the ratios over rounds hold stage 11's default against each other step
     timed beside it (step 0, stage 07's kernel, is held as 11/07 already)."""
@@ -647,7 +517,7 @@ class Stage11StepsOverRounds(unittest.TestCase):
 
 
 class RoundRatiosTest(unittest.TestCase):
-    """round_ratios.py on a log of two rounds, as gpu_session.sh road11 writes it."""
+    """round_ratios.py on a log of two rounds, as bench/session.py's road11 writes it."""
 
     LOG = """round 1 of 2
 [  2/ 8] stage11_step15  bf16 d=64  N=1024  B=16 H=32 non-causal     0.320 ms  430.12 TFLOP/s  (min 0.318, max 0.359; SM 1980 MHz)  step 15 split ring

@@ -29,7 +29,7 @@ SOURCE = os.path.join("stages", "11_hopper_kernel", "traps", "traps.cu")
 INCLUDES = [os.path.join("common", "cuda", "include"), os.path.join("common", "include")]
 NVCC_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a", "-cubin", "-std=c++17", "-O3", "-Xptxas", "-v"]
 
-# ptxas's messages that say it serialized the wgmma pipeline (bench/gpu_session.sh fails a build
+# ptxas's messages that say it serialized the wgmma pipeline (bench/session.py fails a build
 # with any of them): every one reads "wgmma.mma_async instructions are serialized ...".
 SERIALIZED = re.compile(r"wgmma\.mma_async instructions are serialized")
 

@@ -14,7 +14,6 @@
 // the loop length calibrated to about --target-ms per run. Build: sm_90a only.
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -31,6 +30,7 @@
 #include "fa/cuda/wgmma.cuh"
 #include "fa/cuda/wgmma_layout.hpp"
 #include "fa/error.hpp"
+#include "fa/json.hpp"
 
 namespace {
 
@@ -93,13 +93,6 @@ struct Ceiling {
     LoopKernel kernel;
 };
 
-std::string today() {
-    const std::time_t now = std::time(nullptr);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
-    return buf;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,7 +131,7 @@ int main(int argc, char** argv) {
     }
     try {
         const fa::cuda::GpuInfo gpu = fa::cuda::gpu_info();
-        const std::string date = today();
+        const std::string date = fa::record_date();
         const unsigned blocks = unsigned(gpu.sm_count), threads = unsigned(128 * warpgroups);
         fa::cuda::DeviceBuffer<float> out(size_t(blocks) * threads);
         const double flop_per_wgmma = 2.0 * 64 * kN * 16;
@@ -167,12 +160,12 @@ int main(int argc, char** argv) {
                         clock_for_per_cycle, clock);
             std::fflush(stdout);
             if (json) {
-                json << "{\"name\": \"" << c.name << "\", \"instruction\": \"" << c.instruction << "\", \"value\": " << rate
-                     << ", \"unit\": \"TFLOP/s\", \"per_sm_per_clock\": " << per_sm_cycle << ", \"median_ms\": " << t.median_ms
-                     << ", \"min_ms\": " << t.min_ms << ", \"max_ms\": " << t.max_ms << ", \"iters\": " << iters
-                     << ", \"blocks\": " << blocks << ", \"warpgroups_per_block\": " << warpgroups
-                     << ", \"sm_clock_mhz\": " << clock << ", \"max_sm_clock_mhz\": " << gpu.max_sm_clock_mhz
-                     << ", \"sm_count\": " << gpu.sm_count << ", \"gpu\": \"" << gpu.name << "\", \"date\": \"" << date << "\"}\n";
+                const fa::Json record = {{"name", c.name}, {"instruction", c.instruction}, {"value", rate}, {"unit", "TFLOP/s"},
+                                         {"per_sm_per_clock", per_sm_cycle}, {"median_ms", t.median_ms}, {"min_ms", t.min_ms},
+                                         {"max_ms", t.max_ms}, {"iters", iters}, {"blocks", blocks}, {"warpgroups_per_block", warpgroups},
+                                         {"sm_clock_mhz", clock}, {"max_sm_clock_mhz", gpu.max_sm_clock_mhz},
+                                         {"sm_count", gpu.sm_count}, {"gpu", gpu.name}, {"date", date}};
+                json << fa::json_line(record) << '\n';
             }
         }
     } catch (const fa::cuda::Error& e) {

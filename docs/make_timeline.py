@@ -215,10 +215,10 @@ def main():
             print(f"make_timeline.py: {path}: {e}", file=sys.stderr)
             return 2
     if not records:
-        placeholder(args.out, "No timeline measured yet: bench/gpu_session.sh timeline11 records one.")
+        placeholder(args.out, "No timeline measured yet: python3 bench/session.py run timeline11 records one.")
         if args.table:
             with open(args.table, "w", encoding="utf-8") as f:
-                f.write("No timeline measured yet: bench/gpu_session.sh timeline11 records one.\n")
+                f.write("No timeline measured yet: python3 bench/session.py run timeline11 records one.\n")
         return 0
     draw(records, args.tiles, args.out, args.window)
     if args.table:

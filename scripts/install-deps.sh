@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Installs the Debian packages flashcourse needs, only those missing.
-#   scripts/install-deps.sh            build and run the course (compiler, CMake, Eigen, CLI11, doctest, docs)
+#   scripts/install-deps.sh            build and run the course (compiler, CMake, Eigen, CLI11, doctest,
+#                                      nlohmann-json, docs)
 #   scripts/install-deps.sh --tests    also what the tests need (headless Chromium for the docs check,
 #                                      clang with libFuzzer for the fuzz test of the .npy reader)
 # CUDA is optional and not a Debian package here: with nvcc on PATH the GPU stages build too.
 #
 # On a machine without package access (a rented GPU server, an image of another distribution),
-# put Eigen, CLI11 and doctest where CMake finds them (e.g. unpack the Debian packages and set
-# CMAKE_PREFIX_PATH) and set FA_SKIP_INSTALL=1. When an install fails outside CI, this script
-# says what is missing and lets the build go on: the configure step then names any dependency it
-# still cannot find, and leaves out only what needs it (the docs without Doxygen). Under CI a
-# failed install is an error.
+# put Eigen, CLI11, doctest and nlohmann-json where CMake finds them (e.g. unpack the Debian
+# packages and set CMAKE_PREFIX_PATH) and set FA_SKIP_INSTALL=1. When an install fails outside CI,
+# this script says what is missing and lets the build go on: the configure step then names any
+# dependency it still cannot find, and leaves out only what needs it (the docs without Doxygen).
+# Under CI a failed install is an error.
 set -euo pipefail
 
 if [[ -n "${FA_SKIP_INSTALL:-}" ]]; then
@@ -18,7 +19,7 @@ if [[ -n "${FA_SKIP_INSTALL:-}" ]]; then
     exit 0
 fi
 
-packages=(g++ cmake ninja-build libeigen3-dev libcli11-dev doctest-dev
+packages=(g++ cmake ninja-build libeigen3-dev libcli11-dev doctest-dev nlohmann-json3-dev
           doxygen graphviz doxygen-awesome-css libjs-mathjax python3 python3-matplotlib python3-numpy)
 if [[ "${1:-}" == "--tests" ]]; then
     packages+=(chromium clang libclang-rt-dev)

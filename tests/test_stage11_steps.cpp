@@ -122,6 +122,24 @@ TEST_CASE("stage 11's standalone steps give their switch steps' bits on long row
     check_cases(cases);
 }
 
+TEST_CASE("stage 11's standalone steps give their switch steps' bits on two small problems: the sanitizers' case") {
+    // compute-sanitizer's racecheck runs a hundred times slower than the kernel: this case is the one
+    // it can cover whole (bench/session.py run sanitize11r). Each file, type and head dimension on a
+    // problem with tails and Nq < Nk, and on a causal one with Nq > Nk, whose first rows see no key.
+    std::vector<test::Case> cases;
+    uint64_t seed = 4900;
+    for (int64_t d : {64, 128}) {
+        for (const bool wide : {true, false}) {
+            test::Case c;
+            c.problem = wide ? test::make_problem(1, 2, 130, 200, d, false) : test::make_problem(1, 1, 200, 130, d, true);
+            c.layout = wide ? Layout::BHND : Layout::BNHD;
+            c.seed = seed++;
+            cases.push_back(c);
+        }
+    }
+    check_cases(cases);
+}
+
 TEST_CASE("stage 11's standalone steps refuse what they cannot do, naming it") {
     const Problem p = test::make_problem(1, 2, 40, 40, 32);
     const Problem ok = test::make_problem(1, 2, 40, 40, 64);

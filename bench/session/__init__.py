@@ -7,8 +7,8 @@ Run it from the repository root, on the GPU machine, with the launcher beside th
     python3 bench/session.py run road11 --dry-run       # every command, nothing run
 
 `run` unpacks .deps/*.deb into /tmp/deps, configures the build folder (--build, default build-gpu:
-Hopper only, warnings as errors) and builds the union of the experiments' targets, then runs each
-experiment in the order given. Every experiment of the call writes into one results folder,
+Hopper only, warnings as errors) and builds the union of the experiments' targets (none of them
+when they name none), then runs each experiment in the order given. Every experiment of the call writes into one results folder,
 WORK/results/EXP/ (WORK: --work, default /tmp/fa-session, kept between calls on one machine), its
 log into WORK/logs/EXP.log, and its summary lines with its time into WORK/logs/summary.txt. Logs and
 results are packed into $OUT/session.tgz (--out; default $OUT, else /tmp/fa-out) beside a copy of
@@ -20,7 +20,17 @@ The layout: experiment.py (the Experiment and Command records, parameters typed 
 defaults), runner.py (build, run, summary, packing), tools.py (the sdpa_compare.py comparison every
 stage shares, the packed batch, block-order rounds), sanitize.py (compute-sanitizer's cases),
 ncu.py (Nsight Compute's counters, reports and tables), one module per stage (stage05.py ...
-stage11.py, and common.py for what belongs to none), registry.py (which modules join), cli.py,
-test_session.py (no GPU: CTest runs it). bench/gpu_session.sh stays the driver for the newcomer
-steps (a fresh copy of the checkout) and for any step not ported yet (`list` names them).
+stage11.py, common.py for what belongs to none, newcomer.py for the fresh copy's checks, whose
+shell half is bench/newcomer.sh), registry.py (which modules join), cli.py, and the tests
+test_*.py (no GPU: CTest's session_driver runs them all). What the experiments measure is data:
+sdpa_compare.py writes every table it prints as cells in tables.json (bench/records.py), the
+Nsight experiments write CSV from their reports (bench/ncu_pages.py), and docs/results_pages/
+reads those files, never the printed text.
+
+The experiments replace the bash driver, bench/gpu_session.sh (its steps took environment
+variables; removed once every step had an experiment: `git log -- bench/gpu_session.sh`). A
+record of docs/results/ made with a step of it is made again with the experiment of the same name,
+each variable now a parameter whose help in `list` names it (QUICK_STAGES="07 09": --set
+quick.stages=07,09; BUILD=DIR: --build DIR, TUNING=OFF: --tuning OFF, BUILD_TARGETS: the
+experiments' own targets).
 """

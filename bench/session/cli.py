@@ -42,10 +42,6 @@ def cmd_list(names) -> int:
         raise BadInput(f"unknown experiment {', '.join(unknown)}; experiments: {' '.join(exps)}")
     blocks = ["\n".join(describe(exps[n])) for n in chosen]
     print("\n\n".join(blocks))
-    if not names and registry.NOT_PORTED:
-        print(f"\nnot ported yet (run them with bench/gpu_session.sh): {' '.join(registry.NOT_PORTED)}")
-    if not names:
-        print(f"\nrun by bench/gpu_session.sh (a fresh copy of the checkout): {' '.join(registry.BASH_ONLY)}")
     return 0
 
 
@@ -68,10 +64,7 @@ def plan(names, sets) -> list:
     exps = registry.experiments()
     unknown = [n for n in names if n not in exps]
     if unknown:
-        bash = registry.NOT_PORTED + registry.BASH_ONLY
-        raise BadInput(f"unknown experiment {', '.join(unknown)}; experiments: {' '.join(exps)}"
-                       + (f" (not ported: {', '.join(u for u in unknown if u in bash)}: "
-                          "bench/gpu_session.sh runs it)" if any(u in bash for u in unknown) else ""))
+        raise BadInput(f"unknown experiment {', '.join(unknown)}; experiments: {' '.join(exps)}")
     if len(set(names)) != len(names):
         raise BadInput(f"an experiment named twice: {' '.join(names)} (one results folder each)")
     by_exp = parse_sets(sets, names)

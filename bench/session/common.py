@@ -1,17 +1,18 @@
 """Experiments that belong to no one stage: the whole CTest suite and the machine's ceilings.
 
-Ported from bench/gpu_session.sh's steps `test` and `ceiling`, with the same commands. The ceilings
+Ported from the bash driver's steps `test` and `ceiling`, with the same commands. The ceilings
 run before the comparisons of the same call reuse them (tools.ceiling_args): put `ceiling` first.
 Also ported: `sanitize` (several stages in one results folder, SANITIZE_STAGES), `quick`, `sweep`,
 `timing`, `lessons` and `prebuilt`, whose environment variables (QUICK_STAGES, QUICK_SIZES, STEPS09,
-ROUNDS, PREBUILT) became parameters. prebuilt lists no registers or spills (the script's
-list_resources is not ported).
+ROUNDS, PREBUILT) became parameters. prebuilt checks stage 11's SASS for a serialized wgmma
+pipeline as a build does (runner.sass_check), but lists no registers or spills per kernel (the bash
+driver's list_resources is not ported).
 """
 import os
 
-from . import sanitize
-from .experiment import ALL_TARGETS, Command, Experiment, Where, file_lines, in_results, tail
-from .tools import COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, compare, compare_summary
+from . import runner, sanitize
+from .experiment import ALL_TARGETS, Command, Experiment, Where, entries_match, file_lines, in_results, tail
+from .tools import COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, STEPS09_HELP, compare, compare_summary, steps09_args
 
 
 def _test_commands(p, ctx):
@@ -102,8 +103,13 @@ SANITIZE = Experiment(
 
 
 def _quick_commands(p, ctx):
-    return [compare(ctx, "quick", p["rounds"], "--stages", *p["stages"], "--sizes", *(str(n) for n in p["sizes"]),
-                    "--repeat", "10", "--warmup", "2", "--steps09", *(str(s) for s in p["steps09"]))]
+    return [compare(ctx, "quick", p["rounds"], "--stages", *p["stages"], "--dtypes", *p["dtypes"],
+                    "--sizes", *(str(n) for n in p["sizes"]), "--repeat", "10", "--warmup", "2", *steps09_args(p["steps09"]))]
+
+
+def _quick_check(p):
+    entries_match("steps09", r"[0-9]+|none", "step numbers or none")(p)
+    entries_match("dtypes", r"bf16|fp16", "bf16 or fp16")(p)
 
 
 QUICK = Experiment(
@@ -112,10 +118,12 @@ QUICK = Experiment(
     description="every chosen stage beside every SDPA backend at two sizes, 10 runs each (09: beside SDPA's backward; "
                 "11: beside SDPA cuDNN and flash)",
     targets=COMPARE_TARGETS,
-    params={"stages": ("05", "06", "07"), "sizes": (2048, 8192), "steps09": (1,), "rounds": 3},
-    param_help={"stages": "stages compared (--stages; QUICK_STAGES)", "sizes": "sequence lengths N (--sizes; QUICK_SIZES)",
-                "steps09": "other main kernels of stage 09's road beside the default one (--steps09; STEPS09)",
-                "rounds": ROUNDS_HELP},
+    params={"stages": ("05", "06", "07"), "dtypes": ("bf16", "fp16"), "sizes": (2048, 8192), "steps09": ("1",), "rounds": 3},
+    param_help={"stages": "stages compared (--stages; QUICK_STAGES)",
+                "dtypes": "16-bit types of stages 07, 09 and 11 and of SDPA beside them (--dtypes)",
+                "sizes": "sequence lengths N (--sizes; QUICK_SIZES)",
+                "steps09": STEPS09_HELP + " (STEPS09)", "rounds": ROUNDS_HELP},
+    check=_quick_check,
     commands=_quick_commands,
     outputs=COMPARE_OUTPUTS + ("stage{NN}_sweep_table.txt", "ratios_over_rounds.txt"),
     summary=compare_summary,
@@ -132,7 +140,7 @@ SWEEP = Experiment(
     description="stages 05, 06, 07 beside every PyTorch SDPA backend, the full grid (as the committed data)",
     targets=COMPARE_TARGETS,
     params={"stages": ("05", "06", "07"), "rounds": 3},
-    param_help={"stages": "stages compared (--stages; fixed in gpu_session.sh)", "rounds": ROUNDS_HELP},
+    param_help={"stages": "stages compared (--stages)", "rounds": ROUNDS_HELP},
     commands=_sweep_commands,
     outputs=COMPARE_OUTPUTS + ("stage07_sweep_table.txt", "ratios_over_rounds.txt"),
     summary=compare_summary,
@@ -210,14 +218,21 @@ def _prebuilt_commands(p, ctx):
 
 
 def _prebuilt_finish(p, ctx, where: Where):
-    """prebuilt.txt: each file of the archive now in the build folder, with its size."""
-    lines = []
-    for name in file_lines(in_results(where, "archive_files.txt")):
+    """prebuilt.txt: each file of the archive now in the build folder, with its size; then, when
+    stage 11's executable is among them, its SASS checked as a build's is (wgmma_sass.txt)."""
+    lines, serialized = [], []
+    names = [os.path.normpath(name) for name in file_lines(in_results(where, "archive_files.txt"))]
+    for name in names:
         path = os.path.join(ctx.build, name)
         if os.path.isfile(path):
             lines.append(f"  {name} ({os.path.getsize(path)} bytes)")
+    if runner.STAGE11_EXE in names:
+        sass, serialized = runner.sass_check(ctx.exe(runner.STAGE11_EXE), in_results(where, "wgmma_sass.txt"))
+        lines += sass
     with open(in_results(where, "prebuilt.txt"), "w") as f:
         f.write("".join(line + "\n" for line in lines))
+    if serialized:
+        raise runner.SessionError("a stage 11 kernel waits on every HGMMA (a serialized wgmma pipeline): see prebuilt.txt")
 
 
 PREBUILT = Experiment(
@@ -229,7 +244,7 @@ PREBUILT = Experiment(
     params={"archive": ".carry/build.txz"},
     param_help={"archive": "the archive, paths relative to the build folder (PREBUILT)"},
     commands=_prebuilt_commands,
-    outputs=("archive_files.txt", "prebuilt.txt"),
+    outputs=("archive_files.txt", "prebuilt.txt", "wgmma_sass.txt"),
     summary="prebuilt.txt",
     finish=_prebuilt_finish,
 )

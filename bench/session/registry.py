@@ -2,9 +2,9 @@
 
 A stage's module joins the session by being named in MODULES; nothing else needs to change.
 """
-from . import common, stage05, stage06, stage07, stage09, stage10, stage11
+from . import common, newcomer, stage05, stage06, stage07, stage09, stage10, stage11
 
-MODULES = (common, stage05, stage06, stage07, stage09, stage10, stage11)
+MODULES = (common, newcomer, stage05, stage06, stage07, stage09, stage10, stage11)
 
 
 def experiments() -> dict:
@@ -17,10 +17,3 @@ def experiments() -> dict:
             out[exp.name] = exp
     return out
 
-
-# Steps of bench/gpu_session.sh that stay there: they are about a fresh copy of the checkout (the
-# README's two commands as a newcomer runs them), not about one stage's experiments.
-BASH_ONLY = ("newcomer", "newcomer_test", "newcomer_test_start", "newcomer_wait")
-
-# Steps of bench/gpu_session.sh that this driver does not run yet: the script stays the driver for them.
-NOT_PORTED = ()

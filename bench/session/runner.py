@@ -2,13 +2,13 @@
 commands with their timing, the summary, and the packing of logs and results into $OUT.
 
 Why it packs in a background thread as well as after each experiment: a device call cut short by
-its time limit must still return what the experiment it was in had written so far (gpu_session.sh
-did the same every PACK_EVERY seconds).
+its time limit must still return what the experiment it was in had written so far.
 """
 from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -236,8 +236,8 @@ def expand(argv) -> list:
 
 
 def deps_commands() -> list:
-    """Debian's header-only packages of .deps/ (Eigen, CLI11, doctest) unpacked once into /tmp/deps:
-    the device machine has no package access."""
+    """Debian's header-only packages of .deps/ (Eigen, CLI11, doctest, nlohmann-json) unpacked once
+    into /tmp/deps: the device machine has no package access."""
     debs = sorted(glob.glob(".deps/*.deb"))
     if not debs or os.path.isdir(os.path.join(DEPS, "usr")):
         return []
@@ -245,8 +245,8 @@ def deps_commands() -> list:
 
 
 def configure_command(ctx: Context, tuning: str, deps_coming: bool) -> Command:
-    """cmake's configure as gpu_session.sh's build step ran it (stage 07's tuning candidates on
-    unless --tuning OFF: the road experiment times them)."""
+    """cmake's configure of the session's build (stage 07's tuning candidates on unless --tuning
+    OFF: the road experiment times them)."""
     prefix = [f"-DCMAKE_PREFIX_PATH={DEPS}/usr"] if deps_coming or os.path.isdir(DEPS + "/usr") else []
     argv = ("cmake", "-S", ".", "-B", ctx.build, "-G", "Ninja", *prefix, *CMAKE_FLAGS,
             f"-DFA_STAGE07_TUNING={tuning}", "-DFA_WERROR=ON")
@@ -276,6 +276,7 @@ def build(session: Session, targets, tuning: str) -> bool:
         session.status = 1
         session.record("build FAILED (some targets)", *first_errors(ctx.log("build")))
     serialized_check(session)
+    wgmma_sass_check(session, targets)
     if not ctx.dry_run:
         session.record(f"build ok ({' '.join(names) or 'all targets'}; stage 07 tuning candidates {tuning})")
     session.timed("build", t0)
@@ -308,6 +309,85 @@ def serialized_check(session: Session):
             counts[short] = counts.get(short, 0) + 1
         session.record("FAIL  ptxas serialized a wgmma pipeline:",
                        *(f"{n:7d} {text}" for text, n in sorted(counts.items())[:8]))
+
+
+# The executables that hold stage 11's kernels, whose SASS wgmma_sass_check() reads when the call
+# builds them: target -> (path in the build folder, the table of its kernel instances in WORK/logs).
+STAGE11_EXE = "stages/11_hopper_kernel/stage11_hopper_kernel"
+WGMMA_EXES = {"stage11_hopper_kernel": (STAGE11_EXE, "wgmma_sass.txt"),
+              "bench_gpu": ("bench/bench_gpu", "wgmma_sass_bench_gpu.txt")}
+
+
+def sass_counts(sass_lines) -> list:
+    """Per kernel instance of `cuobjdump -sass`: [name, uniform-datapath instructions (U*), R2UR,
+    spills (STL, LDL), instructions, HGMMA, HGMMA with gsb0, WARPGROUP.DEPBAR]."""
+    rows, row = [], None
+    for line in sass_lines:
+        if "Function :" in line:
+            row = [line.split("Function :", 1)[1].strip()] + [0] * 7
+            rows.append(row)
+            continue
+        if row is None:
+            continue
+        op = re.match(r"\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[0-9T] +)?([^ .;]+)", line)
+        if op:
+            row[4] += 1
+            row[1] += op.group(1).startswith("U")
+            row[2] += op.group(1) == "R2UR"
+            row[3] += op.group(1) in ("STL", "LDL")
+        if "HGMMA" in line:
+            row[5] += 1
+            row[6] += "gsb0" in line
+        row[7] += "WARPGROUP.DEPBAR" in line
+    return rows
+
+
+def demangle(names) -> list:
+    """The names as c++filt prints them (unchanged without it)."""
+    if not names or not shutil.which("c++filt"):
+        return list(names)
+    done = subprocess.run(["c++filt"], input="\n".join(names) + "\n", capture_output=True, text=True)
+    out = done.stdout.splitlines()
+    return out if len(out) == len(names) else list(names)
+
+
+def sass_check(exe: str, table: str) -> tuple:
+    """ptxas can serialize a wgmma pipeline with no more than an info line in the build log, or
+    none (it then waits after every wgmma): in SASS, `gsb0` on every HGMMA, where a pipelined kernel
+    has one per wgmma group. Each instance's counts of exe go to table (name, then sass_counts()'s
+    numbers; fewer uniform instructions and more R2UR show ring counters and descriptors moved out of
+    the uniform datapath, as in stage 11's step 16). (summary lines, the serialized instances: more
+    than two HGMMA, every one with gsb0)."""
+    if not os.access(exe, os.X_OK) or not shutil.which("cuobjdump"):
+        return [], []
+    with subprocess.Popen(["cuobjdump", "-sass", exe], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                          text=True, errors="replace") as dump:  # read as it comes: bench_gpu's is large
+        rows = sass_counts(dump.stdout)
+    lines = [" ".join([name] + [str(v) for v in row[1:]]) for name, row in zip(demangle([r[0] for r in rows]), rows)]
+    with open(table, "w") as f:
+        f.write("".join(line + "\n" for line in lines))
+    serialized = [line for line, row in zip(lines, rows) if row[5] > 2 and row[5] == row[6]]
+    summary = [f"{os.path.basename(exe)} SASS: {len(rows)} kernel instances; {len(serialized)} with every HGMMA waited "
+               f"for (a serialized wgmma pipeline); uniform instructions, R2UR, spills per instance in "
+               f"{os.path.basename(table)}"]
+    return summary + ["  serialized: " + line for line in serialized[:8]], serialized
+
+
+def wgmma_sass_check(session: Session, targets):
+    """sass_check() of each executable of WGMMA_EXES among targets ("all": both) into its table in
+    WORK/logs: a serialized instance fails the session."""
+    ctx = session.ctx
+    for target, (path, table) in WGMMA_EXES.items():
+        if "all" not in targets and target not in targets:
+            continue
+        if ctx.dry_run:
+            print(f"# then, in Python: cuobjdump -sass {ctx.exe(path)}: every HGMMA with gsb0 (a serialized wgmma "
+                  f"pipeline) fails the session; counts in {ctx.logs}/{table}")
+            continue
+        lines, serialized = sass_check(ctx.exe(path), os.path.join(ctx.logs, table))
+        session.record(*lines)
+        if serialized:
+            session.status = 1
 
 
 def prepare(ctx: Context):

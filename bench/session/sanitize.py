@@ -1,4 +1,4 @@
-"""compute-sanitizer over each stage's executables: the cases of gpu_session.sh's step `sanitize`,
+"""compute-sanitizer over each stage's executables: the cases of the bash driver's `sanitize`,
 one experiment per stage set (sanitize05 ... sanitize11, sanitize07m, sanitize09m) and `sanitize`
 (common.py) for several in one results folder, as SANITIZE_STAGES did.
 
@@ -76,7 +76,11 @@ EXES = {
     "09": ("stages/09_backward_kernel/stage09_backward_kernel", "stage09_backward_kernel"),
     "09m": ("tests/test_stage09", "test_stage09"),
     "11": ("stages/11_hopper_kernel/stage11_hopper_kernel", "stage11_hopper_kernel"),
+    "11r": ("tests/test_stage11_steps", "test_stage11_steps"),
 }
+# Stage 11's reading files (steps/: steps 1-4 and 9) beside their switch steps, through
+# test_stage11_steps' small case: the one racecheck can cover whole in a few minutes.
+CASES11R = ("-tc=*two?small?problems*",)
 OUTPUT = "sanitize_stage{stage}_{tool}.log"
 
 
@@ -110,9 +114,9 @@ def road_steps(ctx, stage: str, steps, first: int):
         chosen = list(steps)
     elif ctx.dry_run and last is None:
         chosen = [f"<steps-{first}-to-last-of-{name}--help>"]
-    elif stage == "09":  # gpu_session.sh: seq 0 ${last09:-0}
+    elif stage == "09":  # first..last, or step 0 alone where --help names no range
         chosen = [str(s) for s in range(first, (last or 0) + 1)]
-    elif last is None:  # gpu_session.sh then probed --step 1..64 for exit 2: not ported
+    elif last is None:  # no range in --help: no steps to guess (probing --step 1, 2, ... is not done)
         raise SessionError(f"could not read the last step of stage 11's road from {name} --help")
     else:
         chosen = [str(s) for s in range(first, last + 1)]
@@ -131,6 +135,8 @@ def cases(stage: str, p: dict, ctx):
         return list(CASES07), None
     if stage == "07m":
         return list(CASES07M), None
+    if stage == "11r":
+        return list(CASES11R), None
     if stage == "09m":
         return p["cases09m"].split("|"), None
     if stage == "09":
@@ -150,9 +156,9 @@ def commands(stage: str, p: dict, ctx, out: str) -> list:
     for tool in p["tools"]:
         log = os.path.join(out, OUTPUT.format(stage=stage, tool=tool))
         for i, args in enumerate(runs):
-            argv = ("timeout", "300", "compute-sanitizer", "--tool", tool, "--error-exitcode", "9",
+            argv = ("timeout", str(p.get("limit", 300)), "compute-sanitizer", "--tool", tool, "--error-exitcode", "9",
                     *(("--leak-check", "full") if tool == "memcheck" else ()), exe, *args.split(),
-                    *(() if stage.endswith("m") else ("--reference", "never")))
+                    *(() if stage.endswith(("m", "r")) else ("--reference", "never")))
             head = ((note,) if note and i == 0 else ()) + (f"== {tool} {os.path.basename(exe)} {args}",)
             cmds.append(Command(argv, stdout=log, append=True, header=head, ok=(0, 77)))
     return cmds
@@ -186,6 +192,8 @@ def _stage_params(stage: str):
         return {"steps": ("all",)}, {"steps": STEPS_HELP + f" (SANITIZE{stage}_STEPS)"}, f"steps{stage}"
     if stage == "09m":
         return {"cases": CASES09M}, {"cases": CASES09M_HELP}, "cases09m"
+    if stage == "11r":  # racecheck over the whole case takes minutes, not seconds
+        return {"limit": 600}, {"limit": "seconds before timeout stops one tool's run"}, "limit"
     return {}, {}, None
 
 
@@ -202,7 +210,7 @@ def experiment(stage: str, description: str):
 
     return Experiment(
         name=name,
-        stage=stage.rstrip("m"),
+        stage=stage.rstrip("mr"),
         description=description,
         targets=(EXES[stage][1],),
         params={"tools": TOOLS, **extra},

@@ -1,7 +1,7 @@
 """Stage 05's experiments (the shared-memory kernel, float32): every step of its road beside its
 final kernel, and compute-sanitizer over its cases and its road.
 
-Ported from bench/gpu_session.sh's steps `road05`, `ncu`, `ncu05road` and `sanitize` (stage 05)
+Ported from the bash driver's steps `road05`, `ncu`, `ncu05road` and `sanitize` (stage 05)
 with the same commands; ROAD05_SIZES and SANITIZE_TOOLS became parameters. road05's table, a
 heredoc there, is road05_table() here.
 """
@@ -10,7 +10,7 @@ import os
 
 from . import sanitize
 from .experiment import Command, Experiment, Where, file_lines, grep, in_results
-from .ncu import ANY_EXIT, NCU05ROAD_METRICS, strip_bench, strip_bench_and_ncu, write_lines
+from .ncu import ANY_EXIT, NCU05ROAD_METRICS, metric_lines, profile, raw_page, report_lines
 from .runner import SessionError
 
 
@@ -91,36 +91,20 @@ NCU_COUNTERS = ("dram__bytes_read.sum", "dram__bytes_write.sum", "lts__t_bytes.s
 
 
 def _ncu_commands(p, ctx):
-    out, bench = ctx.results("ncu"), ctx.exe("bench/bench_gpu")
+    out, log, bench = ctx.results("ncu"), ctx.log("ncu"), ctx.exe("bench/bench_gpu")
     head = ("ncu", "--clock-control", "none", "-k", "regex:attention_kernel", "--launch-count", "2")
     sections = [w for s in NCU_SECTIONS for w in ("--section", s)]
-    return [Command((*head, *sections, bench, *NCU_ARGS), stdout=f"{out}/ncu_stage05.txt"),
+    report, counters = f"{out}/ncu_stage05", f"{out}/ncu_stage05_metrics"
+    return [profile((*head, *sections), report, (bench, *NCU_ARGS)), raw_page(report, log),
             # The counters in a run of their own: a metric this ncu does not know must not cost the report above.
-            Command((*head, "--metrics", ",".join(NCU_COUNTERS), bench, *NCU_ARGS), stdout=f"{out}/ncu_stage05_metrics.txt",
-                    ok=ANY_EXIT)]
-
-
-def _ncu_finish(p, ctx, where: Where):
-    """ncu_stage05_report.txt for docs/results/: the commands, then both reports without bench_gpu's lines."""
-    write_lines(in_results(where, "ncu_stage05_report.txt"), [
-        f"Nsight Compute on the stage 05 kernel, {ctx.gpu_name()}, {ctx.date()}.",
-        "Commands (bench/session.py, experiment ncu):",
-        "  ncu --clock-control none -k regex:attention_kernel --launch-count 2 --section SpeedOfLight --section Occupancy",
-        "      --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis "
-        "--section WarpStateStats",
-        f"      bench_gpu {' '.join(NCU_ARGS)}",
-        "  ncu ... --metrics dram__bytes_read.sum,... (second report below)", "",
-        *strip_bench(file_lines(in_results(where, "ncu_stage05.txt"))), "",
-        "---- counters (second ncu run, --metrics) ----",
-        *strip_bench(file_lines(in_results(where, "ncu_stage05_metrics.txt")))])
+            profile((*head, "--metrics", ",".join(NCU_COUNTERS)), counters, (bench, *NCU_ARGS), ok=ANY_EXIT),
+            raw_page(counters, log, ok=ANY_EXIT)]
 
 
 def _ncu_summary(where: Where):
-    """The kernel's time, throughputs, occupancy, registers and shared memory, then its counters."""
-    return grep(in_results(where, "ncu_stage05.txt"), r"attention_kernel|Duration|Compute \(SM\) Throughput|Memory "
-                r"Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Dynamic Shared|Block Limit") + \
-        grep(in_results(where, "ncu_stage05_metrics.txt"),
-             r"attention_kernel|dram__|lts__|ffma|bank_conflicts|wavefronts|inst_executed.sum|local")
+    """Each launch's kernel, time, throughputs, occupancy, registers and shared memory, then its counters."""
+    return report_lines(where.results, "ncu_stage05",
+                        counters=r"dram__|lts__|ffma|bank_conflicts|wavefronts|inst_executed.sum|local")
 
 
 NCU = Experiment(
@@ -131,32 +115,37 @@ NCU = Experiment(
     params={},
     param_help={},
     commands=_ncu_commands,
-    outputs=("ncu_stage05.txt", "ncu_stage05_metrics.txt", "ncu_stage05_report.txt"),
+    # Two launches each: d 64, then d 128. docs/results/ keeps the CSVs (the reports open in Nsight Compute).
+    outputs=("ncu_stage05.ncu-rep", "ncu_stage05.csv", "ncu_stage05_metrics.ncu-rep", "ncu_stage05_metrics.csv"),
     summary=_ncu_summary,
-    finish=_ncu_finish,
 )
 
 
 def _ncu05road_commands(p, ctx):
-    out = f"{ctx.results('ncu05road')}/ncu_stage05_road.txt"
-    metrics = ctx.known_metrics(NCU05ROAD_METRICS, ctx.log("ncu05road"))
-    head = (f"Nsight Compute on every step of stage 05's road, {ctx.gpu_name()}, {ctx.date()}.",
-            "bench/session.py ncu05road: ncu --clock-control none -k regex:'attention_kernel|row_per_thread|block_tile'",
-            "    --launch-count 1 --metrics ... bench_gpu --stages 05 --road05 --sizes 2048 --head-dims 64 --causal no",
-            "(bench_gpu runs each step twice, untimed then timed after an L2 flush, steps 0 to 5 first and the final",
-            " kernel last: launch 2k+1 of the regex, the timed run, is step k)")
-    return [Command(("timeout", "300", "ncu", "--clock-control", "none", "-k",
-                     "regex:attention_kernel|row_per_thread_kernel|block_tile_kernel", "--launch-skip", str(2 * s + 1),
-                     "--launch-count", "1", "--metrics", metrics, ctx.exe("bench/bench_gpu"), "--stages", "05", "--road05",
-                     "--sizes", "2048", "--head-dims", "64", "--causal", "no", "--repeat", "1", "--warmup", "0", "--check",
-                     "false", "--json", "/tmp/ncu.json", "--csv", "/tmp/ncu.csv"), stdout=out, append=True,
-                    header=(head if s == 0 else ()) + (f"---- step {s}",), filter=strip_bench_and_ncu) for s in range(7)]
+    out, log = ctx.results("ncu05road"), ctx.log("ncu05road")
+    metrics = ctx.known_metrics(NCU05ROAD_METRICS, log)
+    cmds = []
+    for s in range(7):
+        # bench_gpu runs each step twice, untimed then timed after an L2 flush, steps 0 to 5 first and
+        # the final kernel last: launch 2s+1 of the regex, the timed run, is step s.
+        report = f"{out}/ncu_stage05_road_step{s}"
+        cmds += [profile(("timeout", "300", "ncu", "--clock-control", "none", "-k",
+                          "regex:attention_kernel|row_per_thread_kernel|block_tile_kernel", "--launch-skip", str(2 * s + 1),
+                          "--launch-count", "1", "--metrics", metrics), report,
+                         (ctx.exe("bench/bench_gpu"), "--stages", "05", "--road05", "--sizes", "2048", "--head-dims", "64",
+                          "--causal", "no", "--repeat", "1", "--warmup", "0", "--check", "false", "--json", "/tmp/ncu.json",
+                          "--csv", "/tmp/ncu.csv")),
+                 raw_page(report, log)]
+    return cmds
 
 
 def _ncu05road_summary(where: Where):
     """Each step's kernel, time, bank conflicts, active warps and registers."""
-    return grep(in_results(where, "ncu_stage05_road.txt"),
-                r"^---- step|\(|gpu__time|bank_conflicts|warps_active|registers_per")
+    lines = []
+    for s in range(7):
+        lines += [f"---- step {s}"] + metric_lines(in_results(where, f"ncu_stage05_road_step{s}.csv"),
+                                                   r"gpu__time|bank_conflicts|warps_active|registers_per")
+    return lines
 
 
 NCU05ROAD = Experiment(
@@ -168,7 +157,7 @@ NCU05ROAD = Experiment(
     params={},
     param_help={},
     commands=_ncu05road_commands,
-    outputs=("ncu_stage05_road.txt",),
+    outputs=("ncu_stage05_road_step{s}.ncu-rep", "ncu_stage05_road_step{s}.csv"),
     summary=_ncu05road_summary,
 )
 

@@ -1,6 +1,6 @@
 """Stage 06's experiments (causal masking): compute-sanitizer over its cases.
 
-Ported from bench/gpu_session.sh's step `sanitize` (stage 06) with the same commands.
+Ported from the bash driver's step `sanitize` (stage 06) with the same commands.
 """
 from . import sanitize
 

@@ -1,14 +1,15 @@
 """Stage 07's experiments (the pipelined fused kernel, bf16/fp16, mma.sync): its final kernel over
 the full grid, and every step of its road, each beside PyTorch SDPA's flash and cuDNN backends.
 
-Ported from bench/gpu_session.sh's steps `sweep07` and `road` with the same sdpa_compare.py
+Ported from the bash driver's steps `sweep07` and `road` with the same sdpa_compare.py
 arguments; ROAD_SIZES and ROUNDS became the parameters `road.sizes` and `rounds`. Also ported:
 `switches07`, `order07`, `ncu07`, `ncu07road` (NCU_ROAD_STEPS: its steps) and `sanitize`'s stages
 07 and 07m (sanitize07, sanitize07m).
 """
 from . import sanitize
 from .experiment import Command, Experiment, Where, grep, in_results
-from .ncu import BENCH_NCU, KERNEL07, NCU07_METRICS, NCUROAD_METRICS, ncu_one, report_lines, strip_bench
+from .ncu import (BENCH_NCU, KERNEL07, NCU07_METRICS, NCUROAD_METRICS, metric_lines, ncu_one, profile, raw_page,
+                  report_lines)
 from .tools import (COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, block_orders, compare, compare_summary, merge_with,
                     packed_lengths)
 
@@ -76,7 +77,7 @@ SWITCHES07 = Experiment(
                 "mixed lengths (seed 7, 16384 tokens) beside a uniform batch of the same tokens",
     targets=("bench_gpu", "mma_ceiling"),
     params={"models": ("8/-1/0", "4/-1/0", "1/4095/0", "1/-1/0/50", "1/-1/0/0/0.1")},
-    param_help={"models": "stage 10's switches, G/window/.../softcap/dropout (--model07; fixed in gpu_session.sh)"},
+    param_help={"models": "stage 10's switches, G/window/.../softcap/dropout (--model07)"},
     commands=_switches07_commands,
     outputs=("switches07.json", "switches07.csv", "switches07.txt"),
     summary=_switches07_summary,
@@ -131,11 +132,8 @@ def _ncu07_summary(where: Where):
     lines = []
     for d in where.params["dims"]:
         lines += [f"-- d={d}"] + report_lines(
-            where.results, f"ncu_stage07_d{d}",
-            rf"{KERNEL07}|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|"
-            r"Registers Per|Dynamic Shared|Block Limit|Bank Conflicts",
-            r"hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|ldgsts|local_op|registers|"
-            r"stalled_(barrier|long|short|mio|math|wait)")
+            where.results, f"ncu_stage07_d{d}", counters=r"hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|ldgsts|local_op|"
+            r"registers|stalled_(barrier|long|short|mio|math|wait)")
     return lines
 
 
@@ -146,28 +144,33 @@ NCU07 = Experiment(
                 "(B=4 H=16), one launch each: the sections, then the counters",
     targets=("bench_gpu",),
     params={"dims": (64, 128)},
-    param_help={"dims": "head dimensions, one report each (fixed in gpu_session.sh)"},
+    param_help={"dims": "head dimensions, one report each"},
     commands=_ncu07_commands,
-    outputs=("ncu_stage07_d{d}.txt", "ncu_stage07_d{d}_metrics.txt"),
+    outputs=("ncu_stage07_d{d}.ncu-rep", "ncu_stage07_d{d}.csv", "ncu_stage07_d{d}_metrics.ncu-rep",
+             "ncu_stage07_d{d}_metrics.csv"),
     summary=_ncu07_summary,
 )
 
 
 def _ncu07road_commands(p, ctx):
-    out, metrics = ctx.results("ncu07road"), ctx.known_metrics(NCUROAD_METRICS, ctx.log("ncu07road"))
-    return [Command(("timeout", "300", "ncu", "--clock-control", "none", "-k", f"regex:{KERNEL07}", "--launch-count", "1",
-                     "--metrics", metrics, ctx.exe("bench/bench_gpu"), "--stages", "07", "--dtypes", "bf16", "--steps",
-                     str(s),
-                     "--sizes", "4096", "--head-dims", "64", "--causal", "no", *BENCH_NCU),
-                    stdout=f"{out}/ncu_stage07_step{s}.txt", filter=strip_bench) for s in p["steps"]]
+    out, log = ctx.results("ncu07road"), ctx.log("ncu07road")
+    metrics, cmds = ctx.known_metrics(NCUROAD_METRICS, log), []
+    for s in p["steps"]:
+        report = f"{out}/ncu_stage07_step{s}"
+        cmds += [profile(("timeout", "300", "ncu", "--clock-control", "none", "-k", f"regex:{KERNEL07}", "--launch-count",
+                          "1", "--metrics", metrics), report,
+                         (ctx.exe("bench/bench_gpu"), "--stages", "07", "--dtypes", "bf16", "--steps", str(s), "--sizes",
+                          "4096", "--head-dims", "64", "--causal", "no", *BENCH_NCU)),
+                 raw_page(report, log)]
+    return cmds
 
 
 def _ncu07road_summary(where: Where):
     """Per step: its time, tensor pipe, bank conflicts, wavefronts, ldmatrix, shared loads and stores, cp.async."""
     lines = []
     for s in where.params["steps"]:
-        lines += [f"-- step {s}"] + grep(in_results(where, f"ncu_stage07_step{s}.txt"),
-                                         r"gpu__time|hmma|bank_conflicts|wavefronts|ldsm|shared_(ld|st)|ldgsts")
+        lines += [f"-- step {s}"] + metric_lines(in_results(where, f"ncu_stage07_step{s}.csv"),
+                                                 r"gpu__time|hmma|bank_conflicts|wavefronts|ldsm|shared_(ld|st)|ldgsts")
     return lines
 
 
@@ -180,7 +183,7 @@ NCU07ROAD = Experiment(
     params={"steps": (1, 2)},
     param_help={"steps": "steps of the road (--steps; NCU_ROAD_STEPS)"},
     commands=_ncu07road_commands,
-    outputs=("ncu_stage07_step{s}.txt",),
+    outputs=("ncu_stage07_step{s}.ncu-rep", "ncu_stage07_step{s}.csv"),
     summary=_ncu07road_summary,
 )
 

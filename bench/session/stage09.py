@@ -1,7 +1,7 @@
 """Stage 09's experiments (the backward kernel: dQ, dK, dV on tensor cores, atomic or
 deterministic dQ), beside PyTorch SDPA's flash and cuDNN backends.
 
-Ported from bench/gpu_session.sh's steps `sweep09` and `road09` with the same sdpa_compare.py
+Ported from the bash driver's steps `sweep09` and `road09` with the same sdpa_compare.py
 arguments; SWEEP09_STAGES, STEPS09, ROAD09_REPEAT and ROUNDS became parameters. road09 reads its
 road's steps from stage09_backward_kernel --help, as the script did, so a new step is timed
 without editing this file. Also ported: `order09`, `split09`, and `sanitize`'s stages 09 and 09m
@@ -11,21 +11,33 @@ Nsight Compute steps `ncu09`, `ncu09at`, `ncudrop`, `ncugqa`, `ncuflash09`, `ncu
 """
 import os
 import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/: records.py
+import records  # noqa: E402
 
 from . import sanitize
 from .experiment import Command, Experiment, Where, entries_match, file_lines, grep
-from .ncu import (ATOMIC09, BENCH_NCU, KERNEL07, KERNEL09, KERNEL09_TILED, NCU07_METRICS, NCUDROP_METRICS,
-                  NCUGQA_METRICS, dropout_price_table, gqa_price_table, instance09, launch_lines, ncu_command, ncu_one,
-                  report_lines, side_by_side, strip_bench, write_lines)
+from .ncu import (ATOMIC09, BENCH_NCU, DROPOUT_COLUMNS, GQA_COLUMNS, KERNEL07, KERNEL09, KERNEL09_TILED, NCU07_METRICS,
+                  NCUDROP_METRICS, NCUGQA_METRICS, dropout_price, gqa_price, instance09, launch_lines, metric_lines,
+                  ncu_command, ncu_one, profile, raw_page, report_lines, report_outputs, side_by_side, table_lines,
+                  write_lines, write_table)
 from .runner import SessionError
-from .tools import COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, block_orders, compare, compare_summary, merge_with
+from .tools import (COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, STEPS09_HELP, block_orders, compare, compare_summary,
+                    merge_with, steps09_args)
 
 STAGE09 = "stages/09_backward_kernel/stage09_backward_kernel"
 
 
 def _sweep09_commands(p, ctx):
-    return [compare(ctx, "sweep09", p["rounds"], "--stages", *p["stages"], "--dtypes", "bf16", "fp16",
-                    "--steps09", *(str(s) for s in p["steps09"]), *merge_with())]
+    return [compare(ctx, "sweep09", p["rounds"], "--stages", *p["stages"], "--dtypes", *p["dtypes"],
+                    "--sizes", *(str(n) for n in p["sizes"]), "--repeat", str(p["repeat"]), *steps09_args(p["steps09"]),
+                    *merge_with())]
+
+
+def _sweep09_check(p):
+    entries_match("steps09", r"[0-9]+|none", "step numbers or none")(p)
+    entries_match("dtypes", r"bf16|fp16", "bf16 or fp16")(p)
 
 
 SWEEP09 = Experiment(
@@ -34,16 +46,22 @@ SWEEP09 = Experiment(
     description="stage 07's forward and stage 09's backward (atomic and deterministic dQ), bf16 and fp16, "
                 "beside SDPA flash and cuDNN forward, backward and both, the full grid",
     targets=COMPARE_TARGETS,
-    params={"stages": ("07", "09"), "steps09": (1,), "rounds": 3},
+    params={"stages": ("07", "09"), "dtypes": ("bf16", "fp16"), "sizes": (512, 1024, 2048, 4096, 8192, 16384),
+            "steps09": ("1",), "repeat": 30, "rounds": 3},
     param_help={
         # Stage 07's forward runs again: the SDPA forward rows are measured again and 07 is compared with them.
         "stages": "stages compared (--stages); 07 with 09, as SDPA's forward rows are measured again",
-        "steps09": "other main kernels of stage 09's road timed beside the default one (--steps09)",
+        "dtypes": "16-bit types (--dtypes); one a call splits the grid over two calls",
+        "sizes": "sequence lengths N (--sizes), B*N = 16384 tokens",
+        "steps09": STEPS09_HELP,
+        "repeat": "timed runs per point (--repeat; the median of at least 20 is the course's rule)",
         "rounds": ROUNDS_HELP,
     },
+    check=_sweep09_check,
     commands=_sweep09_commands,
     # gpu_sweep.csv keeps the other rows of docs/results/gpu_sweep.csv (--merge-with).
-    outputs=COMPARE_OUTPUTS + ("stage07_sweep_table.txt", "stage09_sweep_table.txt", "ratios_over_rounds.txt"),
+    outputs=COMPARE_OUTPUTS + ("stage07_sweep_table.txt", "stage07_sweep_table.json", "stage09_sweep_table.txt",
+                               "stage09_sweep_table.json", "ratios_over_rounds.txt", "ratios_over_rounds.json"),
     summary=compare_summary,
 )
 
@@ -76,18 +94,25 @@ def _road09_commands(p, ctx):
 
 def _road09_finish(p, ctx, where: Where):
     """stage09_road09.txt: the sweep's table opened by two lines naming the command and the
-    default step, the record docs/results/ keeps."""
+    default step, the record docs/results/ keeps; and stage09_road09.json, the cells of its tables
+    (bench/records.py) with the same two facts in the run's meta, which docs/ reads."""
     table = os.path.join(where.results, "stage09_sweep_table.txt")
     if not os.path.isfile(table):
         return
     default, _ = _road09_steps(ctx)
+    command = f"python3 bench/session.py run road09 --set road09.rounds={p['rounds']}"
     with open(table) as f:
         body = f.read()
     with open(os.path.join(where.results, "stage09_road09.txt"), "w") as f:
-        f.write(f"bench/session.py road09 ({p['rounds']} rounds, each ours then SDPA); B*N = 16384, H*d = 2048.\n")
+        f.write(f"{command} (each round ours then SDPA); B*N = 16384, H*d = 2048.\n")
         f.write(f"In this run the default main kernel (rows stage09) was step {default}; the step tables give every "
                 "other step beside it (/09), each timed by its backward with atomic dQ alone.\n")
         f.write(body)
+    cells = os.path.splitext(table)[0] + ".json"
+    if os.path.isfile(cells):
+        run = records.read_tables(cells)
+        run.meta.update(command=command, default_steps=dict(run.meta.get("default_steps", {}), **{"09": int(default)}))
+        records.write_tables(os.path.join(where.results, "stage09_road09.json"), run)
 
 
 def _road09_summary(where: Where):
@@ -107,7 +132,8 @@ ROAD09 = Experiment(
     params={"repeat": 10, "rounds": 3},
     param_help={"repeat": "timed runs per point (--repeat)", "rounds": ROUNDS_HELP},
     commands=_road09_commands,
-    outputs=COMPARE_OUTPUTS + ("stage09_sweep_table.txt", "ratios_over_rounds.txt", "stage09_road09.txt"),
+    outputs=COMPARE_OUTPUTS + ("stage09_sweep_table.txt", "stage09_sweep_table.json", "ratios_over_rounds.txt",
+                               "ratios_over_rounds.json", "stage09_road09.txt", "stage09_road09.json"),
     summary=_road09_summary,
     finish=_road09_finish,
 )
@@ -183,8 +209,6 @@ SANITIZE09M = sanitize.experiment("09m", "compute-sanitizer on stage 09's kernel
                                          "dropout, the group split")
 
 
-REPORT09 = (r"Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|"
-            r"Dynamic Shared|Block Limit|Bank Conflicts")
 METRICS09 = (r"hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|ldgsts|local_op|registers|"
              r"stalled_(barrier|long|short|mio|math|wait)")
 # Steps 2 and 3 differ from step 1 only at d = 128: their instances there, as Nsight Compute demangles them.
@@ -202,11 +226,12 @@ def _ncu09_commands(p, ctx):
         cmds += ncu_one(ctx, "ncu09", rf"{KERNEL09}<.*{ATOMIC09}", f"ncu_stage09_d{d}", NCU07_METRICS, "--stages", "09",
                         "--steps09", "0", *_shape09(d), base="demangled")
         # How the backward's time splits between its three kernels: the first launch of each.
-        cmds.append(Command(("timeout", "300", "ncu", "--clock-control", "none", "-k",
-                             f"regex:backward_preprocess_kernel|{KERNEL09_TILED}|backward_postprocess_kernel",
-                             "--launch-count", "3", "--metrics", "gpu__time_duration.sum", bench, "--stages", "09",
-                             *_shape09(d), *BENCH_NCU),
-                            stdout=f"{ctx.results('ncu09')}/ncu_stage09_split_d{d}.txt", filter=strip_bench))
+        split = f"{ctx.results('ncu09')}/ncu_stage09_split_d{d}"
+        cmds += [profile(("timeout", "300", "ncu", "--clock-control", "none", "-k",
+                          f"regex:backward_preprocess_kernel|{KERNEL09_TILED}|backward_postprocess_kernel",
+                          "--launch-count", "3", "--metrics", "gpu__time_duration.sum"), split,
+                         (bench, "--stages", "09", *_shape09(d), *BENCH_NCU)),
+                 raw_page(split, ctx.log("ncu09"))]
         # Step 1's warp-tiled kernel; at d = 128 its instance with 128 x 64 blocks, by its template arguments.
         tiled = rf"{KERNEL09_TILED}<[^<]*TiledFeatures<\(int\)128, \(int\)64,.*{ATOMIC09}" if d == 128 else KERNEL09_TILED
         cmds += ncu_one(ctx, "ncu09", tiled, f"ncu_stage09_tiled_d{d}", NCU07_METRICS, "--stages", "09", "--steps09", "1",
@@ -223,17 +248,15 @@ def _ncu09_summary(where: Where):
     warp-tiled kernel; then steps 2 and 3 at d = 128."""
     lines, r = [], where.results
     for d in (64, 128):
-        lines += [f"-- d={d}"] + report_lines(r, f"ncu_stage09_d{d}", f"{KERNEL09}|{REPORT09}", METRICS09)
-        lines += grep(os.path.join(r, f"ncu_stage09_split_d{d}.txt"), r"^ +void .*_kernel<|gpu__time_duration")
+        lines += [f"-- d={d}"] + report_lines(r, f"ncu_stage09_d{d}", counters=METRICS09)
+        lines += metric_lines(os.path.join(r, f"ncu_stage09_split_d{d}.csv"), ("gpu__time_duration.sum",))
         lines += [f"-- step 1 (warp-tiled), d={d}"] + report_lines(
-            r, f"ncu_stage09_tiled_d{d}", rf"{KERNEL09_TILED}|Duration|Compute \(SM\) Throughput|Memory Throughput|"
-            r"Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts",
-            r"hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|registers|stalled_(barrier|long|short|mio|math|wait)")
+            r, f"ncu_stage09_tiled_d{d}",
+            counters=r"hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|registers|stalled_(barrier|long|short|mio|math|wait)")
     for step in where.params["steps"]:
         lines += [f"-- step {step}, d=128"] + report_lines(
-            r, f"ncu_stage09_step{step}_d128",
-            rf"{KERNEL09_TILED}|Duration|Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts",
-            r"hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|local_op|registers|stalled_(barrier|long|short|mio|math|wait)")
+            r, f"ncu_stage09_step{step}_d128", counters=r"hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|local_op|registers|"
+            r"stalled_(barrier|long|short|mio|math|wait)")
     return lines
 
 
@@ -251,9 +274,8 @@ NCU09 = Experiment(
     params={"steps": (2, 3)},
     param_help={"steps": "steps of the warp-tiled kernel also reported at d 128 (NCU09_STEPS)"},
     commands=_ncu09_commands,
-    outputs=("ncu_stage09_d{d}.txt", "ncu_stage09_d{d}_metrics.txt", "ncu_stage09_split_d{d}.txt",
-             "ncu_stage09_tiled_d{d}.txt", "ncu_stage09_tiled_d{d}_metrics.txt", "ncu_stage09_step{s}_d128.txt",
-             "ncu_stage09_step{s}_d128_metrics.txt"),
+    outputs=report_outputs("ncu_stage09_d{d}", "ncu_stage09_tiled_d{d}", "ncu_stage09_step{s}_d128") + (
+        "ncu_stage09_split_d{d}.ncu-rep", "ncu_stage09_split_d{d}.csv"),
     summary=_ncu09_summary,
     check=_check_ncu09,
 )
@@ -277,10 +299,8 @@ def _ncu09at_summary(where: Where):
     lines = []
     for step, d in map(_at, where.params["at"]):
         lines += [f"-- step {step}, d={d}"] + report_lines(
-            where.results, f"ncu_stage09_step{step}_d{d}",
-            rf"{KERNEL09_TILED}|Duration|Achieved Occupancy|Registers Per|Dynamic Shared|Bank Conflicts",
-            r"hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|local_op|registers|"
-            r"stalled_(barrier|long|short|mio|math|wait|lg)|_red")
+            where.results, f"ncu_stage09_step{step}_d{d}", counters=r"hmma|pipe_xu|bank_conflicts|wavefronts|ldsm|"
+            r"local_op|registers|stalled_(barrier|long|short|mio|math|wait|lg)|_red")
     return lines
 
 
@@ -293,12 +313,12 @@ NCU09AT = Experiment(
     params={"at": ("2:64", "4:64", "5:64")},
     param_help={"at": "step:d points (NCU09_AT)"},
     commands=_ncu09at_commands,
-    outputs=("ncu_stage09_step{s}_d{d}.txt", "ncu_stage09_step{s}_d{d}_metrics.txt"),
+    outputs=report_outputs("ncu_stage09_step{s}_d{d}"),
     summary=_ncu09at_summary,
     check=entries_match("at", r"[0-9]+:[0-9]+", "step:d (like 2:64)"),
 )
 
-_DROP_REPORT = r"Duration|Registers Per|Achieved Occupancy"
+_DROP_REPORT = ("gpu__time_duration.sum", "launch__registers_per_thread", "sm__warps_active.avg.pct_of_peak_sustained_active")
 _DROP_METRICS = (r"duration|hmma|pipe_(fma|alu|xu|lsu)|issue_active|inst_executed.sum|"
                  r"stalled_(math|wait|short|mio|not_selected)")
 
@@ -325,17 +345,19 @@ def _ncudrop_commands(p, ctx):
 
 
 def _ncudrop_finish(p, ctx, where: Where):
-    """dropout_price.txt: per kernel and d, p 0 against p 0.1 (ncu.dropout_price_table)."""
+    """dropout_price.txt and .csv: per kernel and d, p 0 against p 0.1 (ncu.dropout_price)."""
+    rows = dropout_price(where.results)
+    write_table(os.path.join(where.results, "dropout_price.csv"), DROPOUT_COLUMNS, rows)
     write_lines(os.path.join(where.results, "dropout_price.txt"), [
         f"{ctx.gpu_name()}, {ctx.date()}: dropout's price in Nsight Compute (bench/session.py ncudrop), bf16, causal, "
-        "B 4, N 4096, H d = 2048, one launch each", *dropout_price_table(where.results)])
+        "B 4, N 4096, H d = 2048, one launch each", *table_lines(DROPOUT_COLUMNS, rows)])
 
 
 def _ncudrop_summary(where: Where):
     """Per run: time, registers, occupancy and the pipes' counters; then the table of dropout's price."""
     lines = []
     for label, name, _, _ in _ncudrop_runs(where.params):
-        lines += [f"-- {label}"] + report_lines(where.results, name, _DROP_REPORT, _DROP_METRICS, 4)
+        lines += [f"-- {label}"] + report_lines(where.results, name, _DROP_REPORT, _DROP_METRICS)
     return lines + file_lines(os.path.join(where.results, "dropout_price.txt"))
 
 
@@ -348,7 +370,7 @@ NCUDROP = Experiment(
     params={"dims": (64, 128)},
     param_help={"dims": "head dimensions (NCUDROP_DIMS)"},
     commands=_ncudrop_commands,
-    outputs=("ncu_stage{07,09}_dropout{p}_d{d}.txt", "ncu_stage{07,09}_dropout{p}_d{d}_metrics.txt", "dropout_price.txt"),
+    outputs=report_outputs("ncu_stage{07,09}_dropout{p}_d{d}") + ("dropout_price.txt", "dropout_price.csv"),
     summary=_ncudrop_summary,
     finish=_ncudrop_finish,
 )
@@ -377,11 +399,13 @@ def _ncugqa_commands(p, ctx):
 
 
 def _ncugqa_finish(p, ctx, where: Where):
-    """gqa_price.txt (09) or gqa_price07.txt (07): per group, ncu.gqa_price_table()."""
+    """gqa_price.txt and .csv (09) or gqa_price07.txt and .csv (07): per group, ncu.gqa_price()."""
     _, what, _, table = _gqa_what(p["stage"])
+    rows = gqa_price(where.results, p["stage"], p["dim"], GQA_GROUPS)
+    write_table(os.path.join(where.results, os.path.splitext(table)[0] + ".csv"), GQA_COLUMNS, rows)
     write_lines(os.path.join(where.results, table), [
         f"{ctx.gpu_name()}, {ctx.date()}: {what}, causal, bf16, d {p['dim']}, N {p['n']}, H d = 2048 "
-        "(bench/session.py ncugqa), one launch each", *gqa_price_table(where.results, p["stage"], p["dim"], GQA_GROUPS)])
+        "(bench/session.py ncugqa), one launch each", *table_lines(GQA_COLUMNS, rows)])
 
 
 def _ncugqa_summary(where: Where):
@@ -404,7 +428,7 @@ NCUGQA = Experiment(
     param_help={"stage": "09 (the backward) or 07 (the forward) (NCUGQA_STAGE)", "dim": "head dimension (NCUGQA_DIM)",
                 "n": "sequence length (NCUGQA_N)"},
     commands=_ncugqa_commands,
-    outputs=("ncu_stage{NN}_gqa{g}_d{d}.txt", "ncu_stage{NN}_gqa{g}_d{d}_metrics.txt", "gqa_price{,07}.txt"),
+    outputs=report_outputs("ncu_stage{NN}_gqa{g}_d{d}") + ("gqa_price{,07}.txt", "gqa_price{,07}.csv"),
     summary=_ncugqa_summary,
     finish=_ncugqa_finish,
     check=_check_ncugqa,
@@ -421,7 +445,7 @@ def _ncuflash09_commands(p, ctx):
                             ("python3", "bench/sdpa_once.py", "--backend", "flash", "--dtype", "bf16", "--seq", str(n),
                              "--head-dim", str(d)))
         out = ctx.results("ncuflash09")
-        cols += [f"ours_d{d}={out}/ncu_stage09_ours_d{d}_metrics.txt", f"flash_d{d}={out}/ncu_flash_bwd_d{d}_metrics.txt"]
+        cols += [f"ours_d{d}={out}/ncu_stage09_ours_d{d}_metrics.csv", f"flash_d{d}={out}/ncu_flash_bwd_d{d}_metrics.csv"]
     head = (f"stage 09's default backward kernel beside SDPA flash's (bench/session.py ncuflash09), bf16, N {n}, "
             "non-causal, B N = 16384, H d = 2048, one launch each")
     return cmds + [side_by_side(ctx, "ncuflash09", head, "ncu_flash09.txt", cols)]
@@ -445,8 +469,7 @@ NCUFLASH09 = Experiment(
     params={"n": 4096, "dims": (64, 128)},
     param_help={"n": "sequence length (NCUFLASH_N)", "dims": "head dimensions (NCUFLASH_DIMS)"},
     commands=_ncuflash09_commands,
-    outputs=("ncu_stage09_ours_d{d}.txt", "ncu_stage09_ours_d{d}_metrics.txt", "ncu_flash_bwd_d{d}.txt",
-             "ncu_flash_bwd_d{d}_metrics.txt", "ncu_flash09.txt"),
+    outputs=report_outputs("ncu_stage09_ours_d{d}", "ncu_flash_bwd_d{d}") + ("ncu_flash09.txt", "ncu_flash09.csv"),
     summary=_ncuflash09_summary,
 )
 
@@ -463,22 +486,24 @@ def _default_step(ctx):
 
 def _ncusource09_commands(p, ctx):
     d, default, out = p["d"], _default_step(ctx), ctx.results("ncusource09")
-    reps = os.path.join(ctx.work, "ncu-rep")
-    cmds = [Command(("mkdir", "-p", reps))]
+    cmds = []
     for name in ("packed", "dense"):
         regex = f"{KERNEL09_TILED}<.*Packed<.*{ATOMIC09}" if name == "packed" else instance09(default, d)
-        cmds += [Command(("timeout", "300", "ncu", "--clock-control", "none", "--kernel-name-base", "demangled", "-k",
-                          f"regex:{regex}", "--launch-count", "1", "--section", "SourceCounters", "--section", "LaunchStats",
-                          "--force-overwrite", "-o", f"{reps}/source09_{name}", ctx.exe("bench/bench_gpu"), "--stages", "07",
-                          "09", "--dtypes", "bf16", "--sizes", "4096", "--head-dims", str(d), "--causal", "yes",
-                          "--varlen07", "4096,4096,4096,4096", "--repeat", "1", "--warmup", "0", "--check", "false")),
-                 Command(("ncu", "-i", f"{reps}/source09_{name}.ncu-rep", "--page", "source", "--csv", "--print-source",
-                          "sass"), stdout=f"{out}/ncu_source09_{name}.csv", stderr=ctx.log("ncusource09"))]
+        report = f"{out}/source09_{name}"
+        cmds += [profile(("timeout", "300", "ncu", "--clock-control", "none", "--kernel-name-base", "demangled", "-k",
+                          f"regex:{regex}", "--launch-count", "1", "--section", "SourceCounters", "--section",
+                          "LaunchStats"), report,
+                         (ctx.exe("bench/bench_gpu"), "--stages", "07", "09", "--dtypes", "bf16", "--sizes", "4096",
+                          "--head-dims", str(d), "--causal", "yes", "--varlen07", "4096,4096,4096,4096", "--repeat", "1",
+                          "--warmup", "0", "--check", "false")),
+                 Command(("ncu", "--import", f"{report}.ncu-rep", "--page", "source", "--csv", "--print-source", "sass"),
+                         stdout=f"{out}/ncu_source09_{name}.csv", stderr=ctx.log("ncusource09"))]
     head = (f"{ctx.gpu_name()}, {ctx.date()}: stage 09's backward on four 4096-token sequences, packed, beside the dense "
             "kernel", f"(step {default}) on the same tokens, bf16, d = {d}, causal, atomic dQ, one launch each "
             "(bench/session.py ncusource09)", "")
-    return cmds + [Command(("python3", "bench/ncu_source_diff.py", f"packed={out}/ncu_source09_packed.csv",
-                            f"dense={out}/ncu_source09_dense.csv"), stdout=f"{out}/ncu_source09.txt", header=head)]
+    return cmds + [Command(("python3", "bench/ncu_source_diff.py", "--csv", f"{out}/ncu_source09.csv",
+                            f"packed={out}/ncu_source09_packed.csv", f"dense={out}/ncu_source09_dense.csv"),
+                           stdout=f"{out}/ncu_source09.txt", header=head)]
 
 
 NCUSOURCE09 = Experiment(
@@ -490,7 +515,8 @@ NCUSOURCE09 = Experiment(
     params={"d": 64},
     param_help={"d": "head dimension (NCUSOURCE_D)"},
     commands=_ncusource09_commands,
-    outputs=("ncu_source09_packed.csv", "ncu_source09_dense.csv", "ncu_source09.txt"),
+    outputs=("source09_{packed,dense}.ncu-rep", "ncu_source09_packed.csv", "ncu_source09_dense.csv", "ncu_source09.txt",
+             "ncu_source09.csv"),
     summary="ncu_source09.txt",
 )
 
@@ -506,8 +532,8 @@ def _ncuvarlen09_commands(p, ctx):
                         NCUDROP_METRICS, *args, base="demangled")
         cmds += ncu_one(ctx, "ncuvarlen09", instance09(default, d), f"ncu_stage09_dense_d{d}", NCUDROP_METRICS, *args,
                         base="demangled")
-        cols += [f"packed_d{d}={out}/ncu_stage09_packed_d{d}_metrics.txt",
-                 f"dense_d{d}={out}/ncu_stage09_dense_d{d}_metrics.txt"]
+        cols += [f"packed_d{d}={out}/ncu_stage09_packed_d{d}_metrics.csv",
+                 f"dense_d{d}={out}/ncu_stage09_dense_d{d}_metrics.csv"]
     head = (f"stage 09's backward on a packed batch ({p['lengths']}) beside the dense kernel on the same tokens "
             "(bench/session.py ncuvarlen09), bf16, causal, one launch each")
     return cmds + [side_by_side(ctx, "ncuvarlen09", head, "ncu_varlen09.txt", cols)]
@@ -531,8 +557,8 @@ NCUVARLEN09 = Experiment(
     param_help={"lengths": "the packed batch's lengths, one word (--varlen07; NCUVARLEN_LENGTHS)",
                 "dims": "head dimensions (NCUVARLEN_DIMS)"},
     commands=_ncuvarlen09_commands,
-    outputs=("ncu_stage09_packed_d{d}.txt", "ncu_stage09_packed_d{d}_metrics.txt", "ncu_stage09_dense_d{d}.txt",
-             "ncu_stage09_dense_d{d}_metrics.txt", "ncu_varlen09.txt"),
+    outputs=report_outputs("ncu_stage09_packed_d{d}", "ncu_stage09_dense_d{d}") + ("ncu_varlen09.txt",
+                                                                                 "ncu_varlen09.csv"),
     summary=_ncuvarlen09_summary,
 )
 

@@ -1,7 +1,7 @@
 """Stage 10's experiments (real models' switches: grouped heads, windows, the soft cap, dropout,
 packed batches), forward and backward, beside PyTorch SDPA.
 
-Ported from bench/gpu_session.sh's step `stage10` with the same sdpa_compare.py arguments;
+Ported from the bash driver's step `stage10` with the same sdpa_compare.py arguments;
 STAGE10_DTYPES, STAGE10_MODELS, STAGE10_VARLEN, STAGE10_REPEAT and ROUNDS became parameters.
 """
 import dataclasses

@@ -1,18 +1,25 @@
 """Stage 11's experiments (the Hopper forward: TMA, mbarrier rings, wgmma, warp specialization;
 sm_90a): its road beside SDPA, its tests, its compiler traps, one block's timeline, and Nsight
-Compute's counters at every step.
+Compute's counters at every step, and the first contact with a new Hopper GPU.
 
-Ported from bench/gpu_session.sh's steps `road11`, `test11`, `traps11`, `timeline11` and
+Ported from the bash driver's steps `road11`, `test11`, `traps11`, `timeline11` and
 `ncu11road` with the same commands; their environment variables (ROAD11_STEPS, TIMELINE11_SHAPES,
-NCU11_DIMS, ...) became the parameters below.
+NCU11_DIMS, ...) became the parameters below. `bringup11`, the first contact with a new Hopper
+GPU, ports bench/hopper_first_contact.sh (2026-11-23, which took docs/results/stage11_first_contact*;
+`git log -- bench/hopper_first_contact.sh`): STEPS, TIMED and BUDGET became its parameters, its build
+the driver's (SKIP_BUILD=1: --no-build), its logic bench/bringup11.py.
 """
 import csv
 import glob
+import json
 import math
 import os
 
+import bringup11  # bench/bringup11.py: bench/ is on the path wherever the package `session` imports
+
 from . import sanitize
-from .ncu import KERNEL11, NCU11_METRICS, launch_lines, ncu_command, ncu_one, report_lines, side_by_side
+from .ncu import (KERNEL11, NCU11_METRICS, launch_lines, launches, ncu_command, ncu_one, profile, raw_page, report_lines,
+                  report_outputs, side_by_side)
 from .experiment import Command, Experiment, Glob, Where, entries_match, file_lines, grep, in_results, tail
 from .runner import SessionError
 from .tools import COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, compare, compare_summary, yes_no
@@ -156,20 +163,24 @@ TIMELINE11 = Experiment(
 
 
 def _ncu11road_commands(p, ctx):
-    out, n, cmds = ctx.results("ncu11road"), p["size"], []
-    steps = p["steps"]
+    out, log, n, cmds = ctx.results("ncu11road"), ctx.log("ncu11road"), p["size"], []
+    metrics, names = ctx.known_metrics(NCU11_METRICS, log), []
     for d in p["dims"]:
-        metrics = ctx.known_metrics(NCU11_METRICS, ctx.log("ncu11road"))
-        cmds.append(Command(("timeout", "500", "ncu", "--clock-control", "none", "-k", f"regex:{KERNEL11}", "--metrics",
-                             metrics, ctx.exe("bench/bench_gpu"), "--stages", "11", "--steps11", *steps, "--dtypes", "bf16",
-                             "--sizes", str(n), "--head-dims", str(d), "--causal", yes_no(p["causal"]), "--repeat", "1",
-                             "--warmup", "0", "--check", "false", "--json", "/tmp/ncu.json", "--csv", "/tmp/ncu.csv"),
-                            stdout=f"{out}/ncu_stage11_road_d{d}_metrics.txt"))
+        # bench_gpu's own CSV of the profiled run names each step (its timings under replays mean nothing).
+        report, bench = f"{out}/ncu_stage11_road_d{d}", f"{out}/bench_gpu_d{d}"
+        cmds += [profile(("timeout", "500", "ncu", "--clock-control", "none", "-k", f"regex:{KERNEL11}", "--metrics",
+                          metrics), report,
+                         (ctx.exe("bench/bench_gpu"), "--stages", "11", "--steps11", *p["steps"], "--dtypes", "bf16",
+                          "--sizes", str(n), "--head-dims", str(d), "--causal", yes_no(p["causal"]), "--repeat", "1",
+                          "--warmup", "0", "--check", "false", "--json", f"{bench}.json", "--csv", f"{bench}.csv")),
+                 raw_page(report, log)]
+        names += ["--names", f"{bench}.csv"]
     mask = "causal" if p["causal"] else "non-causal"
     head = (f"{ctx.gpu_name()}, {ctx.date()}: stage 11's road in Nsight Compute counters (bench/session.py ncu11road), "
             f"bf16, {mask}, B {16384 // n}, N {n}, H d = 2048, the first launch of each step")
-    cmds.append(Command(("python3", "bench/ncu_steps11.py", *(f"{out}/ncu_stage11_road_d{d}_metrics.txt" for d in p["dims"])),
-                        stdout=f"{out}/ncu_stage11_road.txt", header=(head,)))
+    cmds.append(Command(("python3", "bench/ncu_steps11.py", "--csv", f"{out}/ncu_stage11_road.csv", *names,
+                         *(f"{out}/ncu_stage11_road_d{d}.csv" for d in p["dims"])),
+                        stdout=f"{out}/ncu_stage11_road.txt", header=(head,), stderr=log))
     return cmds
 
 
@@ -187,7 +198,8 @@ NCU11ROAD = Experiment(
         "causal": "a causal mask (--causal yes)",
     },
     commands=_ncu11road_commands,
-    outputs=("ncu_stage11_road_d{d}_metrics.txt", "ncu_stage11_road.txt"),
+    outputs=("ncu_stage11_road_d{d}.ncu-rep", "ncu_stage11_road_d{d}.csv", "bench_gpu_d{d}.csv", "bench_gpu_d{d}.json",
+             "ncu_stage11_road.txt", "ncu_stage11_road.csv"),
     summary="ncu_stage11_road.txt",
     check=lambda p: _check_steps(p["steps"]),
 )
@@ -226,8 +238,8 @@ def _groups11_rows(folder: str) -> list:
 
 def groups11_table(folder: str):
     """(lines, best budget): per shape step 5's median TFLOP/s [min-max] and step 6's at each budget,
-    the best over step 5; then each budget's geometric mean gain over the shapes (the heredoc of
-    gpu_session.sh's groups11)."""
+    the best over step 5; then each budget's geometric mean gain over the shapes (the bash driver's
+    heredoc of groups11)."""
     rows, gains = _groups11_rows(folder), {}
     g, budgets = rows[0], sorted({r["mib"] for r in rows})
     out = [f"{g['gpu']}, {g['date']}: stage 11 under a causal mask, bf16, TFLOP/s (median of 20): step 5 "
@@ -284,6 +296,9 @@ GROUPS11 = Experiment(
 SANITIZE11 = sanitize.experiment("11", "compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on stage 11 at "
                                        "every step of its road from 1: tails, Nq != Nk both ways, causal rows that see "
                                        "no key, bnhd, fp16, d 64 and 128")
+SANITIZE11R = sanitize.experiment("11r", "compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on stage 11's "
+                                         "reading files (steps/: steps 1-4 and 9) and their switch steps, through "
+                                         "test_stage11_steps' two small problems per file, type and head dimension")
 
 
 def _ncu11_commands(p, ctx):
@@ -301,10 +316,7 @@ def _ncu11_summary(where: Where):
     lines = []
     for d in where.params["dims"]:
         lines += [f"-- d={d}"] + report_lines(
-            where.results, f"ncu_stage11_d{d}",
-            rf"{KERNEL11}|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|"
-            r"Registers Per|Dynamic Shared|Block Limit",
-            r"gmma|hmma|pipe_xu|registers|occupancy_limit|local_op|"
+            where.results, f"ncu_stage11_d{d}", counters=r"gmma|hmma|pipe_xu|registers|occupancy_limit|local_op|"
             r"stalled_(barrier|membar|long|short|mio|math|wait|sleeping)")
     return lines + sorted(set(grep(where.log, "does not know")))
 
@@ -316,9 +328,9 @@ NCU11 = Experiment(
                 "(B=4 H=16), one launch each: tensor-pipe use (wgmma), stall reasons, registers",
     targets=("bench_gpu",),
     params={"dims": (64, 128)},
-    param_help={"dims": "head dimensions, one report each (fixed in gpu_session.sh)"},
+    param_help={"dims": "head dimensions, one report each"},
     commands=_ncu11_commands,
-    outputs=("ncu_stage11_d{d}.txt", "ncu_stage11_d{d}_metrics.txt"),
+    outputs=report_outputs("ncu_stage11_d{d}"),
     summary=_ncu11_summary,
 )
 
@@ -331,15 +343,17 @@ def _point(spec: str):
 
 def _ncucudnn11_commands(p, ctx):
     """A generator: each point's cuDNN kernel is named by the listing its first command writes."""
-    out = ctx.results("ncucudnn11")
+    out, log = ctx.results("ncucudnn11"), ctx.log("ncucudnn11")
     for spec in p["points"]:
         d, n, causal, name = _point(spec)
         once = ("python3", "bench/sdpa_once.py", "--backend", "cudnn", "--forward-only", "--dtype", "bf16", "--seq", str(n),
                 "--head-dim", str(d), *(("--causal",) if causal == "yes" else ()))
-        listing, longest = f"{out}/cudnn_kernels_{name}.csv", f"{out}/cudnn_longest_{name}.txt"
-        yield Command(("timeout", "300", "ncu", "--clock-control", "none", "--print-kernel-base", "function", "--csv",
-                       "--metrics", "gpu__time_duration.sum", *once), stdout=listing, stderr=ctx.log("ncucudnn11"))
-        yield Command(("python3", "bench/ncu_side_by_side.py", "--longest", listing), stdout=longest)
+        listing, longest = f"{out}/cudnn_kernels_{name}", f"{out}/cudnn_longest_{name}.txt"
+        # Every kernel the call launches, by its function name: the name the profile below filters on.
+        yield profile(("timeout", "300", "ncu", "--clock-control", "none", "--metrics", "gpu__time_duration.sum"), listing,
+                      once)
+        yield raw_page(listing, log, kernel_base="function")
+        yield Command(("python3", "bench/ncu_side_by_side.py", "--longest", f"{listing}.csv"), stdout=longest)
         kernel = f"<the-kernel-named-in-cudnn_longest_{name}.txt>" if ctx.dry_run else "".join(file_lines(longest)).strip()
         if not kernel:
             yield Command(("test", "-s", longest))  # fails: no kernel found, as the script's status=1
@@ -350,7 +364,7 @@ def _ncucudnn11_commands(p, ctx):
         head = (f"stage 11's default kernel beside SDPA cuDNN's forward kernel (bench/session.py ncucudnn11), bf16, d {d}, "
                 f"N {n}, causal {causal}, B N = 16384, H d = 2048, one launch each")
         yield side_by_side(ctx, "ncucudnn11", head, f"ncu_cudnn11_{name}.txt",
-                           (f"stage11={out}/ncu_stage11_{name}_metrics.txt", f"cudnn={out}/ncu_cudnn_{name}_metrics.txt"))
+                           (f"stage11={out}/ncu_stage11_{name}_metrics.csv", f"cudnn={out}/ncu_cudnn_{name}_metrics.csv"))
 
 
 def _ncucudnn11_summary(where: Where):
@@ -359,7 +373,7 @@ def _ncucudnn11_summary(where: Where):
     lines = []
     for spec in where.params["points"]:
         name = _point(spec)[3]
-        count = len(grep(in_results(where, f"cudnn_kernels_{name}.csv"), '^"')) - 1
+        count = len(launches(in_results(where, f"cudnn_kernels_{name}.csv")))
         kernel = "".join(file_lines(in_results(where, f"cudnn_longest_{name}.txt"))).strip() or "none found"
         lines.append(f"-- {name}: cuDNN's forward launches {count} kernels; the longest: {kernel}")
         lines += launch_lines(where.results, f"ncu_stage11_{name}", f"ncu_cudnn_{name}")
@@ -376,35 +390,35 @@ NCUCUDNN11 = Experiment(
     params={"points": ("128:1024:no",)},
     param_help={"points": "d:N:causal points, causal yes or no (NCUCUDNN11)"},
     commands=_ncucudnn11_commands,
-    outputs=("cudnn_kernels_{point}.csv", "cudnn_longest_{point}.txt", "ncu_stage11_{point}.txt",
-             "ncu_stage11_{point}_metrics.txt", "ncu_cudnn_{point}.txt", "ncu_cudnn_{point}_metrics.txt",
-             "ncu_cudnn11_{point}.txt"),
+    outputs=("cudnn_kernels_{point}.ncu-rep", "cudnn_kernels_{point}.csv", "cudnn_longest_{point}.txt") + report_outputs(
+        "ncu_stage11_{point}", "ncu_cudnn_{point}") + ("ncu_cudnn11_{point}.txt", "ncu_cudnn11_{point}.csv"),
     summary=_ncucudnn11_summary,
     check=entries_match("points", r"[0-9]+:[0-9]+:(yes|no)", "d:N:causal with causal yes or no (like 128:1024:no)"),
 )
 
 
 def _ncusource11_commands(p, ctx):
-    out, reps, log = ctx.results("ncusource11"), f"{ctx.work}/ncu-rep", ctx.log("ncusource11")
-    cmds, pages = [Command(("mkdir", "-p", reps))], []
+    out, log = ctx.results("ncusource11"), ctx.log("ncusource11")
+    cmds, pages = [], []
     for spec in p["entries"]:
         step, d, n, causal = spec.split(":")
         steps = () if step == "default" else ("--steps11", step)  # bench_gpu times the default without --steps11
         name = f"s{step}_d{d}_n{n}_" + ("causal" if causal == "yes" else "full")
-        rep = f"{reps}/source11_{name}"
-        cmds.append(Command(("timeout", "300", "ncu", "--clock-control", "none", "-k", f"regex:{KERNEL11}", "--launch-count",
+        rep = f"{out}/source11_{name}"
+        cmds.append(profile(("timeout", "300", "ncu", "--clock-control", "none", "-k", f"regex:{KERNEL11}", "--launch-count",
                              "1", "--import-source", "yes", "--section", "SourceCounters", "--section", "WarpStateStats",
-                             "--section", "LaunchStats", "--force-overwrite", "-o", rep, ctx.exe("bench/bench_gpu"),
-                             "--stages", "11", *steps, "--dtypes", "bf16", "--sizes", n, "--head-dims", d, "--causal", causal,
-                             "--repeat", "1", "--warmup", "0", "--check", "false")))
+                             "--section", "LaunchStats"), rep,
+                            (ctx.exe("bench/bench_gpu"), "--stages", "11", *steps, "--dtypes", "bf16", "--sizes", n,
+                             "--head-dims", d, "--causal", causal, "--repeat", "1", "--warmup", "0", "--check", "false")))
         for kind, source in (("sass", "sass"), ("cuda", "cuda,sass")):
-            cmds.append(Command(("ncu", "-i", f"{rep}.ncu-rep", "--page", "source", "--csv", "--print-source", source),
+            cmds.append(Command(("ncu", "--import", f"{rep}.ncu-rep", "--page", "source", "--csv", "--print-source", source),
                                 stdout=f"{out}/ncu_source11_{name}_{kind}.csv", stderr=log))
         pages.append(f"{name}={out}/ncu_source11_{name}_cuda.csv,{out}/ncu_source11_{name}_sass.csv")
     head = (f"{ctx.gpu_name()}, {ctx.date()}: stage 11 per source line (bench/session.py ncusource11), bf16, B*N = 16384, "
             "H*d = 2048, one launch each")
     return cmds + [Command(("python3", "bench/ncu_source_lines.py", *pages, "--top", "20", "--snippets",
-                            "stages/11_hopper_kernel/kernel.cuh"), stdout=f"{out}/ncu_source11.txt", header=(head,))]
+                            "stages/11_hopper_kernel/kernel.cuh", "--csv", f"{out}/ncu_source11.csv"),
+                           stdout=f"{out}/ncu_source11.txt", header=(head,))]
 
 
 NCUSOURCE11 = Experiment(
@@ -416,10 +430,67 @@ NCUSOURCE11 = Experiment(
     params={"entries": ("default:128:1024:no", "default:64:1024:no")},
     param_help={"entries": "step:d:N:causal launches, step default: the stage's default step (NCUSOURCE11)"},
     commands=_ncusource11_commands,
-    outputs=("ncu_source11_{entry}_sass.csv", "ncu_source11_{entry}_cuda.csv", "ncu_source11.txt"),
+    outputs=("source11_{entry}.ncu-rep", "ncu_source11_{entry}_sass.csv", "ncu_source11_{entry}_cuda.csv",
+             "ncu_source11.txt", "ncu_source11.csv"),
     summary="ncu_source11.txt",
     check=entries_match("entries", r"(default|[0-9]+):[0-9]+:[0-9]+:(yes|no)",
                         "step:d:N:causal (step a number or default, causal yes or no)"),
 )
 
-EXPERIMENTS = (ROAD11, TEST11, TRAPS11, TIMELINE11, NCU11ROAD, NCU11, NCUCUDNN11, NCUSOURCE11, GROUPS11, SANITIZE11)
+
+def _bringup11_commands(p, ctx):
+    return [Command(("python3", "bench/bringup11.py", "--build", ctx.build, "--steps", ",".join(p["steps"]),
+                     "--timed", ",".join(str(s) for s in p["timed"]), "--budget", str(p["budget"]),
+                     "--out", ctx.results("bringup11"), "--log-name", os.path.basename(ctx.log("bringup11"))))]
+
+
+def _check_bringup11(p):
+    _check_steps(p["steps"])
+    if p["budget"] < bringup11.LEAST_LEFT:
+        raise ValueError(f"budget is at least {bringup11.LEAST_LEFT} seconds, not {p['budget']}")
+
+
+def _bringup11_summary(where: Where):
+    """The steps that finished, stage 11's SASS counts, each timed run's TFLOP/s and the ceilings
+    (stage11_first_contact.json), then how the run ended: its time and what failed, hung or was skipped."""
+    lines = grep(where.log, r"^(steps that finished|stage 11: [0-9]+ |other kernels: [0-9]+ |MISSING )")
+    try:
+        with open(in_results(where, bringup11.RECORD), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        record = {}
+    for r in record.get("runs", []):
+        lines.append(f"step {r['step']} ({r['step_name']}) d {r['d']} N {r['N']} "
+                     f"{'causal' if r['causal'] else 'non-causal'}: {r['tflops']:.1f} TFLOP/s")
+    if record.get("ceilings"):
+        lines.append("wgmma ceilings: " + ", ".join(f"{k} {v:.1f}" for k, v in record["ceilings"].items()) + " TFLOP/s")
+    log = file_lines(where.log)
+    end = max((i for i, line in enumerate(log) if line.startswith("=== done")), default=len(log))
+    return lines + log[end:]
+
+
+BRINGUP11 = Experiment(
+    name="bringup11",
+    stage="11",
+    description="stage 11 on a new Hopper GPU from the smallest piece up (bench/bringup11.py): the SASS (HGMMA, "
+                "registers), the host maps, each wrapper, each step on two small problems, a timing of the steps "
+                "beside stage 07, the tests case by case, the wgmma ceiling; each command under a time limit (a hung "
+                "step is left out of what follows), all under one budget",
+    targets=tuple(bringup11.TARGETS),
+    params={"steps": ("all",), "timed": (0, 3, 4, 5, 6, 7, 8), "budget": 170},
+    param_help={
+        "steps": "steps run on two small problems with FA_CUDA_SYNC=1 (STEPS): all (1 to the last its --help names), "
+                 "or numbers; one killed at its 30 s limit is left out of the timing and the tests",
+        "timed": "steps timed beside stage 07 (TIMED), bf16, B 1 H 16 N 4096, d 64/128, causal and not: those among "
+                 "the steps that finished, and 0 (stage 07's kernel)",
+        "budget": "seconds for the whole run, the build aside (BUDGET): a command's limit is cut to what is left, "
+                  "and one that would start with less than 3 s left is skipped",
+    },
+    commands=_bringup11_commands,
+    outputs=(bringup11.RECORD, bringup11.CEILINGS, "stage11_bench_step{step}_d{d}{_causal}.jsonl"),
+    summary=_bringup11_summary,
+    check=_check_bringup11,
+)
+
+EXPERIMENTS = (ROAD11, TEST11, TRAPS11, TIMELINE11, NCU11ROAD, NCU11, NCUCUDNN11, NCUSOURCE11, GROUPS11, SANITIZE11, SANITIZE11R,
+               BRINGUP11)

@@ -9,7 +9,6 @@ Fast (about a second): the only programs run are small fakes and python3 itself.
 import contextlib
 import io
 import os
-import re
 import stat
 import sys
 import tarfile
@@ -20,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(HERE))  # bench/: the package `session`
 
+import ncu_pages  # noqa: E402  (bench/ncu_pages.py)
 from session import cli, ncu, registry, runner, sanitize, stage05, stage11, tools  # noqa: E402
 from session.experiment import (ALL_TARGETS, Command, Experiment, format_value, parse_value,  # noqa: E402
                                 resolve_params)
@@ -72,18 +72,6 @@ class Records(unittest.TestCase):
                 self.assertTrue(exp.outputs or runs_ctest, "its outputs are named (ctest writes only its log)")
                 if any(BUILD + "/" in str(a) for c in cmds for a in c.argv):  # a path in the build folder
                     self.assertTrue(exp.targets, "it runs a built binary, so it names its targets")
-
-    def test_each_step_of_gpu_session_is_ported_or_listed(self):
-        script = os.path.join(ROOT, "bench", "gpu_session.sh")
-        if not os.path.isfile(script):
-            self.skipTest("bench/gpu_session.sh is gone")
-        with open(script) as f:
-            steps = set(re.findall(r"^step_(\w+)\(\)", f.read(), re.M))
-        bash = set(registry.NOT_PORTED) | set(registry.BASH_ONLY)
-        covered = set(self.exps) | bash | {"build"}  # build: part of every run
-        self.assertEqual(steps - covered, set())
-        self.assertEqual(bash & set(self.exps), set())
-        self.assertEqual(bash - steps, set(), "each listed step is one of the script's")
 
     def test_modules_hold_their_stage(self):
         for module in registry.MODULES:
@@ -157,7 +145,12 @@ class Set(unittest.TestCase):
         rc, out, _ = dry("road11", "sweep09", "--set", "road11.steps=0,8,9")
         self.assertEqual(rc, 0)
         self.assertIn("--steps11 0 8 9 --sizes 1024 4096 16384", out)
-        self.assertIn("--stages 07 09 --dtypes bf16 fp16 --steps09 1", out)  # sweep09 untouched
+        self.assertIn("--stages 07 09 --dtypes bf16 fp16 --sizes 512 1024 2048 4096 8192 16384 --repeat 30 --steps09 1",
+                      out)  # sweep09 untouched
+        rc, out, _ = dry("sweep09", "--set", "sweep09.steps09=none", "--set", "sweep09.dtypes=fp16")
+        self.assertEqual(rc, 0)
+        self.assertIn("--dtypes fp16 --sizes", out)
+        self.assertNotIn("--steps09", out)  # none: no other step beside the default
 
     def test_typed_values(self):
         exp = registry.experiments()["ncu11road"]
@@ -190,11 +183,10 @@ class Set(unittest.TestCase):
                     self.assertIn(word, err)
 
     def test_unknown_experiment_exits_2_with_the_list(self):
-        rc, _, err = dry("road11", "newcomer")
+        rc, _, err = dry("road11", "road12")
         self.assertEqual(rc, 2)
-        self.assertIn("newcomer", err)
+        self.assertIn("unknown experiment road12", err)
         self.assertIn("road11", err)
-        self.assertIn("gpu_session.sh", err)
 
 
 # The experiments ported after the first twelve: each must dry-run (DryRun checks every experiment the
@@ -277,13 +269,39 @@ class Ported(unittest.TestCase):
         lines = shell_lines("ncu09at", "ncu09at.at=9:128")
         self.assertIn(r"--kernel-name-base demangled -k 'regex:flash_backward_tiled_kernel<[^,]*, \(int\)128, "
                       r"[^<]*WithDqTiles<", "\n".join(lines))
-        self.assertTrue(any(line.endswith("| strip_bench > " + f"{WORK}/results/ncu09at/ncu_stage09_step9_d128_metrics.txt")
-                            for line in lines))
+        report = f"{WORK}/results/ncu09at/ncu_stage09_step9_d128_metrics"
+        self.assertTrue(any(f"--force-overwrite --export {report} " in line and "| strip_bench >> " in line
+                            for line in lines), "the counters' report kept in the results folder")
+        self.assertIn(f"ncu --import {report}.ncu-rep --csv --page raw --print-units base --print-kernel-base demangled "
+                      f"> {report}.csv 2>> {WORK}/logs/ncu09at.log", lines)
         cudnn = "\n".join(shell_lines("ncucudnn11", "ncucudnn11.points=64:4096:yes"))
         self.assertIn("--head-dim 64 --causal", cudnn)
         self.assertIn("regex:^<the-kernel-named-in-cudnn_longest_d64_n4096_causal.txt>$", cudnn)
         rc, _, err = dry("ncugqa", "--set", "ncugqa.stage=11")
         self.assertEqual(rc, 2)
+
+    def test_every_profile_is_a_report_with_its_data_as_csv(self):
+        """Each ncu run of an Nsight experiment exports a report into the experiment's results folder,
+        and each report is printed as a CSV page (raw, or source): nothing is read from printed text."""
+        for name, exp in registry.experiments().items():
+            argvs = [[str(a) for a in c.argv] for c in dry_commands(exp) if "ncu" in [str(a) for a in c.argv[:3]]]
+            if not argvs:
+                continue
+            with self.subTest(name):
+                results = f"{WORK}/results/{name}/"
+                reports = [a[a.index("--export") + 1] for a in argvs if "--export" in a]
+                imports = [a for a in argvs if "--import" in a]
+                self.assertTrue(reports)
+                self.assertTrue(all(r.startswith(results) for r in reports))
+                self.assertEqual(len(reports) + len(imports), len(argvs), "each ncu run profiles or prints a report")
+                printed = {a[a.index("--import") + 1] for a in imports}
+                self.assertEqual(printed, {r + ".ncu-rep" for r in reports})
+                for a in imports:
+                    self.assertIn("--csv", a)
+                    self.assertIn(a[a.index("--page") + 1], ("raw", "source"))
+                for r in reports:
+                    self.assertTrue(any(o.endswith(".ncu-rep") and os.path.basename(r).startswith(o[:-8].split("{")[0])
+                                        for o in exp.outputs), f"{r}.ncu-rep among the outputs")
 
     def test_strip_bench(self):
         kept = ncu.strip_bench(["[ 1/ 4] stage 07 ...", "gpu NVIDIA H200", "  vs SDPA",
@@ -295,6 +313,15 @@ class Ported(unittest.TestCase):
 def write(path, text):
     with open(path, "w") as f:
         f.write(text)
+
+
+def raw_page(metrics):
+    """A raw page of one launch as `ncu --import R --csv --page raw --print-units base` prints it:
+    the column names, the units, the launch. metrics: name -> (unit, value as printed)."""
+    launch = ("0", "1", "bench_gpu", "h", "void k<64>(Args)", "1", "7", "(128, 1, 1)", "(4096, 1, 1)", "0", "9.0")
+    rows = (ncu_pages.IDENTITY + tuple(metrics), ("",) * len(launch) + tuple(u for u, _ in metrics.values()),
+            launch + tuple(v for _, v in metrics.values()))
+    return "".join(",".join(f'"{c}"' for c in row) + "\n" for row in rows)
 
 
 class Tables(unittest.TestCase):
@@ -328,17 +355,42 @@ class Tables(unittest.TestCase):
         self.assertTrue(lines[3].endswith(" 2.50x  -"))
 
     def test_dropout_and_gqa_price(self):
-        metrics = ("    gpu__time_duration.sum   ms   1.5\n    smsp__inst_executed.sum   inst   1,000,000\n"
-                   "    sm__cycles_active.max   cycle   200\n    sm__cycles_active.avg   cycle   100\n"
-                   "    dram__bytes_read.sum   Gbyte   2\n")
-        write(os.path.join(self.dir, "ncu_stage07_dropout0.1_d64_metrics.txt"), metrics)
-        write(os.path.join(self.dir, "ncu_stage09_gqa4_d128_metrics.txt"), metrics)
+        page = raw_page({"device__attribute_display_name": ("", "NVIDIA H200"),
+                         "dram__bytes_read.sum": ("byte", "2,000,000,000"),
+                         "gpu__time_duration.sum": ("nsecond", "1,500,000"),
+                         "sm__cycles_active.avg": ("cycle", "100"), "sm__cycles_active.max": ("cycle", "200"),
+                         "smsp__inst_executed.sum": ("inst", "1,000,000")})
+        write(os.path.join(self.dir, "ncu_stage07_dropout0.1_d64_metrics.csv"), page)
+        write(os.path.join(self.dir, "ncu_stage09_gqa4_d128_metrics.csv"), page)
         drop = ncu.dropout_price_table(self.dir)
         self.assertEqual(len(drop), 2)
         self.assertRegex(drop[1], r"^stage07 +64  0.1 +1500 +1000000 ")
         gqa = ncu.gqa_price_table(self.dir, "09", 128, ("plain", "4", "8"))
         self.assertEqual(len(gqa), 2)
         self.assertRegex(gqa[1], r"^4 +1500 +1000000 .* 2.00 .* 2000$")
+        # The same rows as CSV: a counter the report lacks is an empty cell, not a 0.
+        table = os.path.join(self.dir, "gqa_price.csv")
+        ncu.write_table(table, ncu.GQA_COLUMNS, ncu.gqa_price(self.dir, "09", 128, ("plain", "4", "8")))
+        with open(table) as f:
+            rows = [line.rstrip("\n").split(",") for line in f]
+        self.assertEqual(rows[0][:3], ["groups", "time_us", "warp_inst"])
+        self.assertEqual(rows[1][:3], ["4", "1500", "1000000"])
+        self.assertEqual(rows[1][rows[0].index("busiest_over_avg")], "2")
+        self.assertEqual(rows[1][rows[0].index("issue_pct")], "")
+
+    def test_summaries_read_the_raw_pages(self):
+        page = raw_page({"gpu__time_duration.sum": ("nsecond", "6,140,000"),
+                         "launch__registers_per_thread": ("register/thread", "254"),
+                         "sm__warps_active.avg.pct_of_peak_sustained_active": ("%", "12.33")})
+        write(os.path.join(self.dir, "r.csv"), page)
+        write(os.path.join(self.dir, "r_metrics.csv"), page)
+        lines = ncu.report_lines(self.dir, "r", counters="registers")
+        self.assertEqual(lines[0], "  void k<64>(Args) (4096, 1, 1)x(128, 1, 1)")
+        self.assertEqual(lines[1].split(), ["gpu__time_duration.sum", "nsecond", "6,140,000"])
+        self.assertEqual([line.split()[0] for line in lines[2:]], ["sm__warps_active.avg.pct_of_peak_sustained_active",
+                                                                  "launch__registers_per_thread",
+                                                                  "launch__registers_per_thread"])
+        self.assertEqual(ncu.launch_lines(self.dir, "r", "missing")[-1], "-- missing: no launch")
 
 
 def toy(name, *makers):

@@ -2,7 +2,7 @@
 summary, and the arguments that reuse this session's ceilings.
 
 One helper, because every comparison with PyTorch SDPA runs the same way (ours, then SDPA, ROUNDS
-times, each ratio's median over the rounds): gpu_session.sh's compare() made into a Command.
+times, each ratio's median over the rounds), made into a Command in one place.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .experiment import Command, Where, grep, file_lines
 COMPARE_TARGETS = ("bench_gpu", "mma_ceiling", "wgmma_ceiling")
 
 # What sdpa_compare.py writes into its --out-dir whatever it compares (see its docstring).
-COMPARE_OUTPUTS = ("gpu_sweep.csv", "gpu_sweep.json", "bench_gpu.json", "bench_gpu.csv")
+COMPARE_OUTPUTS = ("gpu_sweep.csv", "gpu_sweep.json", "bench_gpu.json", "bench_gpu.csv", "tables.json")
 
 # The summary's "rounds" parameter: the whole sequence (ours, then SDPA) this many times.
 ROUNDS_HELP = "rounds of ours then SDPA; each ratio is the median over them (--rounds)"
@@ -63,7 +63,8 @@ def yes_no(flag: bool) -> str:
 
 def packed_lengths() -> str:
     """The packed batch of stage 10's benchmarks: lengths drawn from 128 to 8192 (seed 7) until
-    16384 tokens, the last one cut to fit; comma-separated (gpu_session.sh's packed_lengths)."""
+    16384 tokens, the last one cut to fit; comma-separated (the batch of stage 10's committed
+    records, e.g. docs/results/stage10_packed_windowless.txt)."""
     r, out, left = random.Random(7), [], 16384
     while left > 0:
         n = min(left, r.randint(128, 8192))
@@ -83,3 +84,15 @@ def block_orders(ctx, name: str, variable: str, orders, rounds: int, args, heade
             cmds.append(Command((ctx.exe("bench/bench_gpu"), *args), env={variable: order}, stdout=out, append=True,
                                 header=head))
     return cmds
+
+
+# The "steps09" parameter of the comparisons that run stage 09: step numbers, or none at all.
+STEPS09_HELP = ("other main kernels of stage 09's road timed beside the default one (--steps09): numbers, "
+                "or none")
+
+
+def steps09_args(steps) -> list:
+    """sdpa_compare.py's --steps09 for a "steps09" parameter (none: no other step, no option)."""
+    chosen = [s for s in steps if s != "none"]
+    return ["--steps09", *chosen] if chosen else []
+

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -12,6 +11,7 @@
 
 #include "fa/counts.hpp"
 #include "fa/error.hpp"
+#include "fa/json.hpp"
 #include "fa/metrics.hpp"
 #include "fa/npy.hpp"
 #include "fa/reference.hpp"
@@ -137,11 +137,39 @@ std::string cpu_name() {
     return "unknown CPU";
 }
 
-std::string today() {
-    const std::time_t now = std::time(nullptr);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&now));
-    return buf;
+// What one run measured, for its --json record.
+struct RunFigures {
+    double first_ms;            // the first run, wall clock
+    double median_ms;           // --bench's median; without --bench, the first run's time
+    double flops;               // the work of the pass that ran (forward or backward)
+    int64_t rss_before;         // resident memory before the run
+    int64_t peak_rss;           // and its peak during the run
+    double intermediate_bytes;  // StageSpec::intermediate_bytes
+    bool pass;                  // the verdict
+};
+
+// Appends the run's record to --json's file as one line; docs/make_results.py reads these lines
+// back (docs/results/cpu_sweep.jsonl). A backward stage's record says so (pass_direction) and adds
+// what the naive backward would hold, P and dS (naive_bytes).
+void append_run_record(const StageSpec& spec, const CommonOptions& opt, const Problem& p, const RunFigures& f) {
+    Json r;
+    r["stage"] = spec.number;
+    r["title"] = spec.title;
+    if (spec.run_backward) r["pass_direction"] = "backward";
+    r["B"] = p.batch, r["H"] = p.heads, r["Nq"] = p.seq_q, r["Nk"] = p.seq_k, r["d"] = p.head_dim;
+    r["causal"] = p.causal;
+    r["layout"] = to_string(opt.layout);
+    r["first_ms"] = f.first_ms;
+    r["median_ms"] = f.median_ms;
+    r["gflops"] = f.flops / f.median_ms * 1e-6;
+    r["peak_rss_bytes"] = f.peak_rss;
+    r["rss_before_bytes"] = f.rss_before;
+    r["intermediate_bytes"] = f.intermediate_bytes;
+    if (spec.run_backward) r["naive_bytes"] = 2.0 * score_matrix_bytes(p);
+    r["pass"] = f.pass;
+    r["machine"] = cpu_name();
+    r["date"] = record_date();
+    append_json_line(opt.json_path, r);
 }
 
 // How many elements of `out` are NaN or inf where `ref` is finite.
@@ -359,16 +387,7 @@ int run_backward_stage(const StageSpec& spec, const CommonOptions& opt, const Pr
         std::printf("saved      q.npy k.npy v.npy o.npy lse.npy do.npy dq.npy dk.npy dv.npy to %s\n", opt.save_dir.c_str());
     }
     if (!opt.json_path.empty()) {
-        std::ofstream json(opt.json_path, std::ios::app);
-        if (!json) throw InputError("--json: cannot open " + opt.json_path + " for appending");
-        const double ms = stats ? stats->median_ms : first_ms;
-        json << "{\"stage\":\"" << spec.number << "\",\"title\":\"" << spec.title << "\",\"pass_direction\":\"backward\",\"B\":"
-             << p.batch << ",\"H\":" << p.heads << ",\"Nq\":" << p.seq_q << ",\"Nk\":" << p.seq_k << ",\"d\":" << p.head_dim
-             << ",\"causal\":" << (p.causal ? "true" : "false") << ",\"layout\":\"" << to_string(opt.layout)
-             << "\",\"first_ms\":" << first_ms << ",\"median_ms\":" << ms << ",\"gflops\":" << flops / ms * 1e-6
-             << ",\"peak_rss_bytes\":" << peak << ",\"rss_before_bytes\":" << rss_before << ",\"intermediate_bytes\":" << extra
-             << ",\"naive_bytes\":" << 2.0 * score_matrix_bytes(p) << ",\"pass\":" << (all_ok ? "true" : "false")
-             << ",\"machine\":\"" << cpu_name() << "\",\"date\":\"" << today() << "\"}\n";
+        append_run_record(spec, opt, p, {first_ms, stats ? stats->median_ms : first_ms, flops, rss_before, peak, extra, all_ok});
     }
 
     if (checks.empty()) {
@@ -561,15 +580,7 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
             std::printf("saved      q.npy k.npy v.npy o.npy lse.npy to %s\n", opt.save_dir.c_str());
         }
         if (!opt.json_path.empty()) {
-            std::ofstream json(opt.json_path, std::ios::app);
-            if (!json) throw InputError("--json: cannot open " + opt.json_path + " for appending");
-            json << "{\"stage\":\"" << spec.number << "\",\"title\":\"" << spec.title << "\",\"B\":" << p.batch
-                 << ",\"H\":" << p.heads << ",\"Nq\":" << p.seq_q << ",\"Nk\":" << p.seq_k << ",\"d\":" << p.head_dim
-                 << ",\"causal\":" << (p.causal ? "true" : "false") << ",\"layout\":\"" << to_string(opt.layout)
-                 << "\",\"first_ms\":" << first_ms << ",\"median_ms\":" << (stats ? stats->median_ms : first_ms)
-                 << ",\"gflops\":" << flops / (stats ? stats->median_ms : first_ms) * 1e-6 << ",\"peak_rss_bytes\":" << peak
-                 << ",\"rss_before_bytes\":" << rss_before << ",\"intermediate_bytes\":" << extra << ",\"pass\":"
-                 << (all_ok ? "true" : "false") << ",\"machine\":\"" << cpu_name() << "\",\"date\":\"" << today() << "\"}\n";
+            append_run_record(spec, opt, p, {first_ms, stats ? stats->median_ms : first_ms, flops, rss_before, peak, extra, all_ok});
         }
 
         if (checks.empty()) {

@@ -28,7 +28,7 @@
 /// against SDPA's causal runs the ratio falls to 0.36 to 0.65 (below the course's 0.5 at d = 128;
 /// stage 06 fixes it). The lesson page (stages/05_shared_memory_kernel/README.md) has the table,
 /// the Nsight Compute profile, and every step of the road timed and profiled on the same GPU
-/// (bench/gpu_session.sh road05 and ncu05road): at d = 64, N = 4096, 2026-11-23, from 5.8 TFLOP/s
+/// (bench/session.py run road05 ncu05road): at d = 64, N = 4096, 2026-11-23, from 5.8 TFLOP/s
 /// (one thread per row) to 37.6 (the final kernel), the padding step alone worth 1.9 times.
 #pragma once
 

@@ -31,7 +31,7 @@
 /// block per key block of one sequence, from a schedule), and dropout (stage 07's mask
 /// regenerated from Philox, never stored: the dropped P~ feeds dV, the undropped P dS). Checked
 /// on the CPU by the warp emulator and on the H100 (test_stage09, 2026-11-25); timed beside SDPA
-/// by bench/gpu_session.sh stage10 (docs/results/stage10.txt).
+/// by `bench/session.py run stage10` (docs/results/stage10.txt).
 ///
 /// **Does not handle yet:** head dimensions other than 32, 64 and 128; Hopper's own instructions
 /// (TMA, wgmma); dQ written without a float32 accumulator in global memory.

@@ -409,7 +409,7 @@ inline int group_split(int64_t base_blocks, int kv_group, int64_t query_blocks, 
 }
 
 /// The override of group_split()'s rule, from the environment: FA_STAGE09_GROUP_SPLIT=n (0 or
-/// unset: the rule), to measure each S (bench/gpu_session.sh split09). Read beside
+/// unset: the rule), to measure each S (bench/session.py run split09). Read beside
 /// FA_STAGE09_BLOCK_ORDER (make_launches()), but by the callers, before they size the workspace.
 inline int group_split_from_environment() {
     const char* text = std::getenv("FA_STAGE09_GROUP_SPLIT");
@@ -424,7 +424,7 @@ inline int group_split_from_environment() {
 }
 
 /// FA_STAGE09_BLOCK_ORDER=heads: the blocks head by head whatever the rules of make_launches()
-/// and packed_longest_first() say, to measure what the order gains (bench/gpu_session.sh order09).
+/// and packed_longest_first() say, to measure what the order gains (bench/session.py run order09).
 inline bool block_order_heads() {
     const char* order = std::getenv("FA_STAGE09_BLOCK_ORDER");
     return order != nullptr && std::string(order) == "heads";
@@ -528,7 +528,7 @@ Launches<T> make_launches(const Problem& p, const ResolvedOptions& m, View4<cons
     l.main_blocks = c.batch_heads / m.kv_group * c.k_blocks;
     // Grouped heads under a causal mask or a window: the longest loops first (the deterministic
     // mode keeps its order, which its turns need). FA_STAGE09_BLOCK_ORDER=heads keeps the blocks
-    // head by head, to measure the difference (bench/gpu_session.sh stage10).
+    // head by head, to measure the difference (bench/session.py run order09).
     a.key_blocks_outer = m.kv_group > 1 && (a.causal || m.left >= 0 || m.right >= 0) && !block_order_heads();
     // The group split (group_split(); its override FA_STAGE09_GROUP_SPLIT is read by the callers,
     // which size the workspace with it): S blocks per block of the grid above, block base S + s,

@@ -4,7 +4,6 @@
 // low-precision rules and against the same kernels' dense calls, one sequence at a time.
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <string>
@@ -13,6 +12,7 @@
 #include "fa/counts.hpp"
 #include "fa/cuda/device.hpp"
 #include "fa/error.hpp"
+#include "fa/json.hpp"
 #include "fa/npy.hpp"
 #include "fa/reference_ext.hpp"
 #include "fa/stage.hpp"
@@ -230,18 +230,16 @@ int run(const stage10::Options& opt, const CLI::App& app) {
         std::printf("saved      %s (.npy) to %s\n", saved.c_str(), dir.c_str());
     }
     if (!opt.run.json_path.empty()) {
-        std::ofstream json(opt.run.json_path, std::ios::app);
-        if (!json) throw InputError("--json: cannot open " + opt.run.json_path + " for appending");
-        json << "{\"stage\":\"10\",\"title\":\"what real models call\",\"problem\":\"" << vp.describe() << "\",\"dtype\":\""
-             << to_string(precision) << "\",\"backward\":" << (backward ? "true" : "false") << ",\"deterministic\":"
-             << (opt.deterministic ? "true" : "false") << ",\"real_flops\":" << real << ",\"padded_flops\":" << padded;
+        Json r = {{"stage", "10"}, {"title", "what real models call"}, {"problem", vp.describe()}, {"dtype", to_string(precision)},
+                  {"backward", backward}, {"deterministic", opt.deterministic}, {"real_flops", real}, {"padded_flops", padded}};
         if (times) {
-            json << ",\"forward_ms\":" << times->forward.median_ms << ",\"padded_forward_ms\":" << times->padded_forward.median_ms;
-            if (times->backward) json << ",\"backward_ms\":" << times->backward->median_ms;
-            if (times->padded_backward) json << ",\"padded_backward_ms\":" << times->padded_backward->median_ms;
-            json << ",\"gpu\":\"" << cuda::gpu_info().describe() << "\"";
+            r["forward_ms"] = times->forward.median_ms, r["padded_forward_ms"] = times->padded_forward.median_ms;
+            if (times->backward) r["backward_ms"] = times->backward->median_ms;
+            if (times->padded_backward) r["padded_backward_ms"] = times->padded_backward->median_ms;
+            r["gpu"] = cuda::gpu_info().describe();
         }
-        json << ",\"pass\":" << (all_ok ? "true" : "false") << "}\n";
+        r["pass"] = all_ok;
+        append_json_line(opt.run.json_path, r);
     }
     if (all_ok) {
         std::printf("verdict    PASS: %zu comparisons within tolerance\n", checks.size());

@@ -128,7 +128,7 @@ const std::vector<int> kTimelineSteps = as_vector(TimelineSteps{});
 constexpr long long kGroupBudgetBytes = 16LL << 20;
 //! [group_budget]
 
-/// kGroupBudgetBytes, or FA_STAGE11_GROUP_MIB MiB when that is set (bench/gpu_session.sh road11
+/// kGroupBudgetBytes, or FA_STAGE11_GROUP_MIB MiB when that is set (bench/session.py run groups11
 /// times several budgets with it).
 long long group_budget_bytes() {
     const char* env = std::getenv("FA_STAGE11_GROUP_MIB");

@@ -34,7 +34,7 @@
 /// **Does not handle yet:** d other than 64 and 128; the backward pass.
 ///
 /// **Measured:** every step, and the final kernel beside stage 07 and SDPA's flash and cuDNN
-/// backends in one run (bench/gpu_session.sh road11: docs/results/road11.csv, stage11_sweep.csv;
+/// backends in one run (bench/session.py run road11: docs/results/road11.csv, stage11_sweep.csv;
 /// the lesson and the results page show them). On an H100 80GB HBM3 (2026-11-27) the default, step
 /// 17, is at or above SDPA's cuDNN backend at 30 of the 32 points of bf16/fp16, d 64/128,
 /// N 1024-16384, causal and not, in every round of three runs; d = 64 causal at N = 1024 in 13

@@ -2,7 +2,6 @@
 // checked against stage 07 (mma.sync), stage 04 (CPU tiling) and the float64 reference.
 #include <algorithm>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <string>
 #include <type_traits>
@@ -19,6 +18,7 @@
 #include "fa/cuda/tensors.hpp"
 #include "fa/cuda/timing.hpp"
 #include "fa/error.hpp"
+#include "fa/json.hpp"
 #include "fa/stage.hpp"
 #include "timeline.hpp"
 
@@ -59,36 +59,26 @@ void write_timeline_json(const std::string& path, const fa::Problem& p, const fa
             ns_per_cycle = double(uint32_t(wg[n - 1].ns - wg[0].ns)) / double(longest);
         }
     }
-    std::ofstream out(path);
-    if (!out) throw fa::InputError("--timeline " + path + ": cannot write this file");
     const fa::cuda::GpuInfo gpu = fa::cuda::gpu_info();
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-    const auto flag = [](bool b) { return b ? "true" : "false"; };
-    out << "{\n  \"stage\": \"11\", \"step\": " << step << ", \"step_name\": \"" << fa::stage11::road()[size_t(step)].name
-        << "\", \"dtype\": \"bf16\",\n  \"B\": " << p.batch << ", \"H\": " << p.heads << ", \"Nq\": " << p.seq_q
-        << ", \"Nk\": " << p.seq_k << ", \"d\": " << p.head_dim << ", \"causal\": " << flag(p.causal) << ",\n  \"gpu\": \""
-        << gpu.name << "\", \"date\": \"" << date << "\", \"sm_count\": " << gpu.sm_count << ",\n  \"blocks\": " << t.blocks
-        << ", \"block\": " << t.block << ", \"q_tile\": " << t.q_tile << ", \"q_tiles\": " << t.q_tiles
-        << ", \"batch\": " << t.batch << ", \"head\": " << t.head << ", \"key_tiles_unmasked\": " << t.full
-        << ", \"key_tiles\": " << t.end << ", \"br\": " << t.br << ", \"bc\": " << t.bc << ", \"consumers\": " << t.consumers
-        << ", \"ping_pong\": " << flag(t.ping_pong) << ", \"overlap\": " << flag(t.overlap) << ", \"persistent\": " << flag(t.persistent) << ",\n  \"median_ms\": "
-        << plain_ms << ", \"median_ms_instrumented\": " << instrumented_ms << ", \"ns_per_cycle\": " << ns_per_cycle
-        << ",\n  \"codes\": [";
-    for (int c = 0; c < fa::stage11::kMarkCodes; ++c) out << (c ? ", " : "") << '"' << fa::stage11::timeline_code_name(c) << '"';
-    out << "],\n  \"warpgroups\": [";
+    fa::Json r = {{"stage", "11"}, {"step", step}, {"step_name", fa::stage11::road()[size_t(step)].name}, {"dtype", "bf16"},
+                  {"B", p.batch}, {"H", p.heads}, {"Nq", p.seq_q}, {"Nk", p.seq_k}, {"d", p.head_dim}, {"causal", p.causal},
+                  {"gpu", gpu.name}, {"date", fa::record_date()}, {"sm_count", gpu.sm_count},
+                  {"blocks", t.blocks}, {"block", t.block}, {"q_tile", t.q_tile}, {"q_tiles", t.q_tiles}, {"batch", t.batch},
+                  {"head", t.head}, {"key_tiles_unmasked", t.full}, {"key_tiles", t.end}, {"br", t.br}, {"bc", t.bc},
+                  {"consumers", t.consumers}, {"ping_pong", t.ping_pong}, {"overlap", t.overlap}, {"persistent", t.persistent},
+                  {"median_ms", plain_ms}, {"median_ms_instrumented", instrumented_ms}, {"ns_per_cycle", ns_per_cycle}};
+    for (int c = 0; c < fa::stage11::kMarkCodes; ++c) r["codes"].push_back(fa::stage11::timeline_code_name(c));
     for (int g = 0; g < groups; ++g) {
-        out << (g ? ",\n" : "\n") << "    {\"role\": \"" << (g == 0 ? "producer" : "consumer " + std::to_string(g - 1))
-            << "\", \"marks\": [";
-        const fa::cuda::TimelineMark* wg = marks_of(g);
+        fa::Json wg_marks = fa::Json::array();
         for (int n = 0; n < count_of(g); ++n) {
-            out << (n ? ", " : "") << '[' << (wg[n].cycle - first) << ", " << wg[n].what << ", " << wg[n].tile << ']';
+            const fa::cuda::TimelineMark& m = marks_of(g)[n];
+            wg_marks.push_back({m.cycle - first, m.what, m.tile});
         }
-        out << "]}";
+        r["warpgroups"].push_back({{"role", g == 0 ? "producer" : "consumer " + std::to_string(g - 1)}, {"marks", wg_marks}});
     }
-    out << "\n  ]\n}\n";
-    if (!out) throw fa::InputError("--timeline " + path + ": writing failed");
+    std::ofstream out(path);
+    out << fa::json_text(r) << '\n';
+    if (!out) throw fa::InputError("--timeline " + path + ": cannot write this file");
 }
 //! [timeline_json]
 

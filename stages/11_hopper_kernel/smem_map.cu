@@ -4,13 +4,13 @@
 // kernel is instantiated here: this file adds no device code.
 #include "smem_map.hpp"
 
-#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
 #include <cuda_bf16.h>
 
+#include "fa/json.hpp"
 #include "kernel.cuh"
 
 namespace fa::stage11 {
@@ -161,18 +161,6 @@ SmemMap find_map(std::integer_sequence<int, N...>, int step, int kernel_step, in
     return found;
 }
 
-/// `text` as a JSON string (the names here need no escapes beyond these).
-std::string quoted(const std::string& text) {
-    std::string out = "\"";
-    for (const char c : text) {
-        if (c == '"' || c == '\\') out += '\\';
-        out += c;
-    }
-    return out + "\"";
-}
-
-const char* boolean(bool b) { return b ? "true" : "false"; }
-
 }  // namespace
 
 SmemMap smem_map(int step, int head_dim, bool small_blocks) {
@@ -198,35 +186,25 @@ std::vector<SmemMap> smem_maps() {
 }
 
 std::string smem_maps_json() {
-    std::string out =
-        "{\n  \"what\": \"stage 11: each step's dynamic shared memory, from kernel.cuh's Shape "
-        "(stages/11_hopper_kernel/smem_map.cu; regenerate: test_stage11_smem_map --write FILE)\",\n"
-        "  \"offsets\": \"bytes from the block's 1024-byte-aligned base; smem_bytes adds align_slack before it\",\n"
-        "  \"maps\": [\n";
-    const std::vector<SmemMap> maps = smem_maps();
-    for (size_t i = 0; i < maps.size(); ++i) {
-        const SmemMap& m = maps[i];
-        char head[768];
-        std::snprintf(head, sizeof head,
-                      "    {\"step\": %d, \"head_dim\": %d, \"small_blocks\": %s, \"kernel_step\": %d, \"br\": %d, \"bc\": %d, "
-                      "\"consumers\": %d, \"threads\": %d, \"blocks_per_sm\": %d, \"stages\": %d, \"slots\": %d, \"tma\": %s, "
-                      "\"producer\": %s, \"split_ring\": %s, \"persistent\": %s, \"claim_ahead\": %s, \"o_in_q\": %s, "
-                      "\"o_buffer\": %s, \"align_slack\": %d, \"smem_bytes\": %zu,\n     \"regions\": [\n",
-                      m.step, m.head_dim, boolean(m.small_blocks), m.kernel_step, m.br, m.bc, m.consumers, m.threads,
-                      m.blocks_per_sm, m.stages, m.slots, boolean(m.tma), boolean(m.producer), boolean(m.split_ring),
-                      boolean(m.persistent), boolean(m.claim_ahead), boolean(m.o_in_q), boolean(m.o_buffer), m.align_slack,
-                      m.smem_bytes);
-        out += head;
-        for (size_t r = 0; r < m.regions.size(); ++r) {
-            const SmemRegion& g = m.regions[r];
-            out += "      {\"name\": " + quoted(g.name) + ", \"kind\": " + quoted(g.kind) + ", \"offset\": " +
-                   std::to_string(g.offset) + ", \"bytes\": " + std::to_string(g.bytes) + ", \"used\": " + boolean(g.used) + "}" +
-                   (r + 1 < m.regions.size() ? ",\n" : "\n");
+    fa::Json maps = fa::Json::array();
+    for (const SmemMap& m : smem_maps()) {
+        fa::Json regions = fa::Json::array();
+        for (const SmemRegion& g : m.regions) {
+            regions.push_back({{"name", g.name}, {"kind", g.kind}, {"offset", g.offset}, {"bytes", g.bytes}, {"used", g.used}});
         }
-        out += std::string("     ]}") + (i + 1 < maps.size() ? ",\n" : "\n");
+        maps.push_back({{"step", m.step}, {"head_dim", m.head_dim}, {"small_blocks", m.small_blocks}, {"kernel_step", m.kernel_step},
+                        {"br", m.br}, {"bc", m.bc}, {"consumers", m.consumers}, {"threads", m.threads},
+                        {"blocks_per_sm", m.blocks_per_sm}, {"stages", m.stages}, {"slots", m.slots}, {"tma", m.tma},
+                        {"producer", m.producer}, {"split_ring", m.split_ring}, {"persistent", m.persistent},
+                        {"claim_ahead", m.claim_ahead}, {"o_in_q", m.o_in_q}, {"o_buffer", m.o_buffer},
+                        {"align_slack", m.align_slack}, {"smem_bytes", m.smem_bytes}, {"regions", regions}});
     }
-    out += "  ]\n}\n";
-    return out;
+    const fa::Json file = {
+        {"what", "stage 11: each step's dynamic shared memory, from kernel.cuh's Shape (stages/11_hopper_kernel/smem_map.cu; "
+                 "regenerate: test_stage11_smem_map --write FILE)"},
+        {"offsets", "bytes from the block's 1024-byte-aligned base; smem_bytes adds align_slack before it"},
+        {"maps", maps}};
+    return fa::json_text(file) + "\n";
 }
 
 }  // namespace fa::stage11

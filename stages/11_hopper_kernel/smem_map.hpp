@@ -56,7 +56,7 @@ SmemMap smem_map(int step, int head_dim, bool small_blocks = false);
 /// Every map: steps 1 to 17 at d = 64 and 128, then the small blocks of steps 11 to 17.
 std::vector<SmemMap> smem_maps();
 
-/// smem_maps() as the JSON of docs/results/stage11_smem_map.json (one line per region).
+/// smem_maps() as the text of docs/results/stage11_smem_map.json (fa::json_text(): one line per region).
 std::string smem_maps_json();
 
 }  // namespace fa::stage11
