@@ -5,6 +5,8 @@
 // course stage: only the tests run it.
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "../stages/04_cpu_tiling/attention.hpp"
 #include "../stages/08_cpu_backward/attention.hpp"
 #include "fa/stage.hpp"

@@ -4,6 +4,8 @@
 // (tests/variants.hpp). --fault breaks it on purpose. Not a course stage: only the tests run it.
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "../stages/04_cpu_tiling/attention.hpp"
 #include "fa/stage.hpp"
 #include "variants.hpp"

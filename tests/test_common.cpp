@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "fa/cli.hpp"
 #include "fa/counts.hpp"
 #include "fa/error.hpp"

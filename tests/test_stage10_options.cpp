@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "fa/error.hpp"
 #include "fa/inputs.hpp"
 #include "fa/metrics.hpp"

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <CLI/CLI.hpp>
+
 #include "fa/error.hpp"
 
 namespace fa {

@@ -9,6 +9,8 @@
 #include <optional>
 #include <sstream>
 
+#include <CLI/CLI.hpp>
+
 #include "fa/counts.hpp"
 #include "fa/error.hpp"
 #include "fa/json.hpp"

@@ -1,6 +1,8 @@
 // Stage 04 executable: FlashAttention on the CPU, checked against stage 03 and the float64 reference.
 #include <cstdio>
 
+#include <CLI/CLI.hpp>
+
 #include "../03_online_softmax/attention.hpp"
 #include "attention.hpp"
 #include "fa/counts.hpp"

@@ -1,6 +1,8 @@
 // Stage 05 executable: the shared-memory CUDA kernel, checked against stage 04 and the float64 reference.
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "../04_cpu_tiling/attention.hpp"
 #include "attention.cuh"
 #include "fa/cuda/device.hpp"

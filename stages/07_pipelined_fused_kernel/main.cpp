@@ -2,6 +2,8 @@
 // on the GPU), stage 04 (CPU tiling) and the float64 reference.
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "../04_cpu_tiling/attention.hpp"
 #include "../06_causal_masking/attention.cuh"
 #include "attention.cuh"

@@ -2,6 +2,8 @@
 // reference backward by twice the error of the naive float32 backward.
 #include <cstdio>
 
+#include <CLI/CLI.hpp>
+
 #include "../04_cpu_tiling/attention.hpp"
 #include "attention.hpp"
 #include "fa/counts.hpp"

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "../07_pipelined_fused_kernel/attention.cuh"
 #include "../04_cpu_tiling/attention.hpp"
 #include "../08_cpu_backward/attention.hpp"

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "fa/counts.hpp"
 #include "fa/cuda/device.hpp"
 #include "fa/error.hpp"

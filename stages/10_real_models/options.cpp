@@ -7,6 +7,8 @@
 #include <sstream>
 #include <tuple>
 
+#include <CLI/CLI.hpp>
+
 #include "../07_pipelined_fused_kernel/model_options.hpp"
 #include "fa/error.hpp"
 #include "fa/npy.hpp"

@@ -13,8 +13,6 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "fa/cli.hpp"
 #include "fa/inputs.hpp"
 #include "fa/precision.hpp"

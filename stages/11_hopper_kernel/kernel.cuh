@@ -169,7 +169,7 @@ struct Features {
         f.wide_stores = true;
         return f;
     }
-    /// Step 11: at d = 64 under a causal mask with few keys (attention.cu's kSmallBlocksMaxKeys), the
+    /// Step 11: at d = 64 under a causal mask with few keys (launch.cuh's kSmallBlocksMaxKeys), the
     /// host launches small_blocks()' kernel instead of step 10's. The choice follows the problem, as a
     /// library chooses tile shapes; every other problem runs step 10.
     constexpr Features with_small_blocks_for_short_causal_heads() const {

@@ -7,6 +7,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "../04_cpu_tiling/attention.hpp"
 #include "../07_pipelined_fused_kernel/attention.cuh"
 #include "attention.cuh"

@@ -10,7 +10,7 @@
 /// under a causal mask the first ranks are every head's heaviest tiles (the last ones, which see
 /// every key), so the light tiles fill the end of the group's run instead of the heavy ones.
 /// `group_heads = 1` is head by head; `group_heads = batch_heads` is all heads at once. The host
-/// sizes a group so that its K and V stay in L2 while its blocks run (attention.cu), because each
+/// sizes a group so that its K and V stay in L2 while its blocks run (launch.cuh), because each
 /// head's K and V are read once by every query tile of that head.
 #pragma once
 

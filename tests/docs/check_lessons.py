@@ -7,7 +7,8 @@
   course order, with the titles those pages carry (the course map's placeholder title for a
   stage not written yet), and stage 01's back to the course map;
 - a record page (RECORD.md beside a lesson) is named `stageNN_record`, leads back to its lesson,
-  and its lesson links to it.
+  and its lesson links to it;
+- a stage's reading files (stages/NN_*/steps/*.cu) stay within 250 lines, their launch included.
 
     python3 tests/docs/check_lessons.py --repo .
 
@@ -120,6 +121,19 @@ def check_records(repo, faults):
                     faults.append(f"{os.path.relpath(lesson, repo)}: never links to its record page (stage{number}_record)")
 
 
+# A reading file (STYLE.md habit 15) is a step on its own, its launch included, short enough to read
+# in one sitting: stages/NN_*/steps/*.cu.
+READING_FILE_LINES = 250
+
+
+def check_reading_files(repo, faults):
+    for path in sorted(glob.glob(os.path.join(repo, "stages", "[0-9][0-9]_*", "steps", "*.cu"))):
+        with open(path, encoding="utf-8") as f:
+            n = sum(1 for _ in f)
+        if n > READING_FILE_LINES:
+            faults.append(f"{os.path.relpath(path, repo)}: {n} lines, over a reading file's {READING_FILE_LINES}")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -128,6 +142,7 @@ def main(argv=None):
     check_caps(args.repo, faults)
     check_navigation(args.repo, faults)
     check_records(args.repo, faults)
+    check_reading_files(args.repo, faults)
     for fault in faults:
         print(fault)
     print(f"check_lessons: {len(faults)} fault(s)")

@@ -1,5 +1,6 @@
 // The warp emulator's launch: runs a kernel body on the CPU, each block's CUDA threads as fibers
-// that take turns on the calling thread (see cuda_runtime.h and fibers.hpp here).
+// that take turns on the calling thread (see cuda_runtime.h and fibers.hpp here), beside the
+// block's Hopper units (async_units.hpp).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "async_units.hpp"
 #include "fa/cuda/ptx.cuh"
 
 namespace emu {
@@ -16,7 +18,8 @@ inline std::vector<std::unique_ptr<Thread>> thread_pool;  // grown to the larges
 inline const std::function<void()>* running_body = nullptr;
 inline uint64_t blocks_run = 0;  // every block so far, of every launch: seeds each block's order of turns
 
-/// A CUDA thread, from its fiber's start: the kernel, then the check that no copy is left pending.
+/// A CUDA thread, from its fiber's start: the kernel, then the check that no copy is left pending
+/// (cp.async here, wgmma and bulk copies in async_units.hpp).
 inline void thread_main(fibers::Fiber*) {
     (*running_body)();
     const Thread& t = *self();
@@ -24,12 +27,14 @@ inline void thread_main(fibers::Fiber*) {
         std::fprintf(stderr, "emulator: cp.async copies left pending at the end of a thread\n");
         std::abort();
     }
+    hopper::end_thread();
 }
 
 /// Runs `body` as `blocks` blocks of `threads` threads, one block after the other (block 0 first,
 /// or with `last_block_first` the last block first), in `smem` bytes of shared memory at `shared`
 /// filled with garbage before each block. Aborts on a cp.async group left pending at a thread's
-/// end, and on a deadlock (a barrier that not all of its block's or warp's threads reach).
+/// end, on a deadlock (a barrier that not all of its block's or warp's threads reach, a wait that
+/// nothing will end), and on what async_units.hpp checks at a thread's and a block's end.
 /// A block's threads take turns (fibers.hpp) warp by warp: a warp's lanes one after the other up to
 /// each of its collectives, and the next warp only when the whole warp waits at __syncthreads
 /// (or has returned). So one warp runs from a __syncthreads to the next before the others start:
@@ -65,6 +70,7 @@ inline void launch(long blocks, int threads, unsigned char* shared, size_t smem,
         // The order of turns: the warps shuffled, and the lanes of each (Fisher-Yates, splitmix64
         // written out: the same order from every standard library).
         uint64_t s = 0x9e3779b97f4a7c15ull * ++blocks_run;
+        hopper::begin_block(threads, s);  // its TMA loads land in an order drawn from the same seed
         const auto shuffle = [&s](int* x, int count) {
             for (int i = 0; i < count; ++i) x[i] = i;
             for (int i = count - 1; i > 0; --i) {
@@ -82,6 +88,7 @@ inline void launch(long blocks, int threads, unsigned char* shared, size_t smem,
             for (int k = 0; k < 32; ++k) order[32 * i + size_t(k)] = thread_pool[size_t(32 * warp_order[i] + lanes[k])].get();
         }
         fibers::run(order.data(), threads, 32, &thread_main, b);
+        hopper::end_block(b);
         block_bar = nullptr;
     }
     running_body = nullptr;

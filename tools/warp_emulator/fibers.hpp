@@ -6,9 +6,11 @@
 // that can run (round robin), and only when the whole gang waits (at __syncthreads) or has
 // returned, the first that can run of the gangs after it. A fiber that waits at a barrier no
 // fiber can still reach (one that returned, or waits elsewhere) stops the emulator with a
-// message: every fiber waiting and some not returned is a deadlock. Nothing preempts a fiber: a
-// thread that spun on memory another thread of its block writes would never let it run (the
-// kernels' only spin waits for another block: see __nanosleep in cuda_runtime.h).
+// message: every fiber waiting and some not returned is a deadlock, unless `stall` (set by
+// async_units.hpp: an asynchronous copy lands, a try_wait times out) lets one run again. Nothing
+// preempts a fiber: a thread that spun on memory another thread of its block writes would never
+// let it run (the kernels' only spin waits for another block: see __nanosleep in cuda_runtime.h;
+// the mbarrier spin loops park in mbarrier.try_wait instead).
 //
 // The switch: on x86-64, six callee-saved registers pushed, the stack pointer swapped, six
 // popped (emu_fiber_switch below); elsewhere, or with EMU_FIBERS_UCONTEXT defined, POSIX
@@ -31,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #if defined(__SANITIZE_ADDRESS__)
 #define EMU_FIBERS_ASAN 1
@@ -128,6 +131,7 @@ struct Fiber {
     void* fake_stack = nullptr;             // ASan's, while switched away
     const Barrier* wait_at = nullptr;       // the barrier this fiber waits at, if any,
     uint64_t wait_phase = 0;                // and the phase it arrived in
+    const char* why = nullptr;              // for the deadlock message, if the barrier's name is not enough
     bool done = false;                      // returned from its entry
     int turn = 0;                           // its place in run()'s order
 };
@@ -139,20 +143,35 @@ inline int round_size = 0, gang_size = 1, returned = 0;
 inline void (*entry)(Fiber*) = nullptr;
 inline long round_label = 0;            // for the deadlock message (the block)
 inline Fiber* switched_from = nullptr;  // the fiber the last switch left
+/// Called when no fiber can run and some have not returned: may make one runnable (a copy lands,
+/// a wait times out) and then returns true; false means the block is deadlocked.
+inline bool (*stall)() = nullptr;
 
 inline bool runnable(const Fiber* f) { return !f->done && (f->wait_at == nullptr || f->wait_at->phase != f->wait_phase); }
 
 [[noreturn]] inline void deadlock() {
     int waiting = 0, ended = 0;
-    const char* what = "";
+    const char* whats[8];  // the first distinct waits, each with its count
+    int counts[8], kinds = 0;
     for (int i = 0; i < round_size; ++i) {
-        if (turns[i]->done) ++ended;
-        else if (turns[i]->wait_at != nullptr) ++waiting, what = turns[i]->wait_at->what;
+        const Fiber* f = turns[i];
+        if (f->done) {
+            ++ended;
+            continue;
+        }
+        if (f->wait_at == nullptr) continue;
+        ++waiting;
+        const char* what = f->why != nullptr ? f->why : f->wait_at->what;
+        int k = 0;
+        while (k < kinds && std::strcmp(whats[k], what) != 0) ++k;
+        if (k == kinds && kinds < 8) whats[kinds] = what, counts[kinds++] = 0;
+        if (k < kinds) ++counts[k];
     }
     std::fprintf(stderr,
-                 "emulator: deadlock in block %ld: %d threads wait (one at %s), %d have returned: a barrier that "
-                 "not every thread of its block or warp reaches\n",
-                 round_label, waiting, what, ended);
+                 "emulator: deadlock in block %ld: %d threads wait, %d have returned: a barrier that not every thread "
+                 "of its block or warp reaches, or a wait that nothing will end:\n",
+                 round_label, waiting, ended);
+    for (int k = 0; k < kinds; ++k) std::fprintf(stderr, "  %d at %s\n", counts[k], whats[k]);
     std::abort();
 }
 
@@ -186,32 +205,35 @@ EMU_FIBERS_NO_ASAN inline void switch_to(Fiber* to) {
 
 /// Runs the next fiber that can run: of the current fiber's gang first (round robin from it),
 /// else of the gangs after it, in order, each from its first fiber. Back to run()'s caller once
-/// all have returned; a deadlock when none can run and some have not returned.
+/// all have returned. When none can run and some have not returned, `stall` may make one
+/// runnable; if it cannot, that is a deadlock.
 EMU_FIBERS_NO_ASAN inline void reschedule() {
     Fiber* const self = current;
     const int base = self->turn - self->turn % gang_size;
-    for (int k = 0, j = self->turn; k < gang_size; ++k) {
-        if (++j == base + gang_size) j = base;
-        if (runnable(turns[j])) {
-            if (turns[j] != self) switch_to(turns[j]);
-            return;
-        }
-    }
-    for (int g = base + gang_size;; g += gang_size) {
-        if (g == round_size) g = 0;
-        if (g == base) break;
-        for (int i = g; i < g + gang_size; ++i) {
-            if (runnable(turns[i])) {
-                switch_to(turns[i]);
+    for (;;) {
+        for (int k = 0, j = self->turn; k < gang_size; ++k) {
+            if (++j == base + gang_size) j = base;
+            if (runnable(turns[j])) {
+                if (turns[j] != self) switch_to(turns[j]);
                 return;
             }
         }
+        for (int g = base + gang_size;; g += gang_size) {
+            if (g == round_size) g = 0;
+            if (g == base) break;
+            for (int i = g; i < g + gang_size; ++i) {
+                if (runnable(turns[i])) {
+                    switch_to(turns[i]);
+                    return;
+                }
+            }
+        }
+        if (returned == round_size) {
+            switch_to(&main_fiber);
+            return;
+        }
+        if (stall == nullptr || !stall()) deadlock();
     }
-    if (returned == round_size) {
-        switch_to(&main_fiber);
-        return;
-    }
-    deadlock();
 }
 
 /// Where a new fiber starts (on its own stack): the entry, then the next fiber for good.
@@ -300,14 +322,23 @@ inline void run(Fiber* const* fibers, int n, int gang, void (*body)(Fiber*), lon
     turns = nullptr, round_size = 0;
 }
 
+/// Parks the current fiber until `b`'s phase is no longer `phase` (other fibers run meanwhile), or
+/// until another party clears its wait_at (async_units.hpp: try_wait's time limit). `why`, if given,
+/// names the wait in a deadlock message (it must live until the fiber runs again).
+inline void wait_for(const Barrier& b, uint64_t phase, const char* why = nullptr) {
+    Fiber* const self = current;
+    self->wait_at = &b;
+    self->wait_phase = phase;
+    self->why = why;
+    reschedule();
+    self->wait_at = nullptr;
+    self->why = nullptr;
+}
+
 /// Arrives at `b` and waits for the rest of its fibers (other fibers run meanwhile).
 inline void arrive_and_wait(Barrier& b) {
     if (++b.arrived < b.count) {
-        Fiber* const self = current;
-        self->wait_at = &b;
-        self->wait_phase = b.phase;
-        reschedule();
-        self->wait_at = nullptr;
+        wait_for(b, b.phase);
     } else {
         b.arrived = 0;
         ++b.phase;

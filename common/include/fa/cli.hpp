@@ -5,11 +5,16 @@
 #include <cstdint>
 #include <string>
 
-#include <CLI/CLI.hpp>
-
 #include "fa/inputs.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
+
+// CLI11's own header costs some six seconds of compile time a file: the files that build a command
+// line (cli.cpp, stage.cpp, the stages' main.cpp) include it, the rest see these names alone.
+namespace CLI {
+class App;
+class Validator;
+}  // namespace CLI
 
 namespace fa {
 

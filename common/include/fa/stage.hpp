@@ -12,8 +12,6 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
-
 #include "fa/cli.hpp"
 #include "fa/inputs.hpp"
 #include "fa/metrics.hpp"

@@ -117,14 +117,21 @@ __global__ void __launch_bounds__(Shape<D>::kThreads, 1) attention_kernel(const 
 //! [kernel]
 
 //! [launch]
-/// Fills the kernel's arguments and launches one block per query tile and head.
+/// Fills the kernel's arguments.
+template <class T, int D>
+void fill_args(Args<T>& a, const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse) {
+    a.q = q.data, a.k = k.data, a.v = v.data;
+    for (int i = 0; i < 3; ++i) a.q_s[i] = q.stride[i], a.k_s[i] = k.stride[i], a.v_s[i] = v.stride[i];
+    fill_common(a, p, o, lse, Shape<D>::kBr);
+}
+
+#if !defined(FA_WARP_EMULATOR)  // the warp emulator runs the kernel with fill_args()' arguments itself
+/// Launches one block per query tile and head.
 template <class T, int D>
 void launch(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse, cudaStream_t stream) {
     using S = Shape<D>;
     Args<T> a{};
-    a.q = q.data, a.k = k.data, a.v = v.data;
-    for (int i = 0; i < 3; ++i) a.q_s[i] = q.stride[i], a.k_s[i] = k.stride[i], a.v_s[i] = v.stride[i];
-    fill_common(a, p, o, lse, S::kBr);
+    fill_args<T, D>(a, p, q, k, v, o, lse);
     cuda::allow_dynamic_shared_memory<attention_kernel<T, D>>(S::kSmemBytes);
     attention_kernel<T, D><<<unsigned(a.q_tiles * p.batch * p.heads), S::kThreads, S::kSmemBytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH(std::string(kStep) + " attention_kernel<d=" + std::to_string(D) + ">");
@@ -141,6 +148,7 @@ void attention_device(const Problem& p, View4<const __half> q, View4<const __hal
     check_problem(p, q, k, v, o, kStep);
     p.head_dim == 64 ? launch<__half, 64>(p, q, k, v, o, lse, stream) : launch<__half, 128>(p, q, k, v, o, lse, stream);
 }
+#endif
 //! [launch]
 
 }  // namespace fa::stage11::step1

@@ -121,13 +121,20 @@ __global__ void __launch_bounds__(Shape<D>::kThreads, 1) attention_kernel(const 
 //! [kernel]
 
 //! [launch]
-/// Fills the kernel's arguments and launches one block per query tile and head.
+/// Fills the kernel's arguments (through a reference: fa/cuda/tensor_map.hpp says why).
+template <class T, int D>
+void fill_args(Args<T>& a, const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse) {
+    make_tensor_maps(a.q_map, a.k_map, a.v_map, p, q, k, v, Shape<D>::kBr, Shape<D>::kBc, kStep);
+    fill_common(a, p, o, lse, Shape<D>::kBr);
+}
+
+#if !defined(FA_WARP_EMULATOR)  // the warp emulator runs the kernel with fill_args()' arguments itself
+/// Launches one block per query tile and head.
 template <class T, int D>
 void launch(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse, cudaStream_t stream) {
     using S = Shape<D>;
     Args<T> a{};
-    make_tensor_maps(a.q_map, a.k_map, a.v_map, p, q, k, v, S::kBr, S::kBc, kStep);
-    fill_common(a, p, o, lse, S::kBr);
+    fill_args<T, D>(a, p, q, k, v, o, lse);
     cuda::allow_dynamic_shared_memory<attention_kernel<T, D>>(S::kSmemBytes);
     attention_kernel<T, D><<<unsigned(a.q_tiles * p.batch * p.heads), S::kThreads, S::kSmemBytes, stream>>>(a);
     FA_CUDA_CHECK_LAUNCH(std::string(kStep) + " attention_kernel<d=" + std::to_string(D) + ">");
@@ -144,6 +151,7 @@ void attention_device(const Problem& p, View4<const __half> q, View4<const __hal
     check_problem(p, q, k, v, o, kStep);
     p.head_dim == 64 ? launch<__half, 64>(p, q, k, v, o, lse, stream) : launch<__half, 128>(p, q, k, v, o, lse, stream);
 }
+#endif
 //! [launch]
 
 }  // namespace fa::stage11::step2

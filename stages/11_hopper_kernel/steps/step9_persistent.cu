@@ -1,15 +1,14 @@
 /// \file stages/11_hopper_kernel/steps/step9_persistent.cu
 /// \brief Stage 11, step 9 on its own: step 4 as a persistent grid, one block per SM looping over work items.
 ///
-/// Over step 4: the grid has one block per SM, and its producer takes *work items* (a query tile of
-/// a head, numbered as step 4 numbers its blocks) from a counter in global memory and posts each in a
-/// two-entry *mailbox* in shared memory for the consumers. The ring's slots, its parities and the
-/// turns run on from item to item, so the next item's Q (once every consumer has read this one's:
-/// a *Q-empty* barrier) and K/V tiles load while the consumers finish this item and write its O.
-/// From steps 5-8 it carries step 8's shape at d = 64 (three consumers of 160 registers, Br = 192),
-/// which the switch kernel's step 9 has and which sets the key tiles each row sums over (its bits);
-/// not step 5's overlap, step 6's order of the items or step 7's TMA store (step 9 drops it), none
-/// of which changes a bit.
+/// Over step 4: the grid has one block per SM, and its producer takes *work items* (a query tile of a
+/// head, numbered as step 4 numbers its blocks) from a counter in global memory and posts each in a
+/// two-entry *mailbox* in shared memory for the consumers. The ring's slots, its parities and the turns
+/// run on from item to item, so the next item's Q (once every consumer has read this one's: a *Q-empty*
+/// barrier) and K/V tiles load while the consumers finish this item and write its O. Of steps 5-8 it
+/// carries step 8's shape at d = 64 (three consumers of 160 registers, Br = 192), which sets the key
+/// tiles each row sums over (its bits); not step 5's overlap, step 6's order or step 7's TMA store
+/// (step 9 drops it), none of which changes a bit.
 #include "common.cuh"
 #include "fa/cuda/check.hpp"
 #include "fa/cuda/mbarrier.cuh"
@@ -122,7 +121,6 @@ __device__ __forceinline__ void consume_tiles(ConsumerState<D>& st, uint32_t q_r
     slot_empty(it.end - 1);
 }
 //! [mainloop]
-
 //! [kernel]
 /// A persistent block: its producer takes work items from the counter until none is left, its
 /// consumers compute each and write its O.
@@ -211,39 +209,42 @@ __global__ void __launch_bounds__(Shape<D>::kThreads, 1) attention_kernel(const 
     if (consumer == 0 && rounds > 0) named_barrier_sync(1, 256);
 }
 //! [kernel]
-
 //! [launch]
-/// Fills the kernel's arguments and launches one block per SM (at most one per work item).
+/// Fills the kernel's arguments (through a reference: fa/cuda/tensor_map.hpp says why).
+template <class T, int D>
+void fill_args(Args<T>& a, const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse) {
+    make_tensor_maps(a.q_map, a.k_map, a.v_map, p, q, k, v, Shape<D>::kBr, Shape<D>::kBc, kStep);
+    fill_common(a, p, o, lse, Shape<D>::kBr);
+    a.items = unsigned(a.q_tiles * p.batch * p.heads);
+}
+#if !defined(FA_WARP_EMULATOR)  // (the warp emulator runs the kernel with fill_args()' arguments itself)
+/// Checks the problem and launches one block per SM (at most one per work item).
 template <class T, int D>
 void launch(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<T> o, View3<float> lse, cudaStream_t stream) {
-    using S = Shape<D>;
+    check_problem(p, q, k, v, o, kStep);
     Args<T> a{};
-    make_tensor_maps(a.q_map, a.k_map, a.v_map, p, q, k, v, S::kBr, S::kBc, kStep);
-    fill_common(a, p, o, lse, S::kBr);
-    cuda::allow_dynamic_shared_memory<attention_kernel<T, D>>(S::kSmemBytes);
-    a.items = unsigned(a.q_tiles * p.batch * p.heads);
+    fill_args<T, D>(a, p, q, k, v, o, lse);
+    cuda::allow_dynamic_shared_memory<attention_kernel<T, D>>(Shape<D>::kSmemBytes);
     int device = 0, sms = 0;
     FA_CUDA_CHECK(cudaGetDevice(&device));
     FA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
     // The counter, allocated, zeroed and freed in the stream's order: launches on other streams never share one.
     FA_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&a.work_counter), sizeof(unsigned), stream));
     FA_CUDA_CHECK(cudaMemsetAsync(a.work_counter, 0, sizeof(unsigned), stream));
-    attention_kernel<T, D><<<std::min(a.items, unsigned(sms)), S::kThreads, S::kSmemBytes, stream>>>(a);
+    attention_kernel<T, D><<<std::min(a.items, unsigned(sms)), Shape<D>::kThreads, Shape<D>::kSmemBytes, stream>>>(a);
     FA_CUDA_CHECK(cudaFreeAsync(a.work_counter, stream));
     FA_CUDA_CHECK_LAUNCH(std::string(kStep) + " attention_kernel<d=" + std::to_string(D) + ">");
 }
 
 void attention_device(const Problem& p, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k, View4<const __nv_bfloat16> v,
                       View4<__nv_bfloat16> o, View3<float> lse, cudaStream_t stream) {
-    check_problem(p, q, k, v, o, kStep);
     p.head_dim == 64 ? launch<__nv_bfloat16, 64>(p, q, k, v, o, lse, stream) : launch<__nv_bfloat16, 128>(p, q, k, v, o, lse, stream);
 }
-
 void attention_device(const Problem& p, View4<const __half> q, View4<const __half> k, View4<const __half> v, View4<__half> o,
                       View3<float> lse, cudaStream_t stream) {
-    check_problem(p, q, k, v, o, kStep);
     p.head_dim == 64 ? launch<__half, 64>(p, q, k, v, o, lse, stream) : launch<__half, 128>(p, q, k, v, o, lse, stream);
 }
+#endif
 //! [launch]
 
 }  // namespace fa::stage11::step9

@@ -1,7 +1,8 @@
 /// \file fa/cuda/tma.cuh
 /// \brief The tensor memory accelerator (TMA): `cp.async.bulk.tensor` loads of a whole box from
-/// global to shared memory that complete on an mbarrier, its store form for the epilogue, and
-/// the bulk-group instructions that wait for stores (sm_90).
+/// global to shared memory that complete on an mbarrier, its store form for the epilogue, the
+/// bulk-group instructions that wait for stores, and the float32 reductions into global memory
+/// (global += shared) that a backward's dQ needs (sm_90).
 ///
 /// One thread issues a TMA copy; the hardware then moves the whole box (e.g. 128 rows x 64
 /// columns of a K tile), computes every address from the *tensor map* (a 128-byte descriptor
@@ -97,5 +98,38 @@ __device__ __forceinline__ void bulk_wait_group() {
     asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 //! [tma]
+
+//! [tma_reduce]
+/// <tt>cp.reduce.async.bulk.tensor.2d.global.shared\::cta.add.tile.bulk_group</tt>: adds the box at `src`
+/// in shared memory (laid out and swizzled as a load of the same map would leave it) element by
+/// element into the tensor at coordinates (c0, c1): global += shared, in the map's element type
+/// (a float32 map for the float32 sums of a backward's dQ); elements outside the tensor are left
+/// alone. Each element's add is atomic, so boxes of several blocks may overlap. Committed and
+/// waited for as tma_store_4d() (bulk_commit_group(), bulk_wait_group_read()).
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap* map, uint32_t src, int c0, int c1) {
+    asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                     tensor_map_address(map)),
+                 "r"(src), "r"(c0), "r"(c1)
+                 : "memory");
+}
+
+/// <tt>cp.reduce.async.bulk.tensor.4d.global.shared\::cta.add.tile.bulk_group</tt>: tma_reduce_add_2d() for a
+/// 4-d tensor map, coordinates (c0, c1, c2, c3), innermost first.
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(
+                     tensor_map_address(map)),
+                 "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+                 : "memory");
+}
+
+/// <tt>cp.reduce.async.bulk.global.shared\::cta.bulk_group.add.f32</tt>: adds `bytes` bytes of float32
+/// at `src` in shared memory into global memory at `dst`, element by element (global += shared,
+/// each add atomic); no tensor map, no swizzle: a contiguous run. `bytes` a multiple of 16, both
+/// addresses 16-byte aligned. Committed and waited for as tma_store_4d().
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+//! [tma_reduce]
 
 }  // namespace fa::cuda::ptx
