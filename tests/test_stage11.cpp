@@ -345,7 +345,8 @@ std::string codes_text(const std::vector<cuda::TimelineMark>& marks) {
         text += std::string(text.empty() ? "" : " ") + stage11::timeline_code_name(code);
         if (code != stage11::kMarkStart && code != stage11::kMarkEnd && code != stage11::kMarkQIssued &&
             code != stage11::kMarkQLanded && code != stage11::kMarkEpilogue && code != stage11::kMarkQEmpty) {
-            text += ":" + std::to_string(m.tile);
+            text += ':';
+            text += std::to_string(m.tile);  // not ":" + ...: GCC 12's -Wrestrict misreads that form
         }
     }
     return text;
