@@ -61,15 +61,28 @@ class Records(unittest.TestCase):
                 self.assertEqual(exps[name].stage, "all")
 
     def test_dry_run_prints_the_copy_the_environment_and_the_detached_start(self):
-        rc, out, _ = call_in(ROOT, "run", "newcomer", "newcomer_test_start", "--dry-run", "--work", "/nonexistent/w")
+        # The copy's folder is set: the default, /tmp/fa-newcomer, is refused where this tree is that copy.
+        rc, out, _ = call_in(ROOT, "run", "newcomer", "newcomer_test_start", "--dry-run", "--work", "/nonexistent/w",
+                             "--set", "newcomer.dir=/nonexistent/copy", "--set", "newcomer_test_start.dir=/nonexistent/copy")
         self.assertEqual(rc, 0)
         self.assertNotRegex(out, r"(?m)^(cmake|ninja) ", "nothing to build")
-        self.assertIn("bash bench/newcomer.sh copy /tmp/fa-newcomer >>", out)
-        self.assertIn("FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr bash bench/newcomer.sh run /tmp/fa-newcomer 900 "
+        self.assertIn("bash bench/newcomer.sh copy /nonexistent/copy >>", out)
+        self.assertIn("FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr bash bench/newcomer.sh run /nonexistent/copy 900 "
                       "/nonexistent/w/results/newcomer/course_status.json scripts/course.sh > "
                       "/nonexistent/w/results/newcomer/course.log", out)
-        self.assertIn("FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr bash bench/newcomer.sh start /tmp/fa-newcomer "
+        self.assertIn("FA_SKIP_INSTALL=1 CMAKE_PREFIX_PATH=/tmp/deps/usr bash bench/newcomer.sh start /nonexistent/copy "
                       "1200 /tmp/fa-newcomer-test >", out)
+
+    def test_the_copy_defaults_to_a_folder_of_tmp(self):
+        exps = registry.experiments()
+        for name in ("newcomer", "newcomer_test_start", "newcomer_test"):
+            with self.subTest(name):
+                self.assertEqual(exps[name].params["dir"], "/tmp/fa-newcomer")
+
+    def test_the_tree_itself_is_never_the_copy(self):
+        rc, out, err = call_in(ROOT, "run", "newcomer", "--dry-run", "--set", f"newcomer.dir={ROOT}/")
+        self.assertEqual((rc, out), (2, ""))
+        self.assertIn("outside the working tree", err)
 
     def test_parameters_and_a_call_with_a_build(self):
         rc, out, _ = call_in(ROOT, "run", "road11", "newcomer_wait", "--dry-run", "--set", "newcomer_wait.wait=60",
