@@ -70,6 +70,7 @@ struct NamedBarrier {
 struct WgmmaOp {
     int n = 0;
     bool f16 = false, rs = false, trans_b = false, accumulate = false;
+    bool trans_a = false;  // SS form only: A stored MN-major (imm-trans-a)
     uint64_t desc_a = 0, desc_b = 0;
     float* d[128] = {};
     const uint32_t* a[128] = {};
@@ -486,7 +487,7 @@ inline void run_wgmma(const WgmmaOp& op) {
     }
     if (!op.rs) {
         for (int m = 0; m < 64; ++m)
-            for (int k = 0; k < 16; ++k) A[m][k] = operand(op.desc_a, false, m, k, op.f16);
+            for (int k = 0; k < 16; ++k) A[m][k] = operand(op.desc_a, op.trans_a, m, k, op.f16);
     }
     for (int k = 0; k < 16; ++k)
         for (int n = 0; n < op.n; ++n) B[k][n] = operand(op.desc_b, op.trans_b, n, k, op.f16);
@@ -504,7 +505,7 @@ inline void run_wgmma(const WgmmaOp& op) {
 
 /// wgmma.mma_async: joins the warpgroup's queue; its product waits for wgmma.wait_group.
 inline void wgmma_issue(int n, bool f16, bool rs, bool trans_b, bool accumulate, uint64_t desc_a, uint64_t desc_b, float* d,
-                        const uint32_t* a) {
+                        const uint32_t* a, bool trans_a = false) {
     const char* op = "wgmma.mma_async";
     Warpgroup& wg = warpgroup(op);
     ThreadState& t = me();
@@ -514,10 +515,11 @@ inline void wgmma_issue(int n, bool f16, bool rs, bool trans_b, bool accumulate,
     if (seq - wg.base == wg.ops.size()) {
         WgmmaOp w;
         w.n = n, w.f16 = f16, w.rs = rs, w.trans_b = trans_b, w.accumulate = accumulate, w.desc_a = rs ? 0 : desc_a, w.desc_b = desc_b;
+        w.trans_a = trans_a;
         wg.ops.push_back(w);
     }
     WgmmaOp& w = wg.ops[seq - wg.base];
-    if (w.n != n || w.f16 != f16 || w.rs != rs || w.trans_b != trans_b || w.accumulate != accumulate ||
+    if (w.n != n || w.f16 != f16 || w.rs != rs || w.trans_b != trans_b || w.trans_a != trans_a || w.accumulate != accumulate ||
         w.desc_a != (rs ? 0 : desc_a) || w.desc_b != desc_b) {
         fail("%s: thread %u's op %zu differs from its warpgroup's (shape, type, form, transpose, scale-d or descriptors)", op,
              self()->tid.x, seq);

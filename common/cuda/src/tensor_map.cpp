@@ -44,8 +44,8 @@ void require(bool ok, const std::string& what, const std::string& message) {
     if (!ok) throw InputError(what + ": " + message);
 }
 
-CUtensorMap encode(const void* data, DType dtype, int rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
-                   const cuuint32_t* box, bool swizzle, const std::string& what) {
+CUtensorMap encode(const void* data, CUtensorMapDataType type, cuuint32_t element_bytes, int rank, const cuuint64_t* dims,
+                   const cuuint64_t* strides_bytes, const cuuint32_t* box, bool swizzle, const std::string& what) {
     require(reinterpret_cast<uintptr_t>(data) % 16 == 0, what, "the TMA needs a 16-byte aligned start address");
     for (int i = 0; i + 1 < rank; ++i) {
         require(strides_bytes[i] % 16 == 0, what,
@@ -57,11 +57,11 @@ CUtensorMap encode(const void* data, DType dtype, int rank, const cuuint64_t* di
         require(dims[i] >= 1 && dims[i] <= (cuuint64_t(1) << 32), what, "a dimension is 0 or above 2^32");
         require(box[i] >= 1 && box[i] <= 256, what, "a box side is 0 or above 256");
     }
-    require(!swizzle || box[0] * 2 <= 128, what, "a 128-byte swizzled box is at most 64 16-bit elements wide");
+    require(!swizzle || box[0] * element_bytes <= 128, what, "a 128-byte swizzled box is at most 128 bytes wide");
     CUtensorMap map{};
     const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
     const CUresult r = encode_tiled()(
-        &map, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, cuuint32_t(rank),
+        &map, type, cuuint32_t(rank),
         const_cast<void*>(data), dims, strides_bytes, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
         swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);  // NONE: elements outside the tensor are filled with zeros
@@ -74,6 +74,13 @@ CUtensorMap encode(const void* data, DType dtype, int rank, const cuuint64_t* di
         throw Error("cuTensorMapEncodeTiled for " + what + " failed: " + result_name(r) + "; dims innermost first: " + shape);
     }
     return map;
+}
+
+// A map of 16-bit elements.
+CUtensorMap encode(const void* data, DType dtype, int rank, const cuuint64_t* dims, const cuuint64_t* strides_bytes,
+                   const cuuint32_t* box, bool swizzle, const std::string& what) {
+    return encode(data, dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, rank, dims,
+                  strides_bytes, box, swizzle, what);
 }
 
 // Copies a map built here (in this function's own, aligned, frame) to the caller's object as
@@ -104,6 +111,14 @@ void make_tensor_map_2d(CUtensorMap& out, const void* data, DType dtype, int64_t
     const cuuint64_t strides[1] = {cuuint64_t(row_stride) * 2};
     const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
     store_unaligned(out, encode(data, dtype, 2, dims, strides, box, swizzle, what));
+}
+
+void make_tensor_map_f32_2d(CUtensorMap& out, const float* data, int64_t rows, int64_t cols, int64_t row_stride, int box_rows,
+                            int box_cols, const std::string& what) {
+    const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+    const cuuint64_t strides[1] = {cuuint64_t(row_stride) * 4};
+    const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)};
+    store_unaligned(out, encode(data, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, 2, dims, strides, box, false, what));
 }
 
 }  // namespace fa::cuda

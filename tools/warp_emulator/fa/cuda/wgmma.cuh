@@ -36,4 +36,10 @@ inline void wgmma_m64nNk16_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_
     static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N is 8..256, a multiple of 8");
     emu::hopper::wgmma_issue(N, std::is_same_v<T, __half>, true, trans_b, accumulate, 0, desc_b, d, a);
 }
+// A read transposed (stored MN-major, imm-trans-a = 1): the same op with A through the MN-major layout.
+template <int N, class T>
+inline void wgmma_m64nNk16_ss_ta(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate, bool trans_b) {
+    static_assert(N % 8 == 0 && N >= 8 && N <= 256, "wgmma m64nNk16: N is 8..256, a multiple of 8");
+    emu::hopper::wgmma_issue(N, std::is_same_v<T, __half>, false, trans_b, accumulate, desc_a, desc_b, d, nullptr, true);
+}
 }  // namespace fa::cuda::ptx

@@ -57,4 +57,11 @@ void make_tensor_map_bhnd(CUtensorMap& out, const void* data, DType dtype, int64
 void make_tensor_map_2d(CUtensorMap& out, const void* data, DType dtype, int64_t rows, int64_t cols, int64_t row_stride,
                         int box_rows, int box_cols, bool swizzle, const std::string& what);
 
+/// A 2-d [rows, cols] matrix of float32 (row stride in elements, a multiple of 4), boxes of
+/// [box_rows, box_cols] without a swizzle (box_cols a multiple of 4, at most 256), zero fill
+/// outside. Coordinates in the kernel: {col, row}. For per-row statistics a kernel streams beside
+/// its tiles (stage 12's L_i log2(e) and D_i, one box per query tile).
+void make_tensor_map_f32_2d(CUtensorMap& out, const float* data, int64_t rows, int64_t cols, int64_t row_stride, int box_rows,
+                            int box_cols, const std::string& what);
+
 }  // namespace fa::cuda

@@ -1,0 +1,217 @@
+"""Stage 13's experiments (decoding over a KV cache: split-KV, grouped heads packed into rows, a
+paged cache): its tests on the GPU, and the decode grid timed beside PyTorch SDPA.
+
+`sweep13` runs, round by round, every point of the grid through stage13_decode (`--bench --reference
+never`: inputs drawn on the GPU, timing only; one JSON line each in stage13_ours_round{r}.jsonl) and the same problems held contiguously through SDPA's flash,
+cuDNN and efficient backends (GQA through `enable_gqa`; one process per round, stage13_sdpa.jsonl),
+then `finish` writes stage13_sweep.csv: per point and round, our K + V bytes per second, each
+backend's, and our rate over the best backend's. SDPA has no paged cache: a paged point is compared
+with SDPA on the same problem held contiguously. A point whose K and V exceed `max_gib` is skipped
+and listed in stage13_skipped.txt.
+
+Not here yet (later steps of the stage): the read-bandwidth ceiling kernel in bench/ (a stream of
+loads over a buffer much larger than the L2) that would give each point as a fraction of what the GPU
+can read, and our runs interleaved with SDPA's in one process (here they alternate process by process,
+round by round). SDPA's flash backend takes no mask, so at seq_q > 1 (causal new rows, bottom-right
+aligned, given to SDPA as a boolean mask) it records its error and the other backends set the best.
+"""
+import csv
+import json
+import os
+
+from .experiment import Command, Experiment, Where, file_lines, grep, in_results
+
+STAGE13 = "stages/13_decode/stage13_decode"
+
+# The SDPA side of sweep13, run as `python3 -c SDPA_SCRIPT POINTS_JSON OUT_JSONL REPEAT`: the same
+# problems as stage13_decode's (q (B, Hq, seq_q, d) against a contiguous cache of seq_k + seq_q keys,
+# causal within the new rows, bottom-right aligned), each backend timed with CUDA events, the L2
+# flushed before each run, the median kept.
+SDPA_SCRIPT = r"""
+import json, sys
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+points, out, repeat = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+with open(out, "a") as f:
+    for p in points:
+        dtype = torch.bfloat16 if p["dtype"] == "bf16" else torch.float16
+        B, hq, hk, d, nq, nk = p["batch"], p["heads"], p["kv_heads"], p["head_dim"], p["seq_q"], p["seq_k"] + p["seq_q"]
+        q = torch.randn(B, hq, nq, d, device="cuda", dtype=dtype)
+        k = torch.randn(B, hk, nk, d, device="cuda", dtype=dtype)
+        v = torch.randn(B, hk, nk, d, device="cuda", dtype=dtype)
+        # Causal within the new rows, bottom-right aligned: row i sees keys j <= nk - nq + i.
+        mask = None
+        if nq > 1:
+            mask = torch.ones(nq, nk, dtype=torch.bool, device="cuda").tril(diagonal=nk - nq)
+        gqa = hk != hq
+        kv_bytes = 2.0 * B * hk * nk * d * 2
+        for name, backend in backends.items():
+            record = dict(p, backend=name, kv_bytes=kv_bytes)
+            try:
+                with sdpa_kernel(backend):
+                    call = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+                    for _ in range(3):
+                        call()
+                    times = []
+                    for _ in range(repeat):
+                        flush.zero_()
+                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        a.record(); call(); b.record(); b.synchronize()
+                        times.append(a.elapsed_time(b))
+                times.sort()
+                record["ms"] = times[len(times) // 2]
+                record["gbps"] = kv_bytes / record["ms"] * 1e-6
+            except RuntimeError as e:  # a backend that does not take this shape
+                record["error"] = str(e).splitlines()[0][:200]
+            f.write(json.dumps(record) + "\n")
+        del q, k, v
+        torch.cuda.empty_cache()
+"""
+
+
+def _test13_commands(p, ctx):
+    return [Command(("ctest", "--test-dir", ctx.build, "--output-on-failure", "-R", "stage13", "-j4",
+                     "--timeout", str(p["timeout"])))]
+
+
+def _test13_summary(where: Where):
+    """Each test's verdict, the count that passed, those that failed or were skipped (last 25)."""
+    return grep(where.log, r"Test +#|tests passed|tests failed|Skipped|Failed")[-25:]
+
+
+TEST13 = Experiment(
+    name="test13",
+    stage="13",
+    description="the tests of stage 13 (ctest -R stage13): the GPU test (float64 reference, paged == contiguous at "
+                "every page size, the append, run-to-run bits), the emulated test where built, the command line",
+    targets=("stage13_decode", "test_stage13"),
+    params={"timeout": 600},
+    param_help={"timeout": "seconds before ctest fails one test"},
+    commands=_test13_commands,
+    outputs=(),  # CTest writes nothing but its log (WORK/logs/test13.log)
+    summary=_test13_summary,
+)
+
+
+def sweep13_points(p) -> tuple:
+    """(points, skipped): every (B, heads, seq_k, d, seq_q, cache) of the grid as a dict, B = 1 at
+    `long_keys` added, and the points whose K + V would exceed max_gib GiB with the reason."""
+    points, skipped = [], []
+    shapes = [(b, n) for b in p["batches"] for n in p["lengths"]]
+    if p["long_keys"] > 0:
+        shapes.append((1, p["long_keys"]))
+    for batch, seq_k in shapes:
+        for heads in p["heads"]:
+            hq, hk = (int(x) for x in heads.split(":"))
+            for d in p["head_dims"]:
+                for seq_q in p["seq_q"]:
+                    kv_gib = 2.0 * batch * hk * (seq_k + seq_q) * d * 2 / 2**30
+                    for cache in p["caches"]:
+                        kind, _, page = cache.partition(":")
+                        point = {"batch": batch, "heads": hq, "kv_heads": hk, "seq_k": seq_k, "head_dim": d,
+                                 "seq_q": seq_q, "cache": kind, "page_size": int(page or 64), "dtype": p["dtype"]}
+                        if kv_gib > p["max_gib"]:
+                            skipped.append(f"{json.dumps(point)}: {kv_gib:.1f} GiB of K + V, over max_gib {p['max_gib']}")
+                        else:
+                            points.append(point)
+    return points, skipped
+
+
+def _ours_argv(ctx, point, out, repeat):
+    return (ctx.exe(STAGE13), "--batch", str(point["batch"]), "--seq-k", str(point["seq_k"]), "--seq-q", str(point["seq_q"]),
+            "--heads", str(point["heads"]), "--kv-heads", str(point["kv_heads"]), "--head-dim", str(point["head_dim"]),
+            "--dtype", point["dtype"], "--cache", point["cache"], "--page-size", str(point["page_size"]), "--bench",
+            "--repeat", str(repeat), "--warmup", "3", "--reference", "never", "--json", out)
+
+
+def _sweep13_commands(p, ctx):
+    out = ctx.results("sweep13")
+    points, skipped = sweep13_points(p)
+    cmds = []
+    # SDPA runs each problem once per round, held contiguously, whatever caches our side runs it in.
+    unique = {json.dumps({k: v for k, v in pt.items() if k not in ("cache", "page_size")}, sort_keys=True) for pt in points}
+    sdpa = [json.loads(u) for u in sorted(unique)]
+    for r in range(p["rounds"]):
+        for point in points:
+            cmds.append(Command(_ours_argv(ctx, dict(point, round=r), f"{out}/stage13_ours_round{r}.jsonl", p["repeat"])))
+        cmds.append(Command(("python3", "-c", SDPA_SCRIPT, json.dumps([dict(pt, round=r) for pt in sdpa]),
+                             f"{out}/stage13_sdpa.jsonl", str(p["repeat"])), env={"PYTHONUNBUFFERED": "1"}))
+    header = tuple(skipped) or ("no point skipped",)
+    cmds[0] = Command(cmds[0].argv, env=cmds[0].env, header=("skipped points:",) + header)
+    return cmds
+
+
+def _problem_key(r):
+    return tuple(r[k] for k in ("batch", "heads", "kv_heads", "seq_k", "head_dim", "seq_q", "dtype"))
+
+
+def _sweep13_finish(p, ctx, where: Where):
+    """stage13_sweep.csv: our rate per point and round beside each SDPA backend's, and the ratio to the best."""
+    points, skipped = sweep13_points(p)
+    with open(in_results(where, "stage13_skipped.txt"), "w") as f:
+        f.write("".join(s + "\n" for s in skipped))
+    sdpa = {}
+    path = in_results(where, "stage13_sdpa.jsonl")
+    for line in file_lines(path) if os.path.isfile(path) else []:
+        r = json.loads(line)
+        sdpa.setdefault((_problem_key(r), r["round"]), {})[r["backend"]] = r.get("gbps")
+    rows = []
+    for rnd in range(p["rounds"]):
+        path = in_results(where, f"stage13_ours_round{rnd}.jsonl")
+        ours = {}
+        for line in file_lines(path) if os.path.isfile(path) else []:
+            r = json.loads(line)
+            ours[(_problem_key(r), r["cache"], r["page_size"])] = r
+        for point in points:
+            got = ours.get((_problem_key(point), point["cache"], point["page_size"]), {})
+            theirs = sdpa.get((_problem_key(point), rnd), {})
+            rates = [g for g in theirs.values() if g]
+            best = max(rates) if rates else None
+            rows.append(dict(point, round=rnd, ours_gbps=got.get("gbps"), splits=got.get("splits"),
+                             flash_gbps=theirs.get("flash"), cudnn_gbps=theirs.get("cudnn"),
+                             efficient_gbps=theirs.get("efficient"),
+                             ours_over_best=(got["gbps"] / best) if best and got.get("gbps") else None,
+                             passed=got.get("pass")))
+    with open(in_results(where, "stage13_sweep.csv"), "w", newline="") as f:
+        fields = list(rows[0]) if rows else ["batch"]
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+
+
+SWEEP13 = Experiment(
+    name="sweep13",
+    stage="13",
+    description="the decode grid (B 1/8/64, heads 32:32, 32:8, 64:8, 16:1, 1k-128k cached keys and B 1 at 1M, "
+                "d 64/128, seq_q 1/4, contiguous and paged 16/64/256) through stage13_decode beside SDPA flash, "
+                "cuDNN and efficient on the same problems held contiguously; GB/s of K + V, no ceiling yet",
+    targets=("stage13_decode",),
+    params={"batches": (1, 8, 64), "heads": ("32:32", "32:8", "64:8", "16:1"), "lengths": (1024, 8192, 32768, 131072),
+            "long_keys": 1048576, "head_dims": (64, 128), "seq_q": (1, 4),
+            "caches": ("contiguous", "paged:16", "paged:64", "paged:256"), "dtype": "bf16", "max_gib": 16.0,
+            "repeat": 20, "rounds": 3},
+    param_help={
+        "batches": "B, sequences per call",
+        "heads": "Hq:Hk pairs",
+        "lengths": "keys cached per sequence",
+        "long_keys": "the extra point at B = 1 with this many keys (0: none)",
+        "head_dims": "d, 64 and/or 128",
+        "seq_q": "new rows per sequence",
+        "caches": "contiguous and/or paged:PAGE_SIZE",
+        "dtype": "bf16 or fp16",
+        "max_gib": "skip (and list) a point whose K + V exceed this many GiB",
+        "repeat": "timed runs per point and round (CUDA events, L2 flushed, median)",
+        "rounds": "rounds over the whole grid, ours then SDPA's each round",
+    },
+    commands=_sweep13_commands,
+    outputs=("stage13_ours_round{r}.jsonl", "stage13_sdpa.jsonl", "stage13_sweep.csv", "stage13_skipped.txt"),
+    summary="stage13_skipped.txt",
+    finish=_sweep13_finish,
+)
+
+EXPERIMENTS = (TEST13, SWEEP13)

@@ -1,0 +1,274 @@
+// Stage 12's Hopper backward on the CPU, by the warp emulator (tools/warp_emulator: TMA loads that land
+// late on mbarriers, wgmma that runs at its wait, with A read transposed for dQ, bulk reductions that read
+// shared memory at wait_group.read and add into global memory at wait_group): its three kernels launched
+// as the stage launches them (stages/12_hopper_backward/launch.cuh: the tensor maps, the arguments, the
+// grids), against the float64 gradients by the course's gradient rule (fa/tolerance.hpp: twice the error
+// of the naive backward in the same 16-bit type), as stage 09 is judged; rows that see no key get dQ = 0
+// exactly, and every gradient element is written. O and LSE are the float64 forward's of the inputs rounded
+// to the 16-bit type, O rounded too (what any correct 16-bit forward gives, to its rounding).
+// No GPU is needed, so this runs in CI; the GPU test (test_stage12) remains the check of the compiled kernels.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "emulator.hpp"
+#include "fa/inputs.hpp"
+#include "fa/metrics.hpp"
+#include "fa/precision.hpp"
+#include "fa/reference.hpp"
+#include "fa/reference_backward.hpp"
+#include "fa/tolerance.hpp"
+#include "stages/12_hopper_backward/launch.cuh"
+#include "support.hpp"
+
+// The dynamic shared memory the main kernel declares (`extern __shared__ ... smem_raw[]`).
+namespace fa::stage12 {
+alignas(128) unsigned char smem_raw[232448];
+}
+
+namespace {
+
+using namespace fa;
+using namespace fa::stage12;
+
+/// A 16-bit tensor with the strides of a float32 one (so the same layout), rounded to T, or
+/// all bits set (NaN) to be written.
+template <class T>
+struct Half4 {
+    std::vector<uint16_t> bits;
+    View4<T> view;
+    Half4(View4<const float> x, bool copy) : bits(size_t(span(x)), 0xffff), view{reinterpret_cast<T*>(bits.data()), x.shape, x.stride} {
+        if (!copy) return;
+        for (int64_t b = 0; b < x.shape[0]; ++b)
+            for (int64_t h = 0; h < x.shape[1]; ++h)
+                for (int64_t n = 0; n < x.shape[2]; ++n)
+                    for (int64_t i = 0; i < x.shape[3]; ++i) bits[size_t(x.offset(b, h, n, i))] = emu::to_bits<T>(x(b, h, n, i));
+    }
+    static int64_t span(View4<const float> x) {
+        int64_t s = 1;
+        for (int i = 0; i < 4; ++i) s += (x.shape[i] - 1) * x.stride[i];
+        return s;
+    }
+    /// The elements widened to float32, in logical (b, h, n, x) order.
+    std::vector<float> logical() const {
+        std::vector<float> out;
+        out.reserve(size_t(view.shape[0] * view.shape[1] * view.shape[2] * view.shape[3]));
+        for (int64_t b = 0; b < view.shape[0]; ++b)
+            for (int64_t h = 0; h < view.shape[1]; ++h)
+                for (int64_t n = 0; n < view.shape[2]; ++n)
+                    for (int64_t i = 0; i < view.shape[3]; ++i) out.push_back(emu::to_f<T>(bits[size_t(view.offset(b, h, n, i))]));
+        return out;
+    }
+};
+
+/// The gradients of one run, in logical order.
+struct Grads {
+    std::vector<float> dq, dk, dv;
+};
+
+/// Step 1 with its ring cut to one slot (each tile loaded only once the previous one is done): the
+/// same arithmetic in the same order, so the same bits as step 1's two slots.
+struct RingOfOne {
+    static constexpr Features value = kStep1.with_ring(1);
+};
+
+/// What the backward reads, for case `c` in type T: the inputs and dO, and the forward's O and LSE.
+/// The forward is that of the inputs as the kernels see them (rounded to T), in float64, O rounded
+/// to T, as a 16-bit forward computes it: its LSE must be that of the rounded scores, or P = exp(S -
+/// L) would not sum to 1 where rounding moves large scores (scores of order 400 move by about 1 when
+/// q and k are rounded to bf16).
+struct BackwardInputs {
+    Inputs in;
+    HostTensor dout, o;
+    std::vector<float> lse;
+};
+
+template <class T>
+BackwardInputs backward_inputs(const test::Case& c) {
+    const Problem& p = c.problem;
+    BackwardInputs b{make_inputs(p, c.layout, c.inputs, c.seed), make_output_gradient(p, c.layout, c.seed),
+                     HostTensor(p.batch, p.heads, p.seq_q, p.head_dim, c.layout), {}};
+    const auto rounded = [](const HostTensor& x) {
+        HostTensor r = x;
+        for (float& e : r.storage) e = emu::to_f<T>(emu::to_bits<T>(e));
+        return r;
+    };
+    const HostTensor q16 = rounded(b.in.q), k16 = rounded(b.in.k), v16 = rounded(b.in.v);
+    const Reference fwd = reference_attention(p, q16.cview(), k16.cview(), v16.cview());
+    size_t e = 0;
+    for (int64_t bb = 0; bb < p.batch; ++bb)
+        for (int64_t h = 0; h < p.heads; ++h)
+            for (int64_t n = 0; n < p.seq_q; ++n)
+                for (int64_t x = 0; x < p.head_dim; ++x) b.o.view(bb, h, n, x) = float(fwd.o[e++]);
+    b.lse.assign(fwd.lse.begin(), fwd.lse.end());
+    return b;
+}
+
+/// Stage 12's kernels with the features of `Step` (StepN<1>, RingOfOne) at head dimension D on the
+/// emulator: the three kernels of launch.cuh in order, on 16-bit copies of the inputs in their
+/// layout; the workspace starts as NaN and the gradients as all-ones bits (NaN), so what the
+/// kernels forget to write shows.
+template <class T, int D, class Step>
+Grads run_backward(const Problem& p, const BackwardInputs& bi) {
+    const Inputs& in = bi.in;
+    const HostTensor &o32 = bi.o, &dout32 = bi.dout;
+    const std::vector<float>& lse = bi.lse;
+    const Half4<T> q(in.q.cview(), true), k(in.k.cview(), true), v(in.v.cview(), true), o(o32.cview(), true),
+        dout(dout32.cview(), true);
+    Half4<T> dq(in.q.cview(), false), dk(in.k.cview(), false), dv(in.v.cview(), false);
+    std::vector<float> workspace(size_t(workspace_floats(p)), std::nanf(""));
+    const Launches<T> l = make_launches<T, D>(p, View4<const T>(q.view), View4<const T>(k.view), View4<const T>(v.view),
+                                              View4<const T>(o.view), make_view3<const float>(lse.data(), p.batch, p.heads, p.seq_q),
+                                              View4<const T>(dout.view), dq.view, dk.view, dv.view, workspace.data());
+    const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
+        REQUIRE(smem <= sizeof fa::stage12::smem_raw);
+        if (blocks > 0) emu::launch(long(blocks), threads, fa::stage12::smem_raw, smem, [&] { decltype(kernel)::value(args); });
+    };
+    run_kernels<T, D, Step>(l, launch);
+    return {dq.logical(), dk.logical(), dv.logical()};
+}
+
+/// Checks each gradient against the float64 reference within the rule's limits.
+void check_gradients(const Grads& got, const ReferenceGradients& ref, const GradientTolerances& tol, const std::string& what) {
+    const char* names[3] = {"dQ", "dK", "dV"};
+    const std::vector<float>* g[3] = {&got.dq, &got.dk, &got.dv};
+    const std::vector<double>* w[3] = {&ref.dq, &ref.dk, &ref.dv};
+    const Tolerance* lim[3] = {&tol.dq, &tol.dk, &tol.dv};
+    for (int i = 0; i < 3; ++i) {
+        const Metrics m = compare(*g[i], *w[i]);
+        INFO(what);
+        INFO(names[i] << ": max_abs=" << m.max_abs << " rel_l2=" << m.rel_l2 << " nonfinite=" << m.nonfinite << " (limits "
+                      << lim[i]->max_abs << ", " << lim[i]->rel_l2 << "), worst at flat index " << m.worst_index);
+        INFO(tol.rule);
+        CHECK(passes(m, *lim[i]));
+    }
+}
+
+/// Every gradient element written and finite; dQ of a row that sees no key exactly 0 (its P is 0).
+void check_rows_without_keys(const Problem& p, const Grads& g, const std::string& what) {
+    INFO(what);
+    int64_t nonfinite = 0, nonzero = 0;
+    for (const std::vector<float>* x : {&g.dq, &g.dk, &g.dv})
+        for (float e : *x) nonfinite += std::isfinite(e) ? 0 : 1;
+    CHECK(nonfinite == 0);
+    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
+        for (int64_t i = 0; i < p.seq_q; ++i) {
+            if (visible_key_end(i, p.seq_q, p.seq_k, p.causal) != 0) continue;
+            for (int64_t x = 0; x < p.head_dim; ++x) nonzero += g.dq[size_t((bh * p.seq_q + i) * p.head_dim + x)] == 0.0f ? 0 : 1;
+        }
+    CHECK(nonzero == 0);
+}
+
+/// Case `c` in type T at head dimension D: step 1 on the emulator from backward_inputs(), judged
+/// against the float64 gradients by the rule for T.
+template <class T, int D>
+void check_case(const test::Case& c) {
+    const Problem& p = c.problem;
+    REQUIRE(p.head_dim == D);
+    const Precision precision = std::is_same_v<T, __half> ? Precision::Float16 : Precision::BFloat16;
+    const BackwardInputs bi = backward_inputs<T>(c);
+    const Inputs& in = bi.in;
+    const HostTensor& dout = bi.dout;
+    const Grads got = run_backward<T, D, StepN<1>>(p, bi);
+    const ReferenceGradients ref = reference_backward(p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
+    const EmulatedGradients naive = naive_backward_emulated(precision, p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
+    const GradientTolerances tol = gradient_tolerance(input_stats(p, in.q.cview(), in.k.cview(), in.v.cview()), precision, p, naive, ref);
+    const std::string what = c.name() + " " + to_string(precision) + " step 1";
+    check_gradients(got, ref, tol, what + " vs float64 reference");
+    check_rows_without_keys(p, got, what);
+}
+
+/// The cases: N = 1, primes (37, 61, 67, 257) and other sizes no block divides, Nq != Nk both ways, tails no block divides, causal with rows that see
+/// no key (Nq > Nk) and key blocks past the diagonal, both layouts, B x H > 1, large logits, a
+/// negative and a zero scale; a ring that wraps (more query tiles than slots).
+std::vector<test::Case> cases(int64_t d) {
+    struct Shape {
+        int64_t B, H, nq, nk;
+        bool causal;
+        Layout layout;
+        InputKind inputs;
+        std::optional<double> scale;
+    };
+    const Shape shapes[] = {
+        {1, 1, 1, 1, false, Layout::BHND, InputKind::Normal, {}},      // N = 1
+        {1, 2, 77, 93, false, Layout::BNHD, InputKind::Normal, {}},    // Nq < Nk, tails of 13 and 29
+        {1, 1, 93, 77, true, Layout::BHND, InputKind::Normal, {}},     // causal, Nq > Nk: 16 rows see no key
+        {2, 1, 200, 70, true, Layout::BNHD, InputKind::Normal, -0.2},  // B = 2, 130 rows see no key, a negative scale
+        {1, 1, 61, 190, true, Layout::BHND, InputKind::Normal, {}},    // a prime, causal, Nq < Nk
+        {1, 1, 70, 67, false, Layout::BHND, InputKind::Large, {}},     // scores of order 400
+        {1, 1, 37, 45, true, Layout::BNHD, InputKind::Normal, 0.0},    // a zero scale: uniform weights
+        {1, 1, 1, 300, true, Layout::BHND, InputKind::Normal, {}},     // one query row, five key blocks
+        {1, 1, 300, 1, false, Layout::BNHD, InputKind::Normal, {}},    // one key, five query tiles through the ring
+        {2, 3, 45, 83, true, Layout::BNHD, InputKind::Normal, 0.3},    // B x H = 6, a custom scale
+        {1, 1, 255, 257, true, Layout::BHND, InputKind::Large, {}},    // causal, large logits, the diagonal in every block
+    };
+    std::vector<test::Case> all;
+    uint64_t seed = 1200 + uint64_t(d);
+    for (const Shape& s : shapes) {
+        test::Case c;
+        c.problem = test::make_problem(s.B, s.H, s.nq, s.nk, d, s.causal);
+        c.problem.scale = s.scale;
+        c.layout = s.layout;
+        c.inputs = s.inputs;
+        c.seed = seed++;
+        all.push_back(c);
+    }
+    return all;
+}
+
+}  // namespace
+
+TEST_CASE("emulated stage 12: step 1 matches the float64 gradients in bf16 at d = 64") {
+    for (const test::Case& c : cases(64)) check_case<__nv_bfloat16, 64>(c);
+}
+
+TEST_CASE("emulated stage 12: step 1 matches the float64 gradients in fp16 at d = 64") {
+    for (const test::Case& c : cases(64)) check_case<__half, 64>(c);
+}
+
+TEST_CASE("emulated stage 12: step 1 matches the float64 gradients in bf16 at d = 128") {
+    for (const test::Case& c : cases(128)) check_case<__nv_bfloat16, 128>(c);
+}
+
+TEST_CASE("emulated stage 12: step 1 matches the float64 gradients in fp16 at d = 128") {
+    for (const test::Case& c : cases(128)) check_case<__half, 128>(c);
+}
+
+TEST_CASE("stage 12: the query tiles that visit key block j are first_query_tile(j) .. the last") {
+    // A tile visits key block j iff one of its rows sees a key of the block; later rows see more
+    // keys, so that is iff its last row sees key j Bc: the tiles from first_query_tile(j) on.
+    for (const bool causal : {false, true})
+        for (int nq = 1; nq <= 300; nq += 13)
+            for (int nk = 1; nk <= 300; nk += 11) {
+                const int tiles = (nq + 63) / 64, blocks = (nk + 63) / 64;
+                for (int j = 0; j < blocks; ++j) {
+                    int first = tiles;
+                    for (int i = tiles - 1; i >= 0; --i) {
+                        const int last_row = std::min(nq, 64 * (i + 1)) - 1;
+                        if (visible_key_end(last_row, nq, nk, causal) > 64 * j) first = i;
+                    }
+                    INFO("Nq=" << nq << " Nk=" << nk << (causal ? " causal" : "") << " j=" << j);
+                    REQUIRE(first_query_tile(j, 64, 64, nq, nk, causal) == first);
+                }
+            }
+}
+
+TEST_CASE("emulated stage 12: a ring of one slot gives step 1's bits (the ring changes when tiles load, not what is computed)") {
+    for (const test::Case& c : cases(64)) {
+        const BackwardInputs bi = backward_inputs<__nv_bfloat16>(c);
+        const Grads two = run_backward<__nv_bfloat16, 64, StepN<1>>(c.problem, bi);
+        const Grads one = run_backward<__nv_bfloat16, 64, RingOfOne>(c.problem, bi);
+        INFO(c.name());
+        CHECK(std::memcmp(two.dq.data(), one.dq.data(), two.dq.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(two.dk.data(), one.dk.data(), two.dk.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(two.dv.data(), one.dv.data(), two.dv.size() * sizeof(float)) == 0);
+    }
+}
