@@ -86,13 +86,14 @@ SANITIZE = Experiment(
     description="compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on several stages' executables in one "
                 "results folder (one stage: sanitize05 ... sanitize11, sanitize07m, sanitize09m)",
     targets=tuple(sorted(t for _, t in sanitize.EXES.values())),
-    params={"stages": ("05", "06", "07", "09"), "tools": sanitize.TOOLS, "steps09": ("all",), "steps11": ("all",),
+    params={"stages": ("05", "06", "07", "09"), "tools": sanitize.TOOLS, "steps09": ("all",), "steps11": ("all",), "steps12": ("all",),
             "cases09m": sanitize.CASES09M},
     param_help={
-        "stages": "stages (SANITIZE_STAGES): 05 06 07 09 11, 07m and 09m (stage 10's switches through the tests)",
+        "stages": "stages (SANITIZE_STAGES): 05 06 07 09 11 12 13, 07m and 09m (stage 10's switches through the tests)",
         "tools": sanitize.TOOLS_HELP,
         "steps09": "stage 09's main kernels (SANITIZE09_STEPS): all (every step its --help names), or numbers",
         "steps11": "stage 11's steps (SANITIZE11_STEPS): all (1 to the last its --help names), or numbers",
+        "steps12": "stage 12's steps: all (1 to the last its --help names), or numbers",
         "cases09m": sanitize.CASES09M_HELP,
     },
     commands=_sanitize_commands,

@@ -77,10 +77,27 @@ EXES = {
     "09m": ("tests/test_stage09", "test_stage09"),
     "11": ("stages/11_hopper_kernel/stage11_hopper_kernel", "stage11_hopper_kernel"),
     "11r": ("tests/test_stage11_steps", "test_stage11_steps"),
+    "12": ("stages/12_hopper_backward/stage12_hopper_backward", "stage12_hopper_backward"),
+    "13": ("stages/13_decode/stage13_decode", "stage13_decode"),
 }
 # Stage 11's reading files (steps/: steps 1-4 and 9) beside their switch steps, through
 # test_stage11_steps' small case: the one racecheck can cover whole in a few minutes.
 CASES11R = ("-tc=*two?small?problems*",)
+# Stage 12 (the Hopper backward; step 0 is stage 09's, sanitized as stage 09): tails, Nq < Nk and
+# Nq > Nk (causal rows that see no key), both layouts and types, d 64 and 128, more key blocks than
+# one ring's worth of query tiles.
+CASES12 = (
+    "--seq-q 130 --seq-k 77 --heads 2 --head-dim 64 --causal",
+    "--seq-q 77 --seq-k 200 --batch 2 --head-dim 128 --layout bnhd --dtype fp16",
+    "--seq-q 333 --seq-k 200 --head-dim 128 --causal",
+)
+# Stage 13 (decoding): a ragged paged batch with an empty sequence and causal new rows, grouped
+# heads 4:1 and MQA, a contiguous cache split by --splits, page sizes 16 and 256, both types.
+CASES13 = (
+    "--cache-seqlens 0,70,300 --seq-q 3 --heads 8 --kv-heads 2 --head-dim 128 --page-size 16",
+    "--cache-seqlens 1000 --heads 4 --kv-heads 1 --head-dim 64 --cache contiguous --splits 5",
+    "--batch 2 --seq-k 130 --heads 32 --kv-heads 4 --head-dim 128 --page-size 256 --dtype fp16 --no-append",
+)
 OUTPUT = "sanitize_stage{stage}_{tool}.log"
 
 
@@ -93,7 +110,7 @@ def check_tools(p):
     bad = [t for t in p["tools"] if t not in TOOLS]
     if bad:
         raise ValueError(f"tools are {', '.join(TOOLS)}, not {','.join(bad)}")
-    for key in ("steps", "steps09", "steps11"):
+    for key in ("steps", "steps09", "steps11", "steps12"):
         if key in p:
             check_steps(p[key])
 
@@ -117,7 +134,7 @@ def road_steps(ctx, stage: str, steps, first: int):
     elif stage == "09":  # first..last, or step 0 alone where --help names no range
         chosen = [str(s) for s in range(first, (last or 0) + 1)]
     elif last is None:  # no range in --help: no steps to guess (probing --step 1, 2, ... is not done)
-        raise SessionError(f"could not read the last step of stage 11's road from {name} --help")
+        raise SessionError(f"could not read the last step of stage {stage}'s road from {name} --help")
     else:
         chosen = [str(s) for s in range(first, last + 1)]
     top = last if last is not None else "?"
@@ -145,6 +162,11 @@ def cases(stage: str, p: dict, ctx):
     if stage == "11":
         steps, note = road_steps(ctx, "11", p["steps11"], 1)
         return [f"{c} --step {s}" for s in steps for c in CASES11], note
+    if stage == "12":
+        steps, note = road_steps(ctx, "12", p["steps12"], 1)
+        return [f"{c} --step {s}" for s in steps for c in CASES12], note
+    if stage == "13":
+        return list(CASES13), None
     raise SessionError(f"sanitize: no stage {stage}")
 
 
@@ -188,7 +210,7 @@ def summary(where: Where) -> list:
 
 def _stage_params(stage: str):
     """The parameters of one stage's experiment beside its tools: (defaults, help, key in cases())."""
-    if stage in ("09", "11"):
+    if stage in ("09", "11", "12"):
         return {"steps": ("all",)}, {"steps": STEPS_HELP + f" (SANITIZE{stage}_STEPS)"}, f"steps{stage}"
     if stage == "09m":
         return {"cases": CASES09M}, {"cases": CASES09M_HELP}, "cases09m"

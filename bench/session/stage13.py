@@ -19,6 +19,7 @@ import csv
 import json
 import os
 
+from . import sanitize
 from .experiment import Command, Experiment, Where, file_lines, grep, in_results
 
 STAGE13 = "stages/13_decode/stage13_decode"
@@ -214,4 +215,8 @@ SWEEP13 = Experiment(
     finish=_sweep13_finish,
 )
 
-EXPERIMENTS = (TEST13, SWEEP13)
+SANITIZE13 = sanitize.experiment("13", "compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on stage 13: a "
+                                       "ragged paged batch with an empty sequence and causal new rows, GQA 4:1 and "
+                                       "MQA, a contiguous cache with --splits, pages of 16 and 256, bf16 and fp16")
+
+EXPERIMENTS = (TEST13, SWEEP13, SANITIZE13)

@@ -1,0 +1,76 @@
+"""Tests of stage 12's and 13's experiments without a GPU: sweep12's finish joins our records and
+SDPA's round by round into the CSV and the table of medians; the sanitizer cases of both stages
+name options their executables take.
+
+    python3 -m unittest discover -s bench/session -p 'test_*.py'     (from the repository root; CTest runs it)
+"""
+import csv
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # bench/: the package `session`
+
+from session import sanitize, stage12  # noqa: E402
+from session.experiment import Where  # noqa: E402
+
+
+class Sweep12Finish(unittest.TestCase):
+    def test_rounds_and_ratios(self):
+        p = {"steps": ("0", "1"), "dtypes": ("bf16",), "head_dims": (128,), "sizes": (4096,), "tokens": 16384,
+             "width": 2048, "repeat": 20, "rounds": 2, "sdpa": True}
+        points = stage12.sweep12_points(p)
+        self.assertEqual([(q["batch"], q["heads"], q["causal"]) for q in points], [(4, 16, False), (4, 16, True)])
+        with tempfile.TemporaryDirectory() as tmp:
+            where = Where(results=tmp, log=os.path.join(tmp, "log"), params=p)
+            for point in points:
+                for step, ms in (("0", 2.0), ("1", 1.0)):
+                    name = stage12._record_name(step, "bf16", 128, 4096, point["causal"])
+                    with open(os.path.join(tmp, name), "w") as f:  # round 0, then round 1 a tenth slower
+                        for scale in (1.0, 1.1):
+                            f.write(json.dumps({"median_ms": ms * scale, "pass": True}) + "\n")
+            with open(os.path.join(tmp, "stage12_sdpa.jsonl"), "w") as f:
+                for rnd in range(2):
+                    for point in points:
+                        f.write(json.dumps(dict(point, round=rnd, backend="flash", ms=3.0)) + "\n")
+                        f.write(json.dumps(dict(point, round=rnd, backend="cudnn", ms=1.5)) + "\n")
+            stage12._sweep12_finish(p, None, where)
+            with open(os.path.join(tmp, "stage12_sweep.csv")) as f:
+                rows = list(csv.DictReader(f))
+            self.assertEqual(len(rows), 4)
+            first = rows[0]
+            self.assertEqual((first["round"], first["causal"]), ("0", "False"))
+            self.assertAlmostEqual(float(first["step1_over_cudnn"]), 1.5)
+            self.assertAlmostEqual(float(first["step0_over_flash"]), 1.5)
+            flops = 4.0 * 4 * 16 * 4096 ** 2 * 128 * 2.5
+            self.assertAlmostEqual(float(first["step1_tflops"]), flops / 1.0 * 1e-9)
+            self.assertAlmostEqual(float(rows[1]["step1_over_cudnn"]), 1.5 / 1.1)
+            self.assertAlmostEqual(float(rows[2]["step1_tflops"]), flops / 2 * 1e-9)  # causal: half the work
+            with open(os.path.join(tmp, "stage12_sweep_table.txt")) as f:
+                table = f.read().splitlines()
+            self.assertEqual(len(table), 3)  # the header and one line per point
+            self.assertIn("(1.36-1.50)", table[1])
+
+
+class SanitizeCases(unittest.TestCase):
+    def test_cases_use_known_options(self):
+        import re
+        root = os.path.dirname(os.path.dirname(HERE))
+        for stage, cases, main in (("12", sanitize.CASES12, "stages/12_hopper_backward/main.cpp"),
+                                   ("13", sanitize.CASES13, "stages/13_decode/main.cpp")):
+            with open(os.path.join(root, main)) as f:
+                source = f.read()
+            with open(os.path.join(root, "common/src/stage.cpp")) as f:
+                source += f.read()
+            with open(os.path.join(root, "common/src/cli.cpp")) as f:
+                source += f.read()
+            for case in cases:
+                for option in re.findall(r"--[a-z-]+", case):
+                    self.assertIn(f'"{option}"', source, f"stage {stage}: {option} in '{case}'")
+
+
+if __name__ == "__main__":
+    unittest.main()
