@@ -20,8 +20,9 @@ STAGE12 = "stages/12_hopper_backward/stage12_hopper_backward"
 
 
 def _test12_commands(p, ctx):
-    # A kernel that hangs (a barrier's phases out of step) fails its test after the timeout.
-    return [Command(("ctest", "--test-dir", ctx.build, "--output-on-failure", "-R", "stage12", "-j4",
+    # A kernel that hangs (a barrier's phases out of step) fails its test after the timeout. The
+    # emulated tests (the kernels on the CPU) are CI's: a reader's build folder may hold them unbuilt.
+    return [Command(("ctest", "--test-dir", ctx.build, "--output-on-failure", "-R", "stage12", "-E", "_emulated", "-j4",
                      "--timeout", str(p["timeout"])))]
 
 
