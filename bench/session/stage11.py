@@ -22,7 +22,7 @@ from .ncu import (KERNEL11, NCU11_METRICS, launch_lines, launches, ncu_command, 
                   report_outputs, side_by_side)
 from .experiment import Command, Experiment, Glob, Where, entries_match, file_lines, grep, in_results, tail
 from .runner import SessionError
-from .tools import COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, compare, compare_summary, yes_no
+from .tools import COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, compare, compare_summary, ctest_gpu, ctest_summary, yes_no
 
 STAGE11 = "stages/11_hopper_kernel/stage11_hopper_kernel"
 
@@ -66,14 +66,7 @@ ROAD11 = Experiment(
 
 
 def _test11_commands(p, ctx):
-    # A kernel that hangs (a barrier's phases out of step) fails its test after the timeout.
-    return [Command(("ctest", "--test-dir", ctx.build, "--output-on-failure", "-R", "hopper|stage11", "-E", "_emulated", "-j4",
-                     "--timeout", str(p["timeout"])))]
-
-
-def _test11_summary(where: Where):
-    """Each test's verdict, the count that passed, those that failed or were skipped (last 25)."""
-    return grep(where.log, r"Test +#|tests passed|tests failed|Skipped|Failed")[-25:]
+    return ctest_gpu(ctx, "hopper|stage11", p["timeout"])
 
 
 TEST11 = Experiment(
@@ -87,7 +80,7 @@ TEST11 = Experiment(
     param_help={"timeout": "seconds before ctest fails one test (a hung barrier)"},
     commands=_test11_commands,
     outputs=(),  # CTest writes nothing but its log (WORK/logs/test11.log)
-    summary=_test11_summary,
+    summary=ctest_summary,
 )
 
 

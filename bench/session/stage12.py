@@ -15,20 +15,13 @@ import os
 
 from . import sanitize
 from .experiment import Command, Experiment, Where, entries_match, file_lines, grep, in_results
+from .tools import ctest_gpu, ctest_summary
 
 STAGE12 = "stages/12_hopper_backward/stage12_hopper_backward"
 
 
 def _test12_commands(p, ctx):
-    # A kernel that hangs (a barrier's phases out of step) fails its test after the timeout. The
-    # emulated tests (the kernels on the CPU) are CI's: a reader's build folder may hold them unbuilt.
-    return [Command(("ctest", "--test-dir", ctx.build, "--output-on-failure", "-R", "stage12", "-E", "_emulated", "-j4",
-                     "--timeout", str(p["timeout"])))]
-
-
-def _test12_summary(where: Where):
-    """Each test's verdict, the count that passed, those that failed or were skipped (last 25)."""
-    return grep(where.log, r"Test +#|tests passed|tests failed|Skipped|Failed")[-25:]
+    return ctest_gpu(ctx, "stage12", p["timeout"])
 
 
 TEST12 = Experiment(
@@ -41,7 +34,7 @@ TEST12 = Experiment(
     param_help={"timeout": "seconds before ctest fails one test (a hung barrier)"},
     commands=_test12_commands,
     outputs=(),  # CTest writes nothing but its log (WORK/logs/test12.log)
-    summary=_test12_summary,
+    summary=ctest_summary,
 )
 
 

@@ -21,6 +21,7 @@ import os
 
 from . import sanitize
 from .experiment import Command, Experiment, Where, file_lines, grep, in_results
+from .tools import ctest_gpu, ctest_summary
 
 STAGE13 = "stages/13_decode/stage13_decode"
 
@@ -76,27 +77,20 @@ with open(out, "a") as f:
 
 
 def _test13_commands(p, ctx):
-    # The emulated test (the kernels on the CPU) is CI's: a reader's build folder may hold it unbuilt.
-    return [Command(("ctest", "--test-dir", ctx.build, "--output-on-failure", "-R", "stage13", "-E", "_emulated", "-j4",
-                     "--timeout", str(p["timeout"])))]
-
-
-def _test13_summary(where: Where):
-    """Each test's verdict, the count that passed, those that failed or were skipped (last 25)."""
-    return grep(where.log, r"Test +#|tests passed|tests failed|Skipped|Failed")[-25:]
+    return ctest_gpu(ctx, "stage13", p["timeout"])
 
 
 TEST13 = Experiment(
     name="test13",
     stage="13",
     description="the tests of stage 13 (ctest -R stage13): the GPU test (float64 reference, paged == contiguous at "
-                "every page size, the append, run-to-run bits), the emulated test where built, the command line",
+                "every page size, the append, run-to-run bits), the command line",
     targets=("stage13_decode", "test_stage13"),
     params={"timeout": 600},
     param_help={"timeout": "seconds before ctest fails one test"},
     commands=_test13_commands,
     outputs=(),  # CTest writes nothing but its log (WORK/logs/test13.log)
-    summary=_test13_summary,
+    summary=ctest_summary,
 )
 
 

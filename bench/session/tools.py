@@ -22,6 +22,19 @@ COMPARE_OUTPUTS = ("gpu_sweep.csv", "gpu_sweep.json", "bench_gpu.json", "bench_g
 ROUNDS_HELP = "rounds of ours then SDPA; each ratio is the median over them (--rounds)"
 
 
+def ctest_gpu(ctx, pattern: str, timeout: int) -> list:
+    """One ctest over the tests matching `pattern`, the emulated ones left out: they run the kernels on
+    the CPU (CI's business), and a reader's build folder may hold them registered but unbuilt. A
+    kernel that hangs (a barrier's phases out of step) fails its test after `timeout` seconds."""
+    return [Command(("ctest", "--test-dir", ctx.build, "--output-on-failure", "-R", pattern, "-E", "_emulated", "-j4",
+                     "--timeout", str(timeout)))]
+
+
+def ctest_summary(where: Where) -> list:
+    """Each test's verdict, the count that passed, those that failed or were skipped (last 25)."""
+    return grep(where.log, r"Test +#|tests passed|tests failed|Skipped|Failed")[-25:]
+
+
 def ceiling_args(ctx) -> list:
     """sdpa_compare.py's options to reuse the ceilings the `ceiling` experiment measured in this
     session, rather than measure them again (none when it did not run)."""
