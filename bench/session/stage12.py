@@ -28,7 +28,7 @@ TEST12 = Experiment(
     name="test12",
     stage="12",
     description="the tests of stage 12 (ctest -R stage12): every step against stage 09 and the float64 gradients on "
-                "the GPU, the emulated kernels, the command line",
+                "the GPU, the command line",
     targets=("make_npy_inputs", "stage12_hopper_backward", "test_stage12"),
     params={"timeout": 600},
     param_help={"timeout": "seconds before ctest fails one test (a hung barrier)"},
