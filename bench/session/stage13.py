@@ -9,10 +9,9 @@ backend's, and our rate over the best backend's. SDPA has no paged cache: a page
 with SDPA on the same problem held contiguously. A point whose K and V exceed `max_gib` is skipped
 and listed in stage13_skipped.txt.
 
-Not here yet (later steps of the stage): the read-bandwidth ceiling kernel in bench/ (a stream of
-loads over a buffer much larger than the L2) that would give each point as a fraction of what the GPU
-can read, and our runs interleaved with SDPA's in one process (here they alternate process by process,
-round by round). SDPA's flash backend takes no mask, so at seq_q > 1 (causal new rows, bottom-right
+First it runs bench/read_ceiling (16-byte streaming loads over a buffer much larger than the L2): the
+CSV gives each point as a fraction of the faster of its two forms. Not here yet: our runs interleaved
+with SDPA's in one process (here they alternate process by process, round by round). SDPA's flash backend takes no mask, so at seq_q > 1 (causal new rows, bottom-right
 aligned, given to SDPA as a boolean mask) it records its error and the other backends set the best.
 """
 import csv
@@ -24,6 +23,7 @@ from .experiment import Command, Experiment, Where, file_lines, grep, in_results
 from .tools import ctest_gpu, ctest_summary
 
 STAGE13 = "stages/13_decode/stage13_decode"
+READ_CEILING = "bench/read_ceiling"
 
 # The SDPA side of sweep13, run as `python3 -c SDPA_SCRIPT POINTS_JSON OUT_JSONL REPEAT`: the same
 # problems as stage13_decode's (q (B, Hq, seq_q, d) against a contiguous cache of seq_k + seq_q keys,
@@ -139,7 +139,9 @@ def _sweep13_commands(p, ctx):
                              f"{out}/stage13_sdpa.jsonl", str(p["repeat"])), env={"PYTHONUNBUFFERED": "1"}))
     header = tuple(skipped) or ("no point skipped",)
     cmds[0] = Command(cmds[0].argv, env=cmds[0].env, header=("skipped points:",) + header)
-    return cmds
+    # The GPU's read rate first: every point is also given as a fraction of it.
+    ceiling = Command((ctx.exe(READ_CEILING), "--json", f"{out}/read_ceiling.jsonl"))
+    return [ceiling] + cmds
 
 
 def _problem_key(r):
@@ -156,6 +158,9 @@ def _sweep13_finish(p, ctx, where: Where):
     for line in file_lines(path) if os.path.isfile(path) else []:
         r = json.loads(line)
         sdpa.setdefault((_problem_key(r), r["round"]), {})[r["backend"]] = r.get("gbps")
+    path = in_results(where, "read_ceiling.jsonl")
+    forms = [json.loads(x) for x in file_lines(path)] if os.path.isfile(path) else []
+    ceiling = max((f["value"] for f in forms), default=None)  # GB/s, the faster of the two forms
     rows = []
     for rnd in range(p["rounds"]):
         path = in_results(where, f"stage13_ours_round{rnd}.jsonl")
@@ -172,6 +177,8 @@ def _sweep13_finish(p, ctx, where: Where):
                              flash_gbps=theirs.get("flash"), cudnn_gbps=theirs.get("cudnn"),
                              efficient_gbps=theirs.get("efficient"),
                              ours_over_best=(got["gbps"] / best) if best and got.get("gbps") else None,
+                             ceiling_gbps=ceiling,
+                             ours_over_ceiling=(got["gbps"] / ceiling) if ceiling and got.get("gbps") else None,
                              passed=got.get("pass")))
     with open(in_results(where, "stage13_sweep.csv"), "w", newline="") as f:
         fields = list(rows[0]) if rows else ["batch"]
@@ -185,8 +192,9 @@ SWEEP13 = Experiment(
     stage="13",
     description="the decode grid (B 1/8/64, heads 32:32, 32:8, 64:8, 16:1, 1k-128k cached keys and B 1 at 1M, "
                 "d 64/128, seq_q 1/4, contiguous and paged 16/64/256) through stage13_decode beside SDPA flash, "
-                "cuDNN and efficient on the same problems held contiguously; GB/s of K + V, no ceiling yet",
-    targets=("stage13_decode",),
+                "cuDNN and efficient on the same problems held contiguously; GB/s of K + V and the fraction of the "
+                "GPU's read rate (bench/read_ceiling first)",
+    targets=("stage13_decode", "read_ceiling"),
     params={"batches": (1, 8, 64), "heads": ("32:32", "32:8", "64:8", "16:1"), "lengths": (1024, 8192, 32768, 131072),
             "long_keys": 1048576, "head_dims": (64, 128), "seq_q": (1, 4),
             "caches": ("contiguous", "paged:16", "paged:64", "paged:256"), "dtype": "bf16", "max_gib": 16.0,
@@ -205,7 +213,8 @@ SWEEP13 = Experiment(
         "rounds": "rounds over the whole grid, ours then SDPA's each round",
     },
     commands=_sweep13_commands,
-    outputs=("stage13_ours_round{r}.jsonl", "stage13_sdpa.jsonl", "stage13_sweep.csv", "stage13_skipped.txt"),
+    outputs=("read_ceiling.jsonl", "stage13_ours_round{r}.jsonl", "stage13_sdpa.jsonl", "stage13_sweep.csv",
+             "stage13_skipped.txt"),
     summary="stage13_skipped.txt",
     finish=_sweep13_finish,
 )
