@@ -3,8 +3,10 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -90,6 +92,68 @@ inline std::vector<Case> standard_cases(const std::vector<int64_t>& head_dims) {
         }
     }
     return cases;
+}
+
+/// One row of a test's own table of cases: sizes, causality, layout, how the inputs are drawn and
+/// the scale (unset: 1/sqrt(d)).
+struct CaseShape {
+    int64_t B, H, nq, nk;
+    bool causal;
+    Layout layout;
+    InputKind inputs;
+    std::optional<double> scale;
+};
+
+/// The cases of `shapes` at head dimension `d`, in order, seeded `first_seed`, `first_seed` + 1, ...
+inline std::vector<Case> cases_of(const std::vector<CaseShape>& shapes, int64_t d, uint64_t first_seed) {
+    std::vector<Case> all;
+    uint64_t seed = first_seed;
+    for (const CaseShape& s : shapes) {
+        Case c;
+        c.problem = make_problem(s.B, s.H, s.nq, s.nk, d, s.causal);
+        c.problem.scale = s.scale;
+        c.layout = s.layout;
+        c.inputs = s.inputs;
+        c.seed = seed++;
+        all.push_back(c);
+    }
+    return all;
+}
+
+/// Causal cases (B = 1, H = 2) of each (Nq, Nk) in `sizes` at each head dimension of `head_dims`,
+/// so that the diagonal falls at every offset against a kernel's tiles; the layout alternates with
+/// the seed (`first_seed`, `first_seed` + 1, ...).
+inline std::vector<Case> diagonal_cases(const std::vector<std::array<int64_t, 2>>& sizes, const std::vector<int64_t>& head_dims,
+                                        uint64_t first_seed) {
+    std::vector<Case> all;
+    uint64_t seed = first_seed;
+    for (int64_t d : head_dims) {
+        for (const auto& s : sizes) {
+            Case c;
+            c.problem = make_problem(1, 2, s[0], s[1], d, true);
+            c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
+            c.seed = seed++;
+            all.push_back(c);
+        }
+    }
+    return all;
+}
+
+/// Scales a kernel must take as well as the default: negative, zero and large, each without and
+/// with the causal mask (B = 1, H = 2, Nq = 150, Nk = 170, d = 64), seeded `first_seed`, `first_seed` + 1, ...
+inline std::vector<Case> scale_cases(uint64_t first_seed) {
+    std::vector<Case> all;
+    uint64_t seed = first_seed;
+    for (double scale : {-0.3, 0.0, 2.0}) {
+        for (bool causal : {false, true}) {
+            Case c;
+            c.problem = make_problem(1, 2, 150, 170, 64, causal);
+            c.problem.scale = scale;
+            c.seed = seed++;
+            all.push_back(c);
+        }
+    }
+    return all;
 }
 
 /// Output of one run, in logical order.

@@ -1,5 +1,6 @@
 // Stage 07 (tensor-core kernel, bf16 and fp16) against the float64 reference and stage 06, by the
 // low-precision rule; every step of the road; the contract for rows that see no key; any scale.
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -239,17 +240,9 @@ TEST_CASE("the configuration line counts skipped key tiles exactly for the steps
 }
 
 TEST_CASE("stage 07 handles the diagonal wherever it falls against its 128-row and 64-key tiles") {
-    const int64_t sizes[][2] = {{128, 128}, {129, 128}, {128, 129}, {191, 257}, {257, 191}, {300, 64}, {64, 300}, {1, 500}, {500, 1}};
-    uint64_t seed = 900;
-    for (int64_t d : {32, 64, 128, 256}) {
-        for (const auto& s : sizes) {
-            test::Case c;
-            c.problem = test::make_problem(1, 2, s[0], s[1], d, true);
-            c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
-            c.seed = seed++;
-            check_case(c, DType::BF16);
-        }
-    }
+    const std::vector<std::array<int64_t, 2>> sizes = {{128, 128}, {129, 128}, {128, 129}, {191, 257}, {257, 191},
+                                                       {300, 64},  {64, 300},  {1, 500},   {500, 1}};
+    for (const test::Case& c : test::diagonal_cases(sizes, {32, 64, 128, 256}, 900)) check_case(c, DType::BF16);
 }
 
 TEST_CASE("stage 07 writes every output; rows and whole query tiles that see no key get O = 0, LSE = -inf") {
@@ -264,16 +257,7 @@ TEST_CASE("stage 07 writes every output; rows and whole query tiles that see no 
 }
 
 TEST_CASE("stage 07 takes any finite scale: negative, zero, large") {
-    uint64_t seed = 1000;
-    for (double scale : {-0.3, 0.0, 2.0}) {
-        for (bool causal : {false, true}) {
-            test::Case c;
-            c.problem = test::make_problem(1, 2, 150, 170, 64, causal);
-            c.problem.scale = scale;
-            c.seed = seed++;
-            check_case(c, DType::BF16);
-        }
-    }
+    for (const test::Case& c : test::scale_cases(1000)) check_case(c, DType::BF16);
 }
 
 TEST_CASE("stage 07 agrees with stage 06 (float32) by the same rule") {

@@ -22,12 +22,17 @@
 #include "fa/precision.hpp"
 #include "fa/reference_backward.hpp"
 #include "fa/tolerance.hpp"
+#include "backward_check.hpp"
 #include "backward_model_cases.hpp"
 #include "gpu_support.hpp"
 #include "support.hpp"
 
 using namespace fa;
 using fa::cuda::DType;
+using fa::test::Forward;
+using fa::test::Grads;
+using fa::test::Judge;
+using fa::test::run_backward;
 
 namespace {
 
@@ -45,81 +50,8 @@ std::vector<int> steps() {
 }
 
 // O and LSE as the backward receives them: from stage 07's forward in the same 16-bit type.
-struct Forward {
-    HostTensor o;
-    std::vector<float> lse;
-    View3<const float> lse_view(const Problem& p) const { return make_view3<const float>(lse.data(), p.batch, p.heads, p.seq_q); }
-};
-
 Forward forward(const Problem& p, const Inputs& in, Layout layout, DType dtype) {
-    Forward f{HostTensor(p.batch, p.heads, p.seq_q, p.head_dim, layout, std::nanf("")),
-              std::vector<float>(size_t(p.lse_elems()), std::nanf(""))};
-    stage07::host_entry(dtype)(p, in.q.cview(), in.k.cview(), in.v.cview(), f.o.view,
-                               make_view3(f.lse.data(), p.batch, p.heads, p.seq_q));
-    return f;
-}
-
-// The gradients of one run, in logical order.
-struct Grads {
-    std::vector<float> dq, dk, dv;
-};
-
-// Runs `fn` with outputs poisoned with NaN, so unwritten elements fail.
-Grads run_backward(const BackwardFn& fn, const Problem& p, const Inputs& in, const Forward& f, const HostTensor& dout,
-                   Layout layout) {
-    HostTensor dq(p.batch, p.heads, p.seq_q, p.head_dim, layout, std::nanf(""));
-    HostTensor dk(p.batch, p.heads, p.seq_k, p.head_dim, layout, std::nanf(""));
-    HostTensor dv(p.batch, p.heads, p.seq_k, p.head_dim, layout, std::nanf(""));
-    fn(p, in.q.cview(), in.k.cview(), in.v.cview(), f.o.cview(), f.lse_view(p), dout.cview(), dq.view, dk.view, dv.view);
-    return {dq.logical(), dk.logical(), dv.logical()};
-}
-
-// The float64 gradients and the limits of the gradient rule for `dtype`.
-struct Judge {
-    ReferenceGradients ref;
-    GradientTolerances tol;
-};
-
-Judge judge(const Problem& p, const Inputs& in, const HostTensor& dout, DType dtype) {
-    Judge j{reference_backward(p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview()), {}};
-    const EmulatedGradients naive =
-        naive_backward_emulated(precision_of(dtype), p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
-    j.tol = gradient_tolerance(input_stats(p, in.q.cview(), in.k.cview(), in.v.cview()), precision_of(dtype), p, naive, j.ref);
-    return j;
-}
-
-// Checks each gradient of `got` against `want` (the float64 reference or another run) within `tol`.
-template <class Want>
-void check_gradients(const Grads& got, const Want& want_dq, const Want& want_dk, const Want& want_dv,
-                     const GradientTolerances& tol, const std::string& what) {
-    const char* names[3] = {"dQ", "dK", "dV"};
-    const std::vector<float>* g[3] = {&got.dq, &got.dk, &got.dv};
-    const Want* w[3] = {&want_dq, &want_dk, &want_dv};
-    const Tolerance* lim[3] = {&tol.dq, &tol.dk, &tol.dv};
-    for (int i = 0; i < 3; ++i) {
-        const Metrics m = compare(*g[i], *w[i]);
-        INFO(what);
-        INFO(names[i] << ": max_abs=" << m.max_abs << " rel_l2=" << m.rel_l2 << " nonfinite=" << m.nonfinite << " (limits "
-                      << lim[i]->max_abs << ", " << lim[i]->rel_l2 << "), worst at flat index " << m.worst_index);
-        INFO(tol.rule);
-        CHECK(passes(m, *lim[i]));
-    }
-}
-
-// The contract for rows that see no key: every gradient element written and finite, and dQ of a
-// row that sees no key exactly 0 (its P is 0, so every term of its dQ is 0).
-void check_rows_without_keys(const Problem& p, const Grads& g, const std::string& what) {
-    INFO(what);
-    int64_t nonfinite = 0, nonzero = 0;
-    for (const std::vector<float>* x : {&g.dq, &g.dk, &g.dv})
-        for (float v : *x) nonfinite += std::isfinite(v) ? 0 : 1;
-    CHECK(nonfinite == 0);
-    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
-        for (int64_t i = 0; i < p.seq_q; ++i) {
-            if (visible_key_end(i, p.seq_q, p.seq_k, p.causal) != 0) continue;
-            for (int64_t x = 0; x < p.head_dim; ++x) nonzero += g.dq[size_t((bh * p.seq_q + i) * p.head_dim + x)] == 0.0f ? 0 : 1;
-        }
-    CHECK(nonzero == 0);
+    return test::run_forward(stage07::host_entry(dtype), p, in, layout);
 }
 
 // Runs stage 09 on `c` in `dtype` and checks it against the float64 reference; returns the gradients.
@@ -129,10 +61,10 @@ Grads check_case(const test::Case& c, DType dtype, bool deterministic, int step)
     const HostTensor dout = make_output_gradient(p, c.layout, c.seed);
     const Forward f = forward(p, in, c.layout, dtype);
     const Grads got = run_backward(stage09::host_entry({dtype, deterministic, step}), p, in, f, dout, c.layout);
-    const Judge j = judge(p, in, dout, dtype);
+    const Judge j = test::judge(p, in, dout, precision_of(dtype));
     const std::string what = c.name() + describe(dtype, deterministic, step);
-    check_gradients(got, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " vs float64 reference");
-    check_rows_without_keys(p, got, what);
+    test::check_gradients(got, j, what + " vs float64 reference");
+    test::check_rows_without_keys(p, got, what);
     return got;
 }
 
@@ -187,17 +119,10 @@ TEST_CASE("stage 09: rows and whole query blocks that see no key get dQ = 0 exac
 }
 
 TEST_CASE("stage 09 takes any finite scale: negative, zero, large") {
-    uint64_t seed = 1000;
-    for (double scale : {-0.3, 0.0, 2.0}) {
-        for (bool causal : {false, true}) {
-            test::Case c;
-            c.problem = test::make_problem(1, 2, 150, 170, 64, causal);
-            c.problem.scale = scale;
-            c.seed = seed++;
-            for (int step : steps()) {
-                check_case(c, DType::BF16, false, step);
-                check_case(c, DType::FP16, true, step);
-            }
+    for (const test::Case& c : test::scale_cases(1000)) {
+        for (int step : steps()) {
+            check_case(c, DType::BF16, false, step);
+            check_case(c, DType::FP16, true, step);
         }
     }
 }
@@ -232,11 +157,11 @@ TEST_CASE("stage 09's deterministic mode gives bit-identical gradients over runs
                     CHECK(bit_identical(again.dv, first.dv));
                 }
                 const Grads atomic = run_backward(stage09::host_entry({dtype, false, step}), p, in, f, dout, c.layout);
-                const Judge j = judge(p, in, dout, dtype);
+                const Judge j = test::judge(p, in, dout, precision_of(dtype));
                 const std::string what = c.name() + " dtype=" + cuda::to_string(dtype) + " step=" + std::to_string(step);
-                check_gradients(first, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " deterministic vs float64 reference");
-                check_gradients(atomic, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " atomic vs float64 reference");
-                check_gradients(first, atomic.dq, atomic.dk, atomic.dv, j.tol, what + " deterministic vs atomic");
+                test::check_gradients(first, j, what + " deterministic vs float64 reference");
+                test::check_gradients(atomic, j, what + " atomic vs float64 reference");
+                test::check_gradients(first, atomic.dq, atomic.dk, atomic.dv, j.tol, what + " deterministic vs atomic");
                 // dK and dV never leave their block: the two modes compute them identically.
                 CHECK(bit_identical(first.dk, atomic.dk));
                 CHECK(bit_identical(first.dv, atomic.dv));
@@ -308,8 +233,8 @@ TEST_CASE("stage 09's device entry point runs on a stream with a workspace kept 
             CHECK(bit_identical(got.dq, host.dq));
             CHECK(bit_identical(got.dk, host.dk));
             CHECK(bit_identical(got.dv, host.dv));
-            const Judge j = judge(p, in, dout, dtype);
-            check_gradients(got, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " vs float64 reference");
+            const Judge j = test::judge(p, in, dout, precision_of(dtype));
+            test::check_gradients(got, j, what + " vs float64 reference");
         }
     }
     CHECK(workspace.floats.size() > 0);

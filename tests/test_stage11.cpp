@@ -2,6 +2,7 @@
 // low-precision rule; every step of the road; the awkward sizes; rows that see no key; any scale.
 // Exits 77 (skipped) without a Hopper GPU.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <utility>
 #include <cstdio>
@@ -223,18 +224,11 @@ TEST_CASE("stage 11's road: every step has a test case above, and the default st
 }
 
 TEST_CASE("stage 11 handles the diagonal wherever it falls against its 64/128/192-row and 128-key tiles") {
-    const int64_t sizes[][2] = {{128, 128}, {129, 128}, {128, 129}, {191, 257}, {257, 191}, {300, 64},
-                                {64, 300},  {1, 500},   {500, 1},   {2, 3},     {383, 389}};
+    const std::vector<std::array<int64_t, 2>> sizes = {{128, 128}, {129, 128}, {128, 129}, {191, 257}, {257, 191}, {300, 64},
+                                                       {64, 300},  {1, 500},   {500, 1},   {2, 3},     {383, 389}};
     for (int step : steps_under_test()) {
-        uint64_t seed = 1100;
-        for (int64_t d : {64, 128}) {
-            for (const auto& s : sizes) {
-                test::Case c;
-                c.problem = test::make_problem(1, 2, s[0], s[1], d, true);
-                c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
-                c.seed = seed++;
-                check_case(c, seed % 3 ? DType::BF16 : DType::FP16, step);
-            }
+        for (const test::Case& c : test::diagonal_cases(sizes, {64, 128}, 1100)) {
+            check_case(c, c.seed % 3 == 2 ? DType::FP16 : DType::BF16, step);  // every third case in fp16
         }
     }
 }
@@ -255,16 +249,7 @@ TEST_CASE("stage 11 writes every output; rows and whole query tiles that see no 
 
 TEST_CASE("stage 11 takes any finite scale: negative, zero, large") {
     for (int step : steps_under_test()) {
-        uint64_t seed = 1200;
-        for (double scale : {-0.3, 0.0, 2.0}) {
-            for (bool causal : {false, true}) {
-                test::Case c;
-                c.problem = test::make_problem(1, 2, 150, 170, 64, causal);
-                c.problem.scale = scale;
-                c.seed = seed++;
-                check_case(c, DType::BF16, step);
-            }
-        }
+        for (const test::Case& c : test::scale_cases(1200)) check_case(c, DType::BF16, step);
     }
 }
 

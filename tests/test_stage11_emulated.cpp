@@ -14,7 +14,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -226,33 +225,14 @@ void check_reading_files(const test::Case& c) {
 /// a negative and a zero scale; small enough that the whole road runs in seconds here, large enough
 /// that the rings wrap more than once and a persistent block loops over several items.
 std::vector<test::Case> cases(int64_t d) {
-    struct Shape {
-        int64_t B, H, nq, nk;
-        bool causal;
-        Layout layout;
-        InputKind inputs;
-        std::optional<double> scale;
-    };
-    const Shape shapes[] = {
+    return test::cases_of({
         {1, 2, 130, 300, false, Layout::BHND, InputKind::Normal, {}},   // Nq < Nk, tails: three key tiles of 128
         {1, 1, 200, 130, true, Layout::BNHD, InputKind::Normal, {}},    // Nq > Nk, causal: the first 70 rows see no key
         {2, 1, 77, 77, true, Layout::BNHD, InputKind::Normal, -0.2},    // B = 2, causal, a negative scale
         {1, 3, 300, 200, false, Layout::BHND, InputKind::Large, {}},    // Nq > Nk, scores of order 400
         {1, 2, 257, 520, true, Layout::BHND, InputKind::Large, {}},     // causal, Nq < Nk: rings wrap twice and more
         {1, 1, 37, 61, true, Layout::BNHD, InputKind::Normal, 0.0},     // a zero scale: uniform weights
-    };
-    std::vector<test::Case> all;
-    uint64_t seed = 1100 + uint64_t(d);
-    for (const Shape& s : shapes) {
-        test::Case c;
-        c.problem = test::make_problem(s.B, s.H, s.nq, s.nk, d, s.causal);
-        c.problem.scale = s.scale;
-        c.layout = s.layout;
-        c.inputs = s.inputs;
-        c.seed = seed++;
-        all.push_back(c);
-    }
-    return all;
+    }, d, 1100 + uint64_t(d));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // layouts, d = 64 and 128; rows that see no key get exactly zero dQ; any scale; the device entry point
 // with a kept workspace; what the stage refuses. Every test runs each step of the road (0: stage 09's
 // kernels, through stage 12's entry points). gpu_main.cpp skips it (exit 77) without a Hopper GPU.
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -21,10 +22,15 @@
 #include "fa/precision.hpp"
 #include "fa/reference_backward.hpp"
 #include "fa/tolerance.hpp"
+#include "backward_check.hpp"
 #include "support.hpp"
 
 using namespace fa;
 using fa::cuda::DType;
+using fa::test::Forward;
+using fa::test::Grads;
+using fa::test::Judge;
+using fa::test::run_backward;
 
 namespace {
 
@@ -40,76 +46,8 @@ std::vector<int> steps() {
 }
 
 // O and LSE as the backward receives them: from stage 11's forward in the same 16-bit type.
-struct Forward {
-    HostTensor o;
-    std::vector<float> lse;
-    View3<const float> lse_view(const Problem& p) const { return make_view3<const float>(lse.data(), p.batch, p.heads, p.seq_q); }
-};
-
 Forward forward(const Problem& p, const Inputs& in, Layout layout, DType dtype) {
-    Forward f{HostTensor(p.batch, p.heads, p.seq_q, p.head_dim, layout, std::nanf("")), std::vector<float>(size_t(p.lse_elems()), std::nanf(""))};
-    stage11::host_entry(dtype)(p, in.q.cview(), in.k.cview(), in.v.cview(), f.o.view, make_view3(f.lse.data(), p.batch, p.heads, p.seq_q));
-    return f;
-}
-
-// The gradients of one run, in logical order.
-struct Grads {
-    std::vector<float> dq, dk, dv;
-};
-
-// Runs `fn` with outputs poisoned with NaN, so unwritten elements fail.
-Grads run_backward(const BackwardFn& fn, const Problem& p, const Inputs& in, const Forward& f, const HostTensor& dout, Layout layout) {
-    HostTensor dq(p.batch, p.heads, p.seq_q, p.head_dim, layout, std::nanf(""));
-    HostTensor dk(p.batch, p.heads, p.seq_k, p.head_dim, layout, std::nanf(""));
-    HostTensor dv(p.batch, p.heads, p.seq_k, p.head_dim, layout, std::nanf(""));
-    fn(p, in.q.cview(), in.k.cview(), in.v.cview(), f.o.cview(), f.lse_view(p), dout.cview(), dq.view, dk.view, dv.view);
-    return {dq.logical(), dk.logical(), dv.logical()};
-}
-
-// The float64 gradients and the limits of the gradient rule for `dtype`.
-struct Judge {
-    ReferenceGradients ref;
-    GradientTolerances tol;
-};
-
-Judge judge(const Problem& p, const Inputs& in, const HostTensor& dout, DType dtype) {
-    Judge j{reference_backward(p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview()), {}};
-    const EmulatedGradients naive = naive_backward_emulated(precision_of(dtype), p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
-    j.tol = gradient_tolerance(input_stats(p, in.q.cview(), in.k.cview(), in.v.cview()), precision_of(dtype), p, naive, j.ref);
-    return j;
-}
-
-// Checks each gradient of `got` against `want` (the float64 reference or another stage) within `tol`.
-template <class Want>
-void check_gradients(const Grads& got, const Want& want_dq, const Want& want_dk, const Want& want_dv, const GradientTolerances& tol,
-                     const std::string& what) {
-    const char* names[3] = {"dQ", "dK", "dV"};
-    const std::vector<float>* g[3] = {&got.dq, &got.dk, &got.dv};
-    const Want* w[3] = {&want_dq, &want_dk, &want_dv};
-    const Tolerance* lim[3] = {&tol.dq, &tol.dk, &tol.dv};
-    for (int i = 0; i < 3; ++i) {
-        const Metrics m = compare(*g[i], *w[i]);
-        INFO(what);
-        INFO(names[i] << ": max_abs=" << m.max_abs << " rel_l2=" << m.rel_l2 << " nonfinite=" << m.nonfinite << " (limits "
-                      << lim[i]->max_abs << ", " << lim[i]->rel_l2 << "), worst at flat index " << m.worst_index);
-        INFO(tol.rule);
-        CHECK(passes(m, *lim[i]));
-    }
-}
-
-// Every gradient element written and finite; dQ of a row that sees no key exactly 0.
-void check_rows_without_keys(const Problem& p, const Grads& g, const std::string& what) {
-    INFO(what);
-    int64_t nonfinite = 0, nonzero = 0;
-    for (const std::vector<float>* x : {&g.dq, &g.dk, &g.dv})
-        for (float v : *x) nonfinite += std::isfinite(v) ? 0 : 1;
-    CHECK(nonfinite == 0);
-    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
-        for (int64_t i = 0; i < p.seq_q; ++i) {
-            if (visible_key_end(i, p.seq_q, p.seq_k, p.causal) != 0) continue;
-            for (int64_t x = 0; x < p.head_dim; ++x) nonzero += g.dq[size_t((bh * p.seq_q + i) * p.head_dim + x)] == 0.0f ? 0 : 1;
-        }
-    CHECK(nonzero == 0);
+    return test::run_forward(stage11::host_entry(dtype), p, in, layout);
 }
 
 // Stage 12 at `step` on `c` in `dtype`: against the float64 reference and against stage 09 on the same O and LSE.
@@ -119,12 +57,12 @@ void check_case(const test::Case& c, DType dtype, int step) {
     const HostTensor dout = make_output_gradient(p, c.layout, c.seed);
     const Forward f = forward(p, in, c.layout, dtype);
     const Grads got = run_backward(stage12::host_entry({dtype, step}), p, in, f, dout, c.layout);
-    const Judge j = judge(p, in, dout, dtype);
+    const Judge j = test::judge(p, in, dout, precision_of(dtype));
     const std::string what = c.name() + describe(dtype, step);
-    check_gradients(got, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, what + " vs float64 reference");
-    check_rows_without_keys(p, got, what);
+    test::check_gradients(got, j, what + " vs float64 reference");
+    test::check_rows_without_keys(p, got, what);
     const Grads s09 = run_backward(stage09::host_entry({dtype, false, -1}), p, in, f, dout, c.layout);
-    check_gradients(got, s09.dq, s09.dk, s09.dv, j.tol, what + " vs stage 09");
+    test::check_gradients(got, s09.dq, s09.dk, s09.dv, j.tol, what + " vs stage 09");
 }
 
 }  // namespace
@@ -139,17 +77,10 @@ TEST_CASE("stage 12 matches the float64 reference backward and stage 09 on the s
 }
 
 TEST_CASE("stage 12 handles the diagonal wherever it falls against its query tiles and key blocks") {
-    const int64_t sizes[][2] = {{64, 64}, {65, 64}, {64, 65}, {128, 192}, {192, 128}, {191, 257}, {257, 191},
-                                {300, 64}, {64, 300}, {1, 500}, {500, 1}, {129, 1}, {63, 127}, {127, 63}};
-    uint64_t seed = 1900;
-    for (int64_t d : {64, 128}) {
-        for (const auto& s : sizes) {
-            test::Case c;
-            c.problem = test::make_problem(1, 2, s[0], s[1], d, true);
-            c.layout = seed % 2 ? Layout::BNHD : Layout::BHND;
-            c.seed = seed++;
-            for (int step : steps()) check_case(c, seed % 3 == 0 ? DType::FP16 : DType::BF16, step);
-        }
+    const std::vector<std::array<int64_t, 2>> sizes = {{64, 64},  {65, 64},  {64, 65}, {128, 192}, {192, 128}, {191, 257}, {257, 191},
+                                                       {300, 64}, {64, 300}, {1, 500}, {500, 1},   {129, 1},   {63, 127},  {127, 63}};
+    for (const test::Case& c : test::diagonal_cases(sizes, {64, 128}, 1900)) {
+        for (int step : steps()) check_case(c, c.seed % 3 == 2 ? DType::FP16 : DType::BF16, step);  // every third case in fp16
     }
 }
 
@@ -168,17 +99,10 @@ TEST_CASE("stage 12: rows and whole query tiles that see no key get dQ = 0 exact
 }
 
 TEST_CASE("stage 12 takes any finite scale: negative, zero, large") {
-    uint64_t seed = 2100;
-    for (double scale : {-0.3, 0.0, 2.0}) {
-        for (bool causal : {false, true}) {
-            test::Case c;
-            c.problem = test::make_problem(1, 2, 150, 170, 64, causal);
-            c.problem.scale = scale;
-            c.seed = seed++;
-            for (int step : steps()) {
-                check_case(c, DType::BF16, step);
-                check_case(c, DType::FP16, step);
-            }
+    for (const test::Case& c : test::scale_cases(2100)) {
+        for (int step : steps()) {
+            check_case(c, DType::BF16, step);
+            check_case(c, DType::FP16, step);
         }
     }
 }
@@ -223,8 +147,8 @@ TEST_CASE("stage 12's device entry point runs on a stream with a workspace kept 
             wide.copy_to_host(dst->storage.data(), wide.size());
         }
         const Grads got{dq.logical(), dk.logical(), dv.logical()};
-        const Judge j = judge(p, in, dout, DType::BF16);
-        check_gradients(got, j.ref.dq, j.ref.dk, j.ref.dv, j.tol, p.describe() + " (device entry)");
+        const Judge j = test::judge(p, in, dout, Precision::BFloat16);
+        test::check_gradients(got, j, p.describe() + " (device entry)");
     }
     CHECK(workspace.floats.size() > 0);
     FA_CUDA_CHECK(cudaStreamDestroy(stream));

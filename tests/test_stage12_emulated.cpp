@@ -14,11 +14,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
 
+#include "backward_check.hpp"
 #include "emulator.hpp"
 #include "fa/inputs.hpp"
 #include "fa/metrics.hpp"
@@ -38,6 +38,7 @@ namespace {
 
 using namespace fa;
 using namespace fa::stage12;
+using fa::test::Grads;
 
 /// A 16-bit tensor with the strides of a float32 one (so the same layout), rounded to T, or
 /// all bits set (NaN) to be written.
@@ -67,11 +68,6 @@ struct Half4 {
                     for (int64_t i = 0; i < view.shape[3]; ++i) out.push_back(emu::to_f<T>(bits[size_t(view.offset(b, h, n, i))]));
         return out;
     }
-};
-
-/// The gradients of one run, in logical order.
-struct Grads {
-    std::vector<float> dq, dk, dv;
 };
 
 /// Step 1 with its ring cut to one slot (each tile loaded only once the previous one is done): the
@@ -136,37 +132,6 @@ Grads run_backward(const Problem& p, const BackwardInputs& bi) {
     return {dq.logical(), dk.logical(), dv.logical()};
 }
 
-/// Checks each gradient against the float64 reference within the rule's limits.
-void check_gradients(const Grads& got, const ReferenceGradients& ref, const GradientTolerances& tol, const std::string& what) {
-    const char* names[3] = {"dQ", "dK", "dV"};
-    const std::vector<float>* g[3] = {&got.dq, &got.dk, &got.dv};
-    const std::vector<double>* w[3] = {&ref.dq, &ref.dk, &ref.dv};
-    const Tolerance* lim[3] = {&tol.dq, &tol.dk, &tol.dv};
-    for (int i = 0; i < 3; ++i) {
-        const Metrics m = compare(*g[i], *w[i]);
-        INFO(what);
-        INFO(names[i] << ": max_abs=" << m.max_abs << " rel_l2=" << m.rel_l2 << " nonfinite=" << m.nonfinite << " (limits "
-                      << lim[i]->max_abs << ", " << lim[i]->rel_l2 << "), worst at flat index " << m.worst_index);
-        INFO(tol.rule);
-        CHECK(passes(m, *lim[i]));
-    }
-}
-
-/// Every gradient element written and finite; dQ of a row that sees no key exactly 0 (its P is 0).
-void check_rows_without_keys(const Problem& p, const Grads& g, const std::string& what) {
-    INFO(what);
-    int64_t nonfinite = 0, nonzero = 0;
-    for (const std::vector<float>* x : {&g.dq, &g.dk, &g.dv})
-        for (float e : *x) nonfinite += std::isfinite(e) ? 0 : 1;
-    CHECK(nonfinite == 0);
-    for (int64_t bh = 0; bh < p.batch * p.heads; ++bh)
-        for (int64_t i = 0; i < p.seq_q; ++i) {
-            if (visible_key_end(i, p.seq_q, p.seq_k, p.causal) != 0) continue;
-            for (int64_t x = 0; x < p.head_dim; ++x) nonzero += g.dq[size_t((bh * p.seq_q + i) * p.head_dim + x)] == 0.0f ? 0 : 1;
-        }
-    CHECK(nonzero == 0);
-}
-
 /// Case `c` in type T at head dimension D: step 1 on the emulator from backward_inputs(), judged
 /// against the float64 gradients by the rule for T.
 template <class T, int D>
@@ -175,29 +140,18 @@ void check_case(const test::Case& c) {
     REQUIRE(p.head_dim == D);
     const Precision precision = std::is_same_v<T, __half> ? Precision::Float16 : Precision::BFloat16;
     const BackwardInputs bi = backward_inputs<T>(c);
-    const Inputs& in = bi.in;
-    const HostTensor& dout = bi.dout;
     const Grads got = run_backward<T, D, StepN<1>>(p, bi);
-    const ReferenceGradients ref = reference_backward(p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
-    const EmulatedGradients naive = naive_backward_emulated(precision, p, in.q.cview(), in.k.cview(), in.v.cview(), dout.cview());
-    const GradientTolerances tol = gradient_tolerance(input_stats(p, in.q.cview(), in.k.cview(), in.v.cview()), precision, p, naive, ref);
+    const test::Judge j = test::judge(p, bi.in, bi.dout, precision);
     const std::string what = c.name() + " " + to_string(precision) + " step 1";
-    check_gradients(got, ref, tol, what + " vs float64 reference");
-    check_rows_without_keys(p, got, what);
+    test::check_gradients(got, j, what + " vs float64 reference");
+    test::check_rows_without_keys(p, got, what);
 }
 
 /// The cases: N = 1, primes (37, 61, 67, 257) and other sizes no block divides, Nq != Nk both ways, tails no block divides, causal with rows that see
 /// no key (Nq > Nk) and key blocks past the diagonal, both layouts, B x H > 1, large logits, a
 /// negative and a zero scale; a ring that wraps (more query tiles than slots).
 std::vector<test::Case> cases(int64_t d) {
-    struct Shape {
-        int64_t B, H, nq, nk;
-        bool causal;
-        Layout layout;
-        InputKind inputs;
-        std::optional<double> scale;
-    };
-    const Shape shapes[] = {
+    return test::cases_of({
         {1, 1, 1, 1, false, Layout::BHND, InputKind::Normal, {}},      // N = 1
         {1, 2, 77, 93, false, Layout::BNHD, InputKind::Normal, {}},    // Nq < Nk, tails of 13 and 29
         {1, 1, 93, 77, true, Layout::BHND, InputKind::Normal, {}},     // causal, Nq > Nk: 16 rows see no key
@@ -209,19 +163,7 @@ std::vector<test::Case> cases(int64_t d) {
         {1, 1, 300, 1, false, Layout::BNHD, InputKind::Normal, {}},    // one key, five query tiles through the ring
         {2, 3, 45, 83, true, Layout::BNHD, InputKind::Normal, 0.3},    // B x H = 6, a custom scale
         {1, 1, 255, 257, true, Layout::BHND, InputKind::Large, {}},    // causal, large logits, the diagonal in every block
-    };
-    std::vector<test::Case> all;
-    uint64_t seed = 1200 + uint64_t(d);
-    for (const Shape& s : shapes) {
-        test::Case c;
-        c.problem = test::make_problem(s.B, s.H, s.nq, s.nk, d, s.causal);
-        c.problem.scale = s.scale;
-        c.layout = s.layout;
-        c.inputs = s.inputs;
-        c.seed = seed++;
-        all.push_back(c);
-    }
-    return all;
+    }, d, 1200 + uint64_t(d));
 }
 
 }  // namespace

@@ -5,9 +5,6 @@
 // (skipped) without a GPU (gpu_main.cpp).
 #include <doctest/doctest.h>
 
-#include <cmath>
-#include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -22,23 +19,6 @@ using namespace fa::stage13;
 
 namespace {
 
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-    if (x.size() != y.size()) return false;
-    for (size_t i = 0; i < x.size(); ++i) {
-        if (std::isnan(x[i]) && std::isnan(y[i])) continue;
-        if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) return false;
-    }
-    return true;
-}
-
-std::vector<float> reached_rows(const DecodeProblem& p, const CacheGeometry& g, std::vector<float> cache) {
-    const int64_t row = p.heads_k * p.head_dim;
-    for (int64_t b = 0; b < p.batch(); ++b)
-        for (int64_t j = p.seq_k(b); j < g.capacity(); ++j)
-            std::fill_n(cache.begin() + long((b * g.capacity() + j) * row), row, std::numeric_limits<float>::quiet_NaN());
-    return cache;
-}
-
 struct Case {
     const char* what;
     std::vector<int64_t> cache_seqlens;
@@ -48,11 +28,7 @@ struct Case {
 };
 
 DecodeProblem problem_of(const Case& c) {
-    DecodeProblem p;
-    p.cache_seqlens = c.cache_seqlens, p.seq_q = c.seq_q, p.heads_q = c.heads_q, p.heads_k = c.heads_k, p.head_dim = c.head_dim;
-    p.append = c.append;
-    p.validate();
-    return p;
+    return make_decode_problem(c.cache_seqlens, c.seq_q, c.heads_q, c.heads_k, c.head_dim, c.append);
 }
 
 void check_case(const Case& c, Precision precision, int64_t page_size) {

@@ -8,9 +8,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -86,27 +84,6 @@ Output run_case(const DecodeProblem& p, const CacheGeometry& g, CacheKind kind, 
     return bf16 ? run_emulated<__nv_bfloat16, 128>(p, g, kind, in, splits) : run_emulated<__half, 128>(p, g, kind, in, splits);
 }
 
-// Equal bits, NaN equal to NaN (rows of the cache no key reaches).
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-    if (x.size() != y.size()) return false;
-    for (size_t i = 0; i < x.size(); ++i) {
-        if (std::isnan(x[i]) && std::isnan(y[i])) continue;
-        if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) return false;
-    }
-    return true;
-}
-
-// The cache rows a call must leave: rows [0, seq_k(b)) of each sequence, the rest ignored.
-std::vector<float> reached_rows(const DecodeProblem& p, const CacheGeometry& g, std::vector<float> cache) {
-    const int64_t row = p.heads_k * p.head_dim;
-    for (int64_t b = 0; b < p.batch(); ++b) {
-        for (int64_t j = p.seq_k(b); j < g.capacity(); ++j) {
-            std::fill_n(cache.begin() + long((b * g.capacity() + j) * row), row, std::numeric_limits<float>::quiet_NaN());
-        }
-    }
-    return cache;
-}
-
 struct Case {
     const char* what;
     std::vector<int64_t> cache_seqlens;
@@ -119,10 +96,7 @@ struct Case {
 
 // Runs `c` in a contiguous and a paged cache and checks everything a call promises.
 void check_case(const Case& c) {
-    DecodeProblem p;
-    p.cache_seqlens = c.cache_seqlens, p.seq_q = c.seq_q, p.heads_q = c.heads_q, p.heads_k = c.heads_k, p.head_dim = c.head_dim;
-    p.append = c.append;
-    p.validate();
+    const DecodeProblem p = make_decode_problem(c.cache_seqlens, c.seq_q, c.heads_q, c.heads_k, c.head_dim, c.append);
     const CacheGeometry g = make_paged_geometry(p, c.page_size, 7);
     g.validate(p);
     const DecodeInputs in = make_decode_inputs(p, g, c.precision, 1234, c.q_scale);

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <sstream>
+#include <utility>
 
 #include "fa/error.hpp"
 
@@ -84,6 +86,15 @@ int64_t DecodeProblem::total_keys() const {
 }
 
 double DecodeProblem::softmax_scale() const { return scale ? *scale : 1.0 / std::sqrt(double(head_dim)); }
+
+DecodeProblem make_decode_problem(std::vector<int64_t> cache_seqlens, int64_t seq_q, int64_t heads_q, int64_t heads_k,
+                                  int64_t head_dim, bool append, std::optional<double> scale) {
+    DecodeProblem p;
+    p.cache_seqlens = std::move(cache_seqlens), p.seq_q = seq_q, p.heads_q = heads_q, p.heads_k = heads_k, p.head_dim = head_dim;
+    p.append = append, p.scale = scale;
+    p.validate();
+    return p;
+}
 
 void DecodeProblem::validate() const {
     if (cache_seqlens.empty()) throw InputError("--cache-seqlens is empty: give one cached length per sequence, e.g. 1000,37,0");
@@ -320,6 +331,23 @@ std::vector<float> from_paged(const DecodeProblem& p, const CacheGeometry& g, co
         }
     }
     return cache;
+}
+
+std::vector<float> reached_rows(const DecodeProblem& p, const CacheGeometry& g, std::vector<float> cache) {
+    const int64_t row = p.heads_k * p.head_dim;
+    for (int64_t b = 0; b < p.batch(); ++b)
+        for (int64_t j = p.seq_k(b); j < g.capacity(); ++j)
+            std::fill_n(cache.begin() + long((b * g.capacity() + j) * row), row, std::numeric_limits<float>::quiet_NaN());
+    return cache;
+}
+
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
+    if (x.size() != y.size()) return false;
+    for (size_t i = 0; i < x.size(); ++i) {
+        if (std::isnan(x[i]) && std::isnan(y[i])) continue;
+        if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) return false;
+    }
+    return true;
 }
 
 DecodeReference reference_decode(const DecodeProblem& p, const CacheGeometry& g, const DecodeInputs& in, Precision precision) {

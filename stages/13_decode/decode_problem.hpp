@@ -90,6 +90,12 @@ struct DecodeProblem {
     double kv_bytes(int bytes_per_element) const;
 };
 
+/// The problem of B = cache_seqlens.size() sequences with `seq_q` new rows each, `heads_q` query and
+/// `heads_k` key/value heads of dimension `head_dim`, the new rows appended or not, at `scale`
+/// (unset: 1/sqrt(d)); validate() checked, so a problem it returns is one the stage runs.
+DecodeProblem make_decode_problem(std::vector<int64_t> cache_seqlens, int64_t seq_q, int64_t heads_q, int64_t heads_k,
+                                  int64_t head_dim, bool append, std::optional<double> scale = std::nullopt);
+
 /// Where a sequence's keys live. Contiguous and paged caches hold the same capacity
 /// (pages_per_seq x page_size keys per sequence), so one problem fits both.
 struct CacheGeometry {
@@ -160,6 +166,16 @@ std::vector<float> to_paged(const DecodeProblem& problem, const CacheGeometry& g
 
 /// The contiguous cache (B, capacity, Hk, d) a paged `pool` holds (rows past seq_k(b): NaN).
 std::vector<float> from_paged(const DecodeProblem& problem, const CacheGeometry& geometry, const std::vector<float>& pool);
+
+/// The contiguous cache (B, capacity, Hk, d) `cache` with the rows past each sequence's keys
+/// (rows seq_k(b) .. capacity) set to NaN: the rows a call must leave as the append makes them,
+/// the rest free to hold anything.
+std::vector<float> reached_rows(const DecodeProblem& problem, const CacheGeometry& geometry, std::vector<float> cache);
+
+/// True when `x` and `y` hold the same bits element by element, a NaN equal to any NaN (the rows
+/// reached_rows() blanks, the cache rows no key reaches): paged and contiguous runs of one call
+/// must give the same bits.
+bool same_bits(const std::vector<float>& x, const std::vector<float>& y);
 
 /// The float64 reference and the naive 16-bit baseline of one call, in the call's orders:
 /// o (B, seq_q, Hq, d), lse (B, Hq, seq_q).

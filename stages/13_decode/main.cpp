@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -81,19 +81,16 @@ void add_options(CLI::App& app, Options& o) {
 }
 
 DecodeProblem make_problem(const Options& o, const CLI::App& app) {
-    DecodeProblem p;
+    std::vector<int64_t> cache_seqlens;
     if (!o.cache_seqlens.empty()) {
         if (app.count("--batch") || app.count("--seq-k")) {
             throw InputError("--cache-seqlens gives every sequence's length: leave out --batch and --seq-k");
         }
-        p.cache_seqlens = parse_lengths(o.cache_seqlens, "--cache-seqlens");
+        cache_seqlens = parse_lengths(o.cache_seqlens, "--cache-seqlens");
     } else {
-        p.cache_seqlens.assign(size_t(o.batch), o.seq_k);
+        cache_seqlens.assign(size_t(o.batch), o.seq_k);
     }
-    p.seq_q = o.seq_q, p.heads_q = o.heads, p.heads_k = o.kv_heads, p.head_dim = o.head_dim, p.scale = o.scale;
-    p.append = !o.no_append;
-    p.validate();
-    return p;
+    return make_decode_problem(std::move(cache_seqlens), o.seq_q, o.heads, o.kv_heads, o.head_dim, !o.no_append, o.scale);
 }
 
 CacheGeometry make_geometry(const Options& o, const CLI::App& app, const DecodeProblem& p) {
@@ -116,24 +113,6 @@ CacheGeometry make_geometry(const Options& o, const CLI::App& app, const DecodeP
     }
     g.validate(p);
     return g;
-}
-
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-    if (x.size() != y.size()) return false;
-    for (size_t i = 0; i < x.size(); ++i) {
-        if (std::isnan(x[i]) && std::isnan(y[i])) continue;
-        if (std::memcmp(&x[i], &y[i], sizeof(float)) != 0) return false;
-    }
-    return true;
-}
-
-// The rows of a contiguous cache a call must leave (keys of each sequence), NaN elsewhere.
-std::vector<float> reached_rows(const DecodeProblem& p, const CacheGeometry& g, std::vector<float> cache) {
-    const int64_t row = p.heads_k * p.head_dim;
-    for (int64_t b = 0; b < p.batch(); ++b)
-        for (int64_t j = p.seq_k(b); j < g.capacity(); ++j)
-            std::fill_n(cache.begin() + long((b * g.capacity() + j) * row), row, std::nanf(""));
-    return cache;
 }
 
 void print_rule(const std::string& text) {
