@@ -203,6 +203,34 @@ TEST_CASE("stage 12: the query tiles that visit key block j are first_query_tile
             }
 }
 
+TEST_CASE("stage 12: a problem beyond the kernels' indices is refused with the limit it breaks") {
+    const auto refusal = [](fa::Problem p) {
+        try {
+            check_hopper_kernel_supports(p);
+        } catch (const fa::InputError& e) {
+            return std::string(e.what());
+        }
+        return std::string("(accepted)");
+    };
+    fa::Problem p;
+    p.head_dim = 96;
+    CHECK(refusal(p) == "--head-dim 96 is not supported by stage 12: use 64 or 128");
+    p.head_dim = 64;
+    CHECK(refusal(p) == "(accepted)");
+    p.seq_q = (int64_t(1) << 30) + 1;
+    CHECK(refusal(p) == "stage 12: --seq-q = 1073741825 is beyond its kernels' indices: at most 2^30 query rows");
+    p.seq_q = 1, p.seq_k = (int64_t(1) << 30) + 1;
+    CHECK(refusal(p).find("--seq-k = 1073741825") != std::string::npos);
+    p.seq_k = 1, p.batch = 1 << 13, p.heads = (1 << 11) + 1;
+    CHECK(refusal(p).find("batch x heads = 16785408 is beyond its kernels' indices: at most 2^24") != std::string::npos);
+    p.batch = 64, p.heads = 64, p.seq_k = int64_t(64) << 19;  // 4096 heads x 2^19 key blocks = 2^31
+    CHECK(refusal(p).find("batch x heads x key blocks of 64 = 2147483648") != std::string::npos);
+    p.seq_k = 1, p.seq_q = 1000000;  // 2 x 4096 x 1000000 rows of statistics: 8.2e9 >= 2^32
+    CHECK(refusal(p).find("the statistics' tensor map") != std::string::npos);
+    p.seq_q = 500000;  // 2 x 4096 x 500032 = 4.1e9 < 2^32
+    CHECK(refusal(p) == "(accepted)");
+}
+
 TEST_CASE("emulated stage 12: a ring of one slot gives step 1's bits (the ring changes when tiles load, not what is computed)") {
     for (const test::Case& c : cases(64)) {
         const BackwardInputs bi = backward_inputs<__nv_bfloat16>(c);

@@ -99,6 +99,9 @@ CASES13 = (
     "--batch 2 --seq-k 130 --heads 32 --kv-heads 4 --head-dim 128 --page-size 256 --dtype fp16 --no-append",
 )
 OUTPUT = "sanitize_stage{stage}_{tool}.log"
+# The line commands() writes above each run ("== memcheck EXE ARGS"); a stage's own banner
+# ("== flashcourse stage 12: ...") is part of the run.
+RUN_HEADER = re.compile(r"^== (" + "|".join(TOOLS) + r") ")
 
 
 def check_steps(steps):
@@ -193,7 +196,7 @@ def summary(where: Where) -> list:
     for log in sorted(glob.glob(os.path.join(where.results, "sanitize_stage*.log"))):
         counts, run, seen = {}, None, False
         for line in file_lines(log) + ["== end"]:
-            if line.startswith("== "):
+            if RUN_HEADER.match(line) or line == "== end":
                 if run and not seen:
                     lines.append(f"no summary  {run[0][3:]}: " + next(
                         (x for x in run[1:] if re.search("skip|needs", x, re.I)), "(see the log)"))

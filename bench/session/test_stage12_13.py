@@ -55,6 +55,30 @@ class Sweep12Finish(unittest.TestCase):
             self.assertIn("(1.36-1.50)", table[1])
 
 
+class SanitizeSummary(unittest.TestCase):
+    def test_the_stage_banner_is_part_of_its_run(self):
+        log = "\n".join([
+            "stage 12: road steps 1 (of 1 to 1, from stage12_hopper_backward --help)",
+            "== memcheck stage12_hopper_backward --seq-q 130 --step 1",
+            "========= COMPUTE-SANITIZER",
+            "== flashcourse stage 12: Hopper backward ==",
+            "verdict    PASS: 3 comparisons within tolerance",
+            "========= ERROR SUMMARY: 0 errors",
+            "== memcheck stage12_hopper_backward --seq-q 77 --step 1",
+            "== flashcourse stage 12: Hopper backward ==",
+            "skipped: stage 12 needs a Hopper GPU",
+        ]) + "\n"
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "sanitize_stage12_memcheck.log"), "w") as f:
+                f.write(log)
+            lines = sanitize.summary(Where(results=tmp, log=os.path.join(tmp, "log"), params={}))
+        self.assertEqual(lines, [
+            "no summary  memcheck stage12_hopper_backward --seq-q 77 --step 1: skipped: stage 12 needs a Hopper GPU",
+            "-- sanitize_stage12_memcheck.log",
+            "      1 ========= ERROR SUMMARY: 0 errors",
+        ])
+
+
 class SanitizeCases(unittest.TestCase):
     def test_cases_use_known_options(self):
         import re

@@ -443,13 +443,14 @@ int run_stage(int argc, char** argv, const StageSpec& spec) {
             in = load_inputs(app, opt);
         }
         p.validate();
-        if (spec.check_supported) spec.check_supported(p);
-        if (spec.validate_options) spec.validate_options(opt);
         const Precision precision = spec.precision ? spec.precision() : Precision::Float32;
         const double reference_cost = spec.run_backward ? reference_backward_flops(p) : reference_flops(p);
         const bool run_reference = opt.reference == ReferenceMode::Always ||
                                    (opt.reference == ReferenceMode::Auto && reference_cost <= kReferenceFlopBudget);
+        // A problem this machine cannot hold is refused as such first, before any kernel's own limits.
         check_host_memory(p, spec, 2 + spec.checked_against.size(), run_reference, run_reference && precision != Precision::Float32);
+        if (spec.check_supported) spec.check_supported(p);
+        if (spec.validate_options) spec.validate_options(opt);
         if (opt.load_dir.empty()) {
             in = make_inputs(p, opt.layout, opt.inputs, opt.seed);
             const std::string how = " (--inputs " + to_string(opt.inputs) + ", seed " + std::to_string(opt.seed) + ")";

@@ -44,7 +44,7 @@ ROAD_RECORDS = (
 )
 # The records of stage 09's default main kernel (step 9) on the grid: the sizes other than 4096 in
 # one run, 4096 and 16384 in the road's run of the same day and GPU.
-STAGE09_DEFAULT_GRID_RECORDS = ("stage09_grid_step9_quick.txt", "stage09_road09.txt")
+STAGE09_DEFAULT_GRID_RECORDS = ("stage09_grid_step9_quick.txt", "stage09_road09.txt", "stage09_grid_step9_fp16_long.txt")
 
 
 def read_roads(results_dir, road09_path=None):

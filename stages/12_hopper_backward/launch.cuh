@@ -78,9 +78,18 @@ inline void check_hopper_kernel_supports(const Problem& p) {
         throw InputError("--head-dim " + std::to_string(p.head_dim) + " is not supported by stage 12: use 64 or 128");
     }
     const Counts c = counts(p);
-    if (p.seq_q > (int64_t(1) << 30) || p.seq_k > (int64_t(1) << 30) || c.batch_heads > (int64_t(1) << 24) ||
-        c.batch_heads * c.k_blocks >= (int64_t(1) << 31) || 2 * c.batch_heads * c.seq_q_padded >= (int64_t(1) << 32)) {
-        throw InputError("stage 12: at most 2^30 query or key rows, 2^24 batch x heads and 2^31 key blocks in all");
+    const auto refuse = [](const std::string& what, int64_t value, const std::string& limit) {
+        throw InputError("stage 12: " + what + " = " + std::to_string(value) + " is beyond its kernels' indices: " + limit);
+    };
+    if (p.seq_q > (int64_t(1) << 30)) refuse("--seq-q", p.seq_q, "at most 2^30 query rows");
+    if (p.seq_k > (int64_t(1) << 30)) refuse("--seq-k", p.seq_k, "at most 2^30 key rows");
+    if (c.batch_heads > (int64_t(1) << 24)) refuse("batch x heads", c.batch_heads, "at most 2^24");
+    if (c.batch_heads * c.k_blocks >= (int64_t(1) << 31)) {
+        refuse("batch x heads x key blocks of 64", c.batch_heads * c.k_blocks, "fewer than 2^31 (the grid)");
+    }
+    if (2 * c.batch_heads * c.seq_q_padded >= (int64_t(1) << 32)) {  // the rows of L log2e and D, one 2D tensor map
+        refuse("2 x batch x heads x query rows padded to 64", 2 * c.batch_heads * c.seq_q_padded,
+               "fewer than 2^32 (the statistics' tensor map)");
     }
 }
 
