@@ -71,7 +71,7 @@ with open(out, "a") as f:
         q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
         do = torch.randn(shape, device="cuda", dtype=dtype)
         for name, backend in backends.items():
-            record = dict(p, backend=name)
+            record = dict(p, backend=name, gpu=torch.cuda.get_device_name())
             try:
                 with sdpa_kernel(backend):
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
@@ -132,11 +132,12 @@ def _point_key(r) -> tuple:
 def _sweep12_finish(p, ctx, where: Where):
     """stage12_sweep.csv: per point and round, each step's backward time and TFLOP/s beside SDPA flash's
     and cuDNN's, and each step's ratio to cuDNN (their time over ours: above 1 is faster)."""
-    sdpa = {}
+    sdpa, gpus, dates = {}, set(), set()
     path = in_results(where, "stage12_sdpa.jsonl")
     for line in file_lines(path) if os.path.isfile(path) else []:
         r = json.loads(line)
         sdpa.setdefault((_point_key(r), r["round"]), {})[r["backend"]] = r.get("ms")
+        gpus.add(r.get("gpu") or "(GPU not in the records)")
     rows = []
     for point in sweep12_points(p):
         ours = {}
@@ -152,6 +153,8 @@ def _sweep12_finish(p, ctx, where: Where):
             for step, recs in ours.items():
                 r = recs[rnd] if rnd < len(recs) else {}
                 ms = r.get("median_ms")
+                if r.get("date"):
+                    dates.add(r["date"])
                 row[f"step{step}_ms"] = ms
                 row[f"step{step}_tflops"] = backward_flops(point) / ms * 1e-9 if ms else None
                 row[f"step{step}_pass"] = r.get("pass")
@@ -163,7 +166,9 @@ def _sweep12_finish(p, ctx, where: Where):
         w.writeheader()
         w.writerows(rows)
     with open(in_results(where, "stage12_sweep_table.txt"), "w") as f:
-        f.write(sweep12_table(rows, p["steps"]))
+        title = f"{', '.join(sorted(gpus))}, {', '.join(sorted(dates))}: the backward alone, TFLOP/s (2.5 x 4 B H N^2 d, " \
+                "halved for causal), median over rounds; /cudnn: SDPA cuDNN's time over ours (above 1: faster)\n\n"
+        f.write(title + sweep12_table(rows, p["steps"]))
 
 
 def sweep12_table(rows, steps) -> str:

@@ -185,6 +185,43 @@ def _sweep13_finish(p, ctx, where: Where):
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
+    with open(in_results(where, "stage13_sweep_table.txt"), "w") as f:
+        f.write(sweep13_table(rows, forms))
+
+
+def sweep13_table(rows, forms) -> str:
+    """One line per point: K + V in GiB, the splits, the medians over rounds of our GB/s and each SDPA
+    backend's, ours over the best backend (with the rounds' smallest and largest) and over the ceiling."""
+    def med(xs):
+        xs = sorted(x for x in xs if x is not None and x != "")
+        return xs[len(xs) // 2] if xs else None
+
+    def fmt(x, spec=".0f"):
+        return "-" if x is None else format(x, spec)
+
+    gpu = ", ".join(sorted({f.get("gpu", "") for f in forms})) or "(no ceiling record)"
+    date = ", ".join(sorted({f.get("date", "") for f in forms}))
+    lines = [f"{gpu}, {date}: stage 13 beside SDPA on the same problem held contiguously, GB/s of K + V read;",
+             "ceiling: bench/read_ceiling, " + "; ".join(f"{f['name']} {f['value']:.0f} GB/s" for f in forms),
+             "",
+             f"{'B':>3} {'Hq:Hk':>6} {'keys':>8} {'d':>4} {'nq':>3} {'cache':>9} {'GiB':>6} {'splits':>6}  {'ours':>5} "
+             f"{'flash':>5} {'cudnn':>5} {'eff':>5}  {'/best':>5} {'(min-max)':>11} {'/ceiling':>8}"]
+    by_point = {}
+    for r in rows:
+        cache = r["cache"] if r["cache"] == "contiguous" else f"paged:{r['page_size']}"
+        by_point.setdefault((r["batch"], f"{r['heads']}:{r['kv_heads']}", r["seq_k"], r["head_dim"], r["seq_q"], cache,
+                             r["dtype"]), []).append(r)
+    for key, rs in by_point.items():
+        b, heads, keys, d, nq, cache, _ = key
+        hk = int(heads.split(":")[1])
+        gib = 2.0 * b * hk * (keys + nq) * d * 2 / 2**30
+        best = [r["ours_over_best"] for r in rs if r["ours_over_best"] is not None]
+        spread = f"({min(best):.2f}-{max(best):.2f})" if best else ""
+        lines.append(f"{b:>3} {heads:>6} {keys:>8} {d:>4} {nq:>3} {cache:>9} {gib:>6.2f} {fmt(med(r['splits'] for r in rs)):>6}  "
+                     f"{fmt(med(r['ours_gbps'] for r in rs)):>5} {fmt(med(r['flash_gbps'] for r in rs)):>5} "
+                     f"{fmt(med(r['cudnn_gbps'] for r in rs)):>5} {fmt(med(r['efficient_gbps'] for r in rs)):>5}  "
+                     f"{fmt(med(best), '.2f'):>5} {spread:>11} {fmt(med(r['ours_over_ceiling'] for r in rs), '.2f'):>8}")
+    return "\n".join(lines) + "\n"
 
 
 SWEEP13 = Experiment(
@@ -214,8 +251,8 @@ SWEEP13 = Experiment(
     },
     commands=_sweep13_commands,
     outputs=("read_ceiling.jsonl", "stage13_ours_round{r}.jsonl", "stage13_sdpa.jsonl", "stage13_sweep.csv",
-             "stage13_skipped.txt"),
-    summary="stage13_skipped.txt",
+             "stage13_sweep_table.txt", "stage13_skipped.txt"),
+    summary="stage13_sweep_table.txt",
     finish=_sweep13_finish,
 )
 

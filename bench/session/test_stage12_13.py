@@ -31,12 +31,12 @@ class Sweep12Finish(unittest.TestCase):
                     name = stage12._record_name(step, "bf16", 128, 4096, point["causal"])
                     with open(os.path.join(tmp, name), "w") as f:  # round 0, then round 1 a tenth slower
                         for scale in (1.0, 1.1):
-                            f.write(json.dumps({"median_ms": ms * scale, "pass": True}) + "\n")
+                            f.write(json.dumps({"median_ms": ms * scale, "pass": True, "date": "2026-12-07"}) + "\n")
             with open(os.path.join(tmp, "stage12_sdpa.jsonl"), "w") as f:
                 for rnd in range(2):
                     for point in points:
-                        f.write(json.dumps(dict(point, round=rnd, backend="flash", ms=3.0)) + "\n")
-                        f.write(json.dumps(dict(point, round=rnd, backend="cudnn", ms=1.5)) + "\n")
+                        f.write(json.dumps(dict(point, round=rnd, backend="flash", ms=3.0, gpu="GPU X")) + "\n")
+                        f.write(json.dumps(dict(point, round=rnd, backend="cudnn", ms=1.5, gpu="GPU X")) + "\n")
             stage12._sweep12_finish(p, None, where)
             with open(os.path.join(tmp, "stage12_sweep.csv")) as f:
                 rows = list(csv.DictReader(f))
@@ -51,8 +51,9 @@ class Sweep12Finish(unittest.TestCase):
             self.assertAlmostEqual(float(rows[2]["step1_tflops"]), flops / 2 * 1e-9)  # causal: half the work
             with open(os.path.join(tmp, "stage12_sweep_table.txt")) as f:
                 table = f.read().splitlines()
-            self.assertEqual(len(table), 3)  # the header and one line per point
-            self.assertIn("(1.36-1.50)", table[1])
+            self.assertEqual(len(table), 5)  # the title, a blank line, the header and one line per point
+            self.assertTrue(table[0].startswith("GPU X, 2026-12-07: the backward alone"))
+            self.assertIn("(1.36-1.50)", table[3])
 
 
 class SanitizeSummary(unittest.TestCase):

@@ -177,7 +177,8 @@ int run(const Options& opt, const CLI::App& app) {
         std::printf("bench      %.4f ms median (min %.4f, max %.4f) of %d runs after %d warm-up, CUDA events, L2 flushed: %.0f GB/s of K + V\n",
                     t.median_ms, t.min_ms, t.max_ms, opt.run.repeat, std::max(opt.run.warmup, 1), bytes / t.median_ms * 1e-6);
         std::printf("%s\n", describe_gpu().c_str());
-        std::printf("  note: no read-bandwidth ceiling is measured yet (a later step of bench/), so no fraction of it is given\n");
+        std::printf("  note: bench/read_ceiling measures what this GPU can read; python3 bench/session.py run sweep13 gives "
+                    "each point as a fraction of it\n");
     };
     if (timing_only) {
         const TimingStats t =
