@@ -34,6 +34,8 @@
 #include "fa/error.hpp"
 #include "fa/json.hpp"
 
+#include "ceiling_record.hpp"
+
 namespace {
 
 namespace ptx = fa::cuda::ptx;
@@ -132,13 +134,7 @@ int main(int argc, char** argv) {
         {"ffma", "fma.rn.f32", ffma_loop_kernel, 2.0 * 32, "TFLOP/s"},
     };
     std::ofstream json;
-    if (!json_path.empty()) {
-        json.open(json_path);
-        if (!json) {
-            std::fprintf(stderr, "error: cannot write %s\n", json_path.c_str());
-            return fa::kExitBadInput;
-        }
-    }
+    if (!fa::bench::open_record(json, json_path)) return fa::kExitBadInput;
     try {
         const fa::cuda::GpuInfo gpu = fa::cuda::gpu_info();
         const std::string date = fa::record_date();

@@ -32,6 +32,8 @@
 #include "fa/error.hpp"
 #include "fa/json.hpp"
 
+#include "ceiling_record.hpp"
+
 namespace {
 
 namespace ptx = fa::cuda::ptx;
@@ -122,13 +124,7 @@ int main(int argc, char** argv) {
         {"wgmma_rs_fp16", "wgmma.mma_async.sync.aligned." + shape + ".f16.f16 (A in registers)", wgmma_loop_kernel<__half, true>},
     };
     std::ofstream json;
-    if (!json_path.empty()) {
-        json.open(json_path);
-        if (!json) {
-            std::fprintf(stderr, "error: cannot write %s\n", json_path.c_str());
-            return fa::kExitBadInput;
-        }
-    }
+    if (!fa::bench::open_record(json, json_path)) return fa::kExitBadInput;
     try {
         const fa::cuda::GpuInfo gpu = fa::cuda::gpu_info();
         const std::string date = fa::record_date();

@@ -15,7 +15,7 @@ import os
 
 from . import sanitize
 from .experiment import Command, Experiment, Where, entries_match, file_lines, grep, in_results
-from .tools import ctest_gpu, ctest_summary
+from .tools import SDPA_HEAD, ctest_gpu, ctest_summary
 
 STAGE12 = "stages/12_hopper_backward/stage12_hopper_backward"
 
@@ -54,15 +54,8 @@ def sweep12_points(p) -> list:
 # (as sdpa_compare.py times it), on the flash and cuDNN backends in the point's type, layout
 # (B, H, N, d), inputs drawn from a normal distribution, the L2 flushed before each run, CUDA events,
 # the median kept.
-SDPA_BACKWARD = r"""
-import json, sys
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
+SDPA_BACKWARD = SDPA_HEAD + r"""
 points, out, repeat = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 torch.manual_seed(0)
 with open(out, "a") as f:
     for p in points:
@@ -70,22 +63,12 @@ with open(out, "a") as f:
         shape = (p["batch"], p["heads"], p["seq"], p["head_dim"])
         q, k, v = (torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
         do = torch.randn(shape, device="cuda", dtype=dtype)
-        for name, backend in backends.items():
+        for name in ("flash", "cudnn"):
             record = dict(p, backend=name, gpu=torch.cuda.get_device_name())
             try:
-                with sdpa_kernel(backend):
+                with sdpa_kernel(BACKENDS[name]):
                     o = F.scaled_dot_product_attention(q, k, v, is_causal=p["causal"])
-                    call = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-                    for _ in range(3):
-                        call()
-                    times = []
-                    for _ in range(repeat):
-                        flush.zero_()
-                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        a.record(); call(); b.record(); b.synchronize()
-                        times.append(a.elapsed_time(b))
-                times.sort()
-                record["ms"] = times[len(times) // 2]
+                    record["ms"] = time_call(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True), repeat)
                 del o
             except RuntimeError as e:  # a backend that does not take this shape
                 record["error"] = str(e).splitlines()[0][:200]

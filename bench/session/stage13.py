@@ -20,7 +20,7 @@ import os
 
 from . import sanitize
 from .experiment import Command, Experiment, Where, file_lines, grep, in_results
-from .tools import ctest_gpu, ctest_summary
+from .tools import SDPA_HEAD, ctest_gpu, ctest_summary
 
 STAGE13 = "stages/13_decode/stage13_decode"
 READ_CEILING = "bench/read_ceiling"
@@ -29,16 +29,8 @@ READ_CEILING = "bench/read_ceiling"
 # problems as stage13_decode's (q (B, Hq, seq_q, d) against a contiguous cache of seq_k + seq_q keys,
 # causal within the new rows, bottom-right aligned), each backend timed with CUDA events, the L2
 # flushed before each run, the median kept.
-SDPA_SCRIPT = r"""
-import json, sys
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
+SDPA_SCRIPT = SDPA_HEAD + r"""
 points, out, repeat = json.loads(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-backends = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}
-flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
 with open(out, "a") as f:
     for p in points:
         dtype = torch.bfloat16 if p["dtype"] == "bf16" else torch.float16
@@ -52,21 +44,12 @@ with open(out, "a") as f:
             mask = torch.ones(nq, nk, dtype=torch.bool, device="cuda").tril(diagonal=nk - nq)
         gqa = hk != hq
         kv_bytes = 2.0 * B * hk * nk * d * 2
-        for name, backend in backends.items():
+        for name, backend in BACKENDS.items():
             record = dict(p, backend=name, kv_bytes=kv_bytes)
             try:
                 with sdpa_kernel(backend):
-                    call = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-                    for _ in range(3):
-                        call()
-                    times = []
-                    for _ in range(repeat):
-                        flush.zero_()
-                        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        a.record(); call(); b.record(); b.synchronize()
-                        times.append(a.elapsed_time(b))
-                times.sort()
-                record["ms"] = times[len(times) // 2]
+                    record["ms"] = time_call(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa),
+                                             repeat)
                 record["gbps"] = kv_bytes / record["ms"] * 1e-6
             except RuntimeError as e:  # a backend that does not take this shape
                 record["error"] = str(e).splitlines()[0][:200]

@@ -22,6 +22,34 @@ COMPARE_OUTPUTS = ("gpu_sweep.csv", "gpu_sweep.json", "bench_gpu.json", "bench_g
 ROUNDS_HELP = "rounds of ours then SDPA; each ratio is the median over them (--rounds)"
 
 
+# The head of the SDPA scripts that stage 12's and 13's sweeps run as `python3 -c`: torch, the
+# backends by the course's names, a 256 MiB buffer to flush the L2 with, and time_call(call, repeat):
+# three untimed calls, then `repeat` calls each after a flush, timed by CUDA events; the median in ms.
+SDPA_HEAD = r"""
+import json, sys
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+
+
+def time_call(call, repeat):
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(repeat):
+        flush.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record(); call(); b.record(); b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+"""
+
+
 def ctest_gpu(ctx, pattern: str, timeout: int) -> list:
     """One ctest over the tests matching `pattern`, the emulated ones left out: they run the kernels on
     the CPU (CI's business), and a reader's build folder may hold them registered but unbuilt. A

@@ -11,6 +11,7 @@
 #include "../04_cpu_tiling/attention.hpp"
 #include "../08_cpu_backward/attention.hpp"
 #include "attention.cuh"
+#include "fa/cuda/backward_bench.hpp"
 #include "fa/cuda/buffer.hpp"
 #include "fa/cuda/check.hpp"
 #include "fa/cuda/device.hpp"
@@ -28,27 +29,11 @@ fa::stage09::Options g_options;
 template <class T>
 fa::TimingStats bench_half(const fa::Problem& p, const fa::Inputs& in, fa::View4<const float> o, fa::View3<const float> lse,
                            fa::View4<const float> dout, const fa::CommonOptions& opt) {
-    fa::cuda::DeviceTensors dev(p, in.q.cview(), in.k.cview(), in.v.cview(), o, lse);
-    fa::cuda::HalfTensors<T> half(p, opt.layout);
-    half.load(dev.q, dev.k, dev.v);
-    fa::cuda::convert(fa::View4<const float>(dev.o), half.o);
-    fa::cuda::DeviceBuffer<float> dout_f32(size_t(fa::cuda::span_elements(dout)));
-    dout_f32.copy_from_host(dout.data, dout_f32.size());
-    fa::cuda::DeviceBuffer<T> dout_buf(size_t(p.q_elems())), dq_buf(size_t(p.q_elems()));
-    fa::cuda::DeviceBuffer<T> dk_buf(size_t(p.kv_elems())), dv_buf(size_t(p.kv_elems()));
-    const auto view = [&](T* data, int64_t n) { return fa::make_view<T>(data, p.batch, p.heads, n, p.head_dim, opt.layout); };
-    fa::cuda::convert(fa::View4<const float>{dout_f32.data(), dout.shape, dout.stride}, view(dout_buf.data(), p.seq_q));
     fa::stage09::Workspace workspace;
-    return fa::cuda::time_on_gpu(
-        [&](cudaStream_t s) {
-            fa::stage09::attention_backward_device(p, half.q, half.k, half.v, fa::View4<const T>(half.o),
-                                                   fa::View3<const float>(dev.lse),
-                                                   fa::View4<const T>(view(dout_buf.data(), p.seq_q)),
-                                                   view(dq_buf.data(), p.seq_q), view(dk_buf.data(), p.seq_k),
-                                                   view(dv_buf.data(), p.seq_k), g_options.deterministic, s, &workspace,
-                                                   g_options.step);
-        },
-        std::max(opt.warmup, 1), opt.repeat);
+    return fa::cuda::time_backward_half<T>(p, in, o, lse, dout, opt, [&](const fa::cuda::BackwardViews<T>& b, cudaStream_t s) {
+        fa::stage09::attention_backward_device(p, b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, g_options.deterministic, s,
+                                               &workspace, g_options.step);
+    });
 }
 
 // After --bench: the GPU and its clock (the driver already printed the backward's TFLOP/s).
