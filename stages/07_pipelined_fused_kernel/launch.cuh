@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fa/philox.hpp"
+#include "fa/kernel_args.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
 #include "kernel.cuh"
@@ -185,12 +186,7 @@ template <class T>
 Args<T> make_args(const Problem& p, const ResolvedOptions& m, View4<const T> q, View4<const T> k, View4<const T> v,
                    View4<T> o, View3<float> lse, const Geometry& geo) {
     Args<T> a{};
-    a.q = q.data, a.k = k.data, a.v = v.data, a.o = o.data, a.lse = lse.data;
-    a.q_sb = q.stride[0], a.q_sh = q.stride[1], a.q_sn = q.stride[2];
-    a.k_sb = k.stride[0], a.k_sh = k.stride[1], a.k_sn = k.stride[2];
-    a.v_sb = v.stride[0], a.v_sh = v.stride[1], a.v_sn = v.stride[2];
-    a.o_sb = o.stride[0], a.o_sh = o.stride[1], a.o_sn = o.stride[2];
-    a.lse_sb = lse.stride[0], a.lse_sh = lse.stride[1], a.lse_sn = lse.stride[2];
+    set_forward_tensors(a, q, k, v, o, lse);
     a.heads = int(p.heads);
     a.batch_heads = int(p.batch * p.heads);
     a.q_tiles = int((p.seq_q + geo.br - 1) / geo.br);
