@@ -18,10 +18,15 @@ namespace fa::cuda {
 /// What a backward's device entry point reads and writes, in T on the device (L in float32).
 template <class T>
 struct BackwardViews {
-    View4<const T> q, k, v, o;
-    View3<const float> lse;
-    View4<const T> dout;
-    View4<T> dq, dk, dv;
+    View4<const T> q;         ///< (B, H, Nq, d)
+    View4<const T> k;         ///< (B, H, Nk, d)
+    View4<const T> v;         ///< (B, H, Nk, d)
+    View4<const T> o;         ///< the forward's output, rounded to T
+    View3<const float> lse;   ///< the forward's log-sum-exp, (B, H, Nq)
+    View4<const T> dout;      ///< dO, rounded to T
+    View4<T> dq;              ///< written by the backward
+    View4<T> dk;              ///< written by the backward
+    View4<T> dv;              ///< written by the backward
 };
 
 /// Times `run(views, stream)`, the backward's kernels, with time_on_gpu() (CUDA events, warm-up,
