@@ -11,6 +11,7 @@
 
 #include "../07_pipelined_fused_kernel/model_options.hpp"
 #include "fa/error.hpp"
+#include "fa/lists.hpp"
 #include "fa/npy.hpp"
 
 namespace fa::stage10 {
@@ -27,32 +28,6 @@ std::string dims_text(const std::vector<int>& dims) {
     std::string out;
     for (size_t i = 0; i < dims.size(); ++i) out += (i == 0 ? "" : i + 1 == dims.size() ? " or " : ", ") + std::to_string(dims[i]);
     return out;
-}
-
-// One whole number of a list, or InputError naming the option, the item and what is allowed.
-int64_t parse_item(const std::string& item, const std::string& option, const std::string& text, int64_t lowest) {
-    size_t used = 0;
-    long long value = 0;
-    try {
-        value = std::stoll(item, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    const bool digits = item.find_first_not_of("-0123456789") == std::string::npos;  // no spaces, no '+'
-    if (item.empty() || !digits || used != item.size() || value < lowest || value > INT32_MAX) {
-        throw InputError(option + " " + text + ": '" + item + "' is not a whole number from " + std::to_string(lowest) +
-                         " to 2147483647");
-    }
-    return value;
-}
-
-std::vector<std::string> split_commas(const std::string& text) {
-    std::vector<std::string> items;
-    std::string item;
-    std::istringstream in(text);
-    while (std::getline(in, item, ',')) items.push_back(item);
-    if (!text.empty() && text.back() == ',') items.push_back("");
-    return items;
 }
 
 // A .npy input of 3 dimensions (total, heads, d), as a packed BNHD tensor (1, heads, total, d).
@@ -157,19 +132,15 @@ void add_options(CLI::App& app, Options& o) {
 }
 
 std::vector<int64_t> parse_lengths(const std::string& text, const std::string& option) {
-    const std::vector<std::string> items = split_commas(text);
-    if (items.empty()) throw InputError(option + " is empty: give one length per sequence, e.g. " + option + " 100,2000,1");
-    std::vector<int64_t> out;
-    for (const std::string& item : items) out.push_back(parse_item(item, option, text, 0));
-    return out;
+    return fa::parse_lengths(text, option, "100,2000,1");
 }
 
 Window parse_window(const std::string& text) {
-    const std::vector<std::string> items = split_commas(text);
+    const std::vector<std::string> items = split_list(text, ',');
     if (items.size() != 2) {
         throw InputError("--window " + text + ": give two bounds L,R (keys left and right of the diagonal; -1 unbounded), e.g. --window 256,0");
     }
-    return Window{parse_item(items[0], "--window", text, -1), parse_item(items[1], "--window", text, -1)};
+    return Window{parse_whole(items[0], "--window", text, -1), parse_whole(items[1], "--window", text, -1)};
 }
 
 VarlenProblem make_problem(const Options& o, const CLI::App& app) {

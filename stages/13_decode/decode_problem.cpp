@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "fa/error.hpp"
+#include "fa/lists.hpp"
 
 namespace fa::stage13 {
 
@@ -19,32 +20,6 @@ std::string list_text(const std::vector<int>& xs) {
     std::string out;
     for (size_t i = 0; i < xs.size(); ++i) out += (i == 0 ? "" : i + 1 == xs.size() ? " or " : ", ") + std::to_string(xs[i]);
     return out;
-}
-
-std::vector<std::string> split_on(const std::string& text, char sep) {
-    std::vector<std::string> items;
-    std::string item;
-    std::istringstream in(text);
-    while (std::getline(in, item, sep)) items.push_back(item);
-    if (!text.empty() && text.back() == sep) items.push_back("");
-    return items;
-}
-
-// One whole number of a list from `lowest` to INT32_MAX, or InputError naming the option and the item.
-int64_t parse_item(const std::string& item, const std::string& option, const std::string& text, int64_t lowest) {
-    size_t used = 0;
-    long long value = 0;
-    try {
-        value = std::stoll(item, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    const bool digits = !item.empty() && item.find_first_not_of("-0123456789") == std::string::npos;
-    if (!digits || used != item.size() || value < lowest || value > INT32_MAX) {
-        throw InputError(option + " " + text + ": '" + item + "' is not a whole number from " + std::to_string(lowest) +
-                         " to 2147483647");
-    }
-    return value;
 }
 
 // splitmix64: the same stream from every standard library.
@@ -243,9 +218,9 @@ CacheGeometry geometry_from_table(const std::vector<std::vector<int32_t>>& rows,
 
 std::vector<std::vector<int32_t>> parse_block_table(const std::string& text) {
     std::vector<std::vector<int32_t>> rows;
-    for (const std::string& row : split_on(text, '/')) {
+    for (const std::string& row : split_list(text, '/')) {
         std::vector<int32_t> r;
-        for (const std::string& item : split_on(row, ',')) r.push_back(int32_t(parse_item(item, "--block-table", text, -1)));
+        for (const std::string& item : split_list(row, ',')) r.push_back(int32_t(parse_whole(item, "--block-table", text, -1)));
         rows.push_back(r);
     }
     if (rows.empty()) throw InputError("--block-table is empty: give one row of page numbers per sequence, e.g. 3,0/2,1");
@@ -253,11 +228,7 @@ std::vector<std::vector<int32_t>> parse_block_table(const std::string& text) {
 }
 
 std::vector<int64_t> parse_lengths(const std::string& text, const std::string& option) {
-    const std::vector<std::string> items = split_on(text, ',');
-    if (items.empty()) throw InputError(option + " is empty: give one length per sequence, e.g. " + option + " 1000,37,0");
-    std::vector<int64_t> out;
-    for (const std::string& item : items) out.push_back(parse_item(item, option, text, 0));
-    return out;
+    return fa::parse_lengths(text, option, "1000,37,0");
 }
 
 DecodeInputs make_decode_inputs(const DecodeProblem& p, const CacheGeometry& g, Precision precision, uint64_t seed, double q_scale) {
