@@ -6,6 +6,9 @@
 // of the naive backward in the same 16-bit type), as stage 09 is judged; rows that see no key get dQ = 0
 // exactly, and every gradient element is written. O and LSE are the float64 forward's of the inputs rounded
 // to the 16-bit type, O rounded too (what any correct 16-bit forward gives, to its rounding).
+// Steps 1 and 2 of the road run every case; step 2 (a producer warpgroup, two consumers of 64 keys)
+// also gives step 1's dK and dV bits, and both run once more with TMA loads that land as soon as
+// they are issued, which shows a ring slot released before its readers are done.
 // No GPU is needed, so this runs in CI; the GPU test (test_stage12) remains the check of the compiled kernels.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -213,6 +216,27 @@ TEST_CASE("emulated stage 12: step 2 gives step 1's dK and dV bits (each consume
         CHECK(std::memcmp(one.dk.data(), two.dk.data(), one.dk.size() * sizeof(float)) == 0);
         CHECK(std::memcmp(one.dv.data(), two.dv.data(), one.dv.size() * sizeof(float)) == 0);
     }
+}
+
+/// While it lives, the emulator's TMA loads land the moment they are issued (emu::hopper::eager_loads).
+struct EagerLoads {
+    EagerLoads() { emu::hopper::eager_loads = true; }
+    ~EagerLoads() { emu::hopper::eager_loads = false; }
+    EagerLoads(const EagerLoads&) = delete;
+    EagerLoads& operator=(const EagerLoads&) = delete;
+};
+
+TEST_CASE("emulated stage 12: steps 1 and 2 stay right when every TMA load lands as soon as it is issued") {
+    // The other tests land each load as late as possible, which shows a tile read before it has
+    // landed. Landing at once shows the opposite bug: a slot refilled while its readers still need
+    // it (step 2: an empty barrier arrived on too early; step 1: a load issued before the block-wide
+    // barrier), since the next round's bytes then replace Q_i, dO_i, L and D under the consumers.
+    const EagerLoads eager;
+    for (const test::Case& c : cases(64)) {
+        check_case<__nv_bfloat16, 64, 1>(c);
+        check_case<__nv_bfloat16, 64, 2>(c);
+    }
+    for (const test::Case& c : cases(128)) check_case<__half, 128, 2>(c);
 }
 
 TEST_CASE("stage 12: the query tiles that visit key block j are first_query_tile(j) .. the last") {

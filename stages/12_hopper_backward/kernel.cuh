@@ -35,7 +35,12 @@
 /// that transposes its A operand (wgmma_m64nNk16_ss_ta).
 ///
 /// The road (launch.cuh) grows by the compile-time Features; step 1 is this kernel with one
-/// warpgroup doing everything (one thread issues the TMA copies and the bulk reductions).
+/// warpgroup doing everything (one thread issues the TMA copies and the bulk reductions). Step 2
+/// (Features::warp_roles, backward_with_warp_roles()) splits the roles: a producer warpgroup
+/// whose elected thread issues every TMA copy, and two consumer warpgroups, each the tile above for
+/// its own 64 of the block's 128 keys, with its own dS^T and dQ buffers and bulk reductions; ring
+/// slots are freed by empty mbarriers instead of a block-wide barrier. Step 1's path is kept apart
+/// (if constexpr), so its machine code is what it was.
 #pragma once
 
 #include <cmath>
@@ -669,7 +674,8 @@ __global__ void __launch_bounds__(Shape<D, Step>::kThreads, 1) hopper_backward_k
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) {
                         const int row = 16 * warp + g + 8 * hh;
-                        *reinterpret_cast<float2*>(dq_tile + row * D + 8 * i + 2 * t) = make_float2(dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
+                        *reinterpret_cast<float2*>(dq_tile + row * D + 8 * i + 2 * t) =
+                            make_float2(dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
                     }
                 fence_proxy_async();  // the plain stores of dQ_i become visible to the bulk reduction
                 __syncthreads();      // every thread's part of dQ_i is in shared memory
@@ -698,7 +704,8 @@ __global__ void __launch_bounds__(Shape<D, Step>::kThreads, 1) hopper_backward_k
             T* dv_row = a.dv + b * a.dv_s[0] + h * a.dv_s[1] + int64_t(key) * a.dv_s[2];
 #pragma unroll
             for (int i = 0; i < D / 8; ++i) {
-                *reinterpret_cast<uint32_t*>(dk_row + 8 * i + 2 * t) = pack2<T>(dk[4 * i + 2 * hh] * a.scale, dk[4 * i + 2 * hh + 1] * a.scale);
+                *reinterpret_cast<uint32_t*>(dk_row + 8 * i + 2 * t) =
+                    pack2<T>(dk[4 * i + 2 * hh] * a.scale, dk[4 * i + 2 * hh + 1] * a.scale);
                 *reinterpret_cast<uint32_t*>(dv_row + 8 * i + 2 * t) = pack2<T>(dv[4 * i + 2 * hh], dv[4 * i + 2 * hh + 1]);
             }
         }

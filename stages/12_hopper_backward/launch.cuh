@@ -29,7 +29,8 @@ namespace fa::stage12 {
 // The road as named values, each the one before plus one idea (see Features). Step 0 is stage
 // 09's default backward (mma.sync, cp.async), the point of departure; it runs its own kernels.
 constexpr Features kStep1{};  ///< one warpgroup: K_j, V_j by the TMA; Q_i, dO_i, L, D on a ring of two; five wgmma; dQ by bulk reduction
-constexpr Features kStep2 = kStep1.with_warp_roles();  ///< a producer warpgroup, two consumers of 64 keys each (setmaxnreg), full and empty barriers
+/// a producer warpgroup and two consumers of 64 keys each (setmaxnreg), full and empty barriers per slot
+constexpr Features kStep2 = kStep1.with_warp_roles();
 
 /// Every step's features by number; [0] is stage 09 (its own kernels; kStep1 fills the place).
 constexpr Features kSteps[] = {kStep1, kStep1, kStep2};
