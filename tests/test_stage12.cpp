@@ -115,40 +115,44 @@ TEST_CASE("stage 12's device entry point runs on a stream with a workspace kept 
     const Problem problems[] = {test::make_problem(1, 2, 70, 90, 64, true), test::make_problem(2, 2, 333, 257, 128, false),
                                 test::make_problem(1, 2, 70, 90, 64, true)};
     uint64_t seed = 2200;
-    for (const Problem& p : problems) {
-        const Layout layout = seed % 2 ? Layout::BNHD : Layout::BHND;
-        const Inputs in = make_inputs(p, layout, InputKind::Normal, seed);
-        const HostTensor dout = make_output_gradient(p, layout, seed);
-        ++seed;
-        const Forward f = forward(p, in, layout, DType::BF16);
-        cuda::DeviceTensors dev(p, in.q.cview(), in.k.cview(), in.v.cview(), f.o.cview(), f.lse_view(p));
-        cuda::HalfTensors<__nv_bfloat16> half(p, layout);
-        half.load(dev.q, dev.k, dev.v);
-        cuda::convert(View4<const float>(dev.o), half.o);
-        const auto view16 = [&](cuda::DeviceBuffer<__nv_bfloat16>& b, int64_t n) {
-            return make_view<__nv_bfloat16>(b.data(), p.batch, p.heads, n, p.head_dim, layout);
-        };
-        cuda::DeviceBuffer<float> dout_f32(dout.storage.size());
-        dout_f32.copy_from_host(dout.storage.data(), dout_f32.size());
-        cuda::DeviceBuffer<__nv_bfloat16> dout16(size_t(p.q_elems())), dq16(size_t(p.q_elems())), dk16(size_t(p.kv_elems())),
-            dv16(size_t(p.kv_elems()));
-        cuda::convert(View4<const float>{dout_f32.data(), dout.view.shape, dout.view.stride}, view16(dout16, p.seq_q));
-        stage12::attention_backward_device(p, half.q, half.k, half.v, View4<const __nv_bfloat16>(half.o), View3<const float>(dev.lse),
-                                           View4<const __nv_bfloat16>(view16(dout16, p.seq_q)), view16(dq16, p.seq_q),
-                                           view16(dk16, p.seq_k), view16(dv16, p.seq_k), stream, &workspace);
-        FA_CUDA_CHECK(cudaStreamSynchronize(stream));
-        HostTensor dq(p.batch, p.heads, p.seq_q, p.head_dim, layout), dk(p.batch, p.heads, p.seq_k, p.head_dim, layout),
-            dv(p.batch, p.heads, p.seq_k, p.head_dim, layout);
-        const std::pair<cuda::DeviceBuffer<__nv_bfloat16>*, HostTensor*> outs[3] = {{&dq16, &dq}, {&dk16, &dk}, {&dv16, &dv}};
-        for (const auto& [src, dst] : outs) {
-            cuda::DeviceBuffer<float> wide(dst->storage.size());
-            cuda::convert(View4<const __nv_bfloat16>(view16(*src, dst->view.shape[2])), View4<float>{wide.data(), dst->view.shape, dst->view.stride});
-            FA_CUDA_CHECK(cudaDeviceSynchronize());
-            wide.copy_to_host(dst->storage.data(), wide.size());
+    // Every Hopper step of the road, one workspace kept across them all.
+    for (int step = 1; step < int(stage12::road().size()); ++step) {
+        for (const Problem& p : problems) {
+            const Layout layout = seed % 2 ? Layout::BNHD : Layout::BHND;
+            const Inputs in = make_inputs(p, layout, InputKind::Normal, seed);
+            const HostTensor dout = make_output_gradient(p, layout, seed);
+            ++seed;
+            const Forward f = forward(p, in, layout, DType::BF16);
+            cuda::DeviceTensors dev(p, in.q.cview(), in.k.cview(), in.v.cview(), f.o.cview(), f.lse_view(p));
+            cuda::HalfTensors<__nv_bfloat16> half(p, layout);
+            half.load(dev.q, dev.k, dev.v);
+            cuda::convert(View4<const float>(dev.o), half.o);
+            const auto view16 = [&](cuda::DeviceBuffer<__nv_bfloat16>& b, int64_t n) {
+                return make_view<__nv_bfloat16>(b.data(), p.batch, p.heads, n, p.head_dim, layout);
+            };
+            cuda::DeviceBuffer<float> dout_f32(dout.storage.size());
+            dout_f32.copy_from_host(dout.storage.data(), dout_f32.size());
+            cuda::DeviceBuffer<__nv_bfloat16> dout16(size_t(p.q_elems())), dq16(size_t(p.q_elems())), dk16(size_t(p.kv_elems())),
+                dv16(size_t(p.kv_elems()));
+            cuda::convert(View4<const float>{dout_f32.data(), dout.view.shape, dout.view.stride}, view16(dout16, p.seq_q));
+            stage12::attention_backward_device(p, half.q, half.k, half.v, View4<const __nv_bfloat16>(half.o), View3<const float>(dev.lse),
+                                               View4<const __nv_bfloat16>(view16(dout16, p.seq_q)), view16(dq16, p.seq_q),
+                                               view16(dk16, p.seq_k), view16(dv16, p.seq_k), stream, &workspace, step);
+            FA_CUDA_CHECK(cudaStreamSynchronize(stream));
+            HostTensor dq(p.batch, p.heads, p.seq_q, p.head_dim, layout), dk(p.batch, p.heads, p.seq_k, p.head_dim, layout),
+                dv(p.batch, p.heads, p.seq_k, p.head_dim, layout);
+            const std::pair<cuda::DeviceBuffer<__nv_bfloat16>*, HostTensor*> outs[3] = {{&dq16, &dq}, {&dk16, &dk}, {&dv16, &dv}};
+            for (const auto& [src, dst] : outs) {
+                cuda::DeviceBuffer<float> wide(dst->storage.size());
+                cuda::convert(View4<const __nv_bfloat16>(view16(*src, dst->view.shape[2])),
+                              View4<float>{wide.data(), dst->view.shape, dst->view.stride});
+                FA_CUDA_CHECK(cudaDeviceSynchronize());
+                wide.copy_to_host(dst->storage.data(), wide.size());
+            }
+            const Grads got{dq.logical(), dk.logical(), dv.logical()};
+            const Judge j = test::judge(p, in, dout, Precision::BFloat16);
+            test::check_gradients(got, j, p.describe() + " (device entry, step " + std::to_string(step) + ")");
         }
-        const Grads got{dq.logical(), dk.logical(), dv.logical()};
-        const Judge j = test::judge(p, in, dout, Precision::BFloat16);
-        test::check_gradients(got, j, p.describe() + " (device entry)");
     }
     CHECK(workspace.floats.size() > 0);
     FA_CUDA_CHECK(cudaStreamDestroy(stream));

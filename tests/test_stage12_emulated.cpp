@@ -6,6 +6,9 @@
 // of the naive backward in the same 16-bit type), as stage 09 is judged; rows that see no key get dQ = 0
 // exactly, and every gradient element is written. O and LSE are the float64 forward's of the inputs rounded
 // to the 16-bit type, O rounded too (what any correct 16-bit forward gives, to its rounding).
+// Steps 1 and 2 of the road run every case; step 2 (a producer warpgroup, two consumers of 64 keys)
+// also gives step 1's dK and dV bits, and both run once more with TMA loads that land as soon as
+// they are issued, which shows a ring slot released before its readers are done.
 // No GPU is needed, so this runs in CI; the GPU test (test_stage12) remains the check of the compiled kernels.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -121,7 +124,7 @@ Grads run_backward(const Problem& p, const BackwardInputs& bi) {
         dout(dout32.cview(), true);
     Half4<T> dq(in.q.cview(), false), dk(in.k.cview(), false), dv(in.v.cview(), false);
     std::vector<float> workspace(size_t(workspace_floats(p)), std::nanf(""));
-    const Launches<T> l = make_launches<T, D>(p, View4<const T>(q.view), View4<const T>(k.view), View4<const T>(v.view),
+    const Launches<T> l = make_launches<T, D, Step>(p, View4<const T>(q.view), View4<const T>(k.view), View4<const T>(v.view),
                                               View4<const T>(o.view), make_view3<const float>(lse.data(), p.batch, p.heads, p.seq_q),
                                               View4<const T>(dout.view), dq.view, dk.view, dv.view, workspace.data());
     const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
@@ -132,17 +135,17 @@ Grads run_backward(const Problem& p, const BackwardInputs& bi) {
     return {dq.logical(), dk.logical(), dv.logical()};
 }
 
-/// Case `c` in type T at head dimension D: step 1 on the emulator from backward_inputs(), judged
+/// Case `c` in type T at head dimension D: step N on the emulator from backward_inputs(), judged
 /// against the float64 gradients by the rule for T.
-template <class T, int D>
+template <class T, int D, int N = 1>
 void check_case(const test::Case& c) {
     const Problem& p = c.problem;
     REQUIRE(p.head_dim == D);
     const Precision precision = std::is_same_v<T, __half> ? Precision::Float16 : Precision::BFloat16;
     const BackwardInputs bi = backward_inputs<T>(c);
-    const Grads got = run_backward<T, D, StepN<1>>(p, bi);
+    const Grads got = run_backward<T, D, StepN<N>>(p, bi);
     const test::Judge j = test::judge(p, bi.in, bi.dout, precision);
-    const std::string what = c.name() + " " + to_string(precision) + " step 1";
+    const std::string what = c.name() + " " + to_string(precision) + " step " + std::to_string(N);
     test::check_gradients(got, j, what + " vs float64 reference");
     test::check_rows_without_keys(p, got, what);
 }
@@ -184,23 +187,77 @@ TEST_CASE("emulated stage 12: step 1 matches the float64 gradients in fp16 at d 
     for (const test::Case& c : cases(128)) check_case<__half, 128>(c);
 }
 
+TEST_CASE("emulated stage 12: step 2 (warp roles) matches the float64 gradients in bf16 at d = 64") {
+    for (const test::Case& c : cases(64)) check_case<__nv_bfloat16, 64, 2>(c);
+}
+
+TEST_CASE("emulated stage 12: step 2 (warp roles) matches the float64 gradients in fp16 at d = 64") {
+    for (const test::Case& c : cases(64)) check_case<__half, 64, 2>(c);
+}
+
+TEST_CASE("emulated stage 12: step 2 (warp roles) matches the float64 gradients in bf16 at d = 128") {
+    for (const test::Case& c : cases(128)) check_case<__nv_bfloat16, 128, 2>(c);
+}
+
+TEST_CASE("emulated stage 12: step 2 (warp roles) matches the float64 gradients in fp16 at d = 128") {
+    for (const test::Case& c : cases(128)) check_case<__half, 128, 2>(c);
+}
+
+TEST_CASE("emulated stage 12: step 2 gives step 1's dK and dV bits (each consumer is step 1's warpgroup on its 64 keys)") {
+    // A consumer visits the same query tiles as step 1's block of its keys, in the same order, with
+    // the same arithmetic; consumer 1 may visit a tile or two before them that see none of its keys,
+    // where P^T = 0 and dS^T = +-0 leave its sums at +0. dQ differs in its last bits: its partials
+    // are added in another order.
+    for (const test::Case& c : cases(64)) {
+        const BackwardInputs bi = backward_inputs<__nv_bfloat16>(c);
+        const Grads one = run_backward<__nv_bfloat16, 64, StepN<1>>(c.problem, bi);
+        const Grads two = run_backward<__nv_bfloat16, 64, StepN<2>>(c.problem, bi);
+        INFO(c.name());
+        CHECK(std::memcmp(one.dk.data(), two.dk.data(), one.dk.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(one.dv.data(), two.dv.data(), one.dv.size() * sizeof(float)) == 0);
+    }
+}
+
+/// While it lives, the emulator's TMA loads land the moment they are issued (emu::hopper::eager_loads).
+struct EagerLoads {
+    EagerLoads() { emu::hopper::eager_loads = true; }
+    ~EagerLoads() { emu::hopper::eager_loads = false; }
+    EagerLoads(const EagerLoads&) = delete;
+    EagerLoads& operator=(const EagerLoads&) = delete;
+};
+
+TEST_CASE("emulated stage 12: steps 1 and 2 stay right when every TMA load lands as soon as it is issued") {
+    // The other tests land each load as late as possible, which shows a tile read before it has
+    // landed. Landing at once shows the opposite bug: a slot refilled while its readers still need
+    // it (step 2: an empty barrier arrived on too early; step 1: a load issued before the block-wide
+    // barrier), since the next round's bytes then replace Q_i, dO_i, L and D under the consumers.
+    const EagerLoads eager;
+    for (const test::Case& c : cases(64)) {
+        check_case<__nv_bfloat16, 64, 1>(c);
+        check_case<__nv_bfloat16, 64, 2>(c);
+    }
+    for (const test::Case& c : cases(128)) check_case<__half, 128, 2>(c);
+}
+
 TEST_CASE("stage 12: the query tiles that visit key block j are first_query_tile(j) .. the last") {
     // A tile visits key block j iff one of its rows sees a key of the block; later rows see more
     // keys, so that is iff its last row sees key j Bc: the tiles from first_query_tile(j) on.
-    for (const bool causal : {false, true})
-        for (int nq = 1; nq <= 300; nq += 13)
-            for (int nk = 1; nk <= 300; nk += 11) {
-                const int tiles = (nq + 63) / 64, blocks = (nk + 63) / 64;
-                for (int j = 0; j < blocks; ++j) {
-                    int first = tiles;
-                    for (int i = tiles - 1; i >= 0; --i) {
-                        const int last_row = std::min(nq, 64 * (i + 1)) - 1;
-                        if (visible_key_end(last_row, nq, nk, causal) > 64 * j) first = i;
+    // Blocks of 64 keys (step 1) and of 128 (step 2's two consumers).
+    for (const int bc : {64, 128})
+        for (const bool causal : {false, true})
+            for (int nq = 1; nq <= 300; nq += 13)
+                for (int nk = 1; nk <= 300; nk += 11) {
+                    const int tiles = (nq + 63) / 64, blocks = (nk + bc - 1) / bc;
+                    for (int j = 0; j < blocks; ++j) {
+                        int first = tiles;
+                        for (int i = tiles - 1; i >= 0; --i) {
+                            const int last_row = std::min(nq, 64 * (i + 1)) - 1;
+                            if (visible_key_end(last_row, nq, nk, causal) > int64_t(bc) * j) first = i;
+                        }
+                        INFO("Nq=" << nq << " Nk=" << nk << (causal ? " causal" : "") << " j=" << j << " Bc=" << bc);
+                        REQUIRE(first_query_tile(j, 64, bc, nq, nk, causal) == first);
                     }
-                    INFO("Nq=" << nq << " Nk=" << nk << (causal ? " causal" : "") << " j=" << j);
-                    REQUIRE(first_query_tile(j, 64, 64, nq, nk, causal) == first);
                 }
-            }
 }
 
 TEST_CASE("stage 12: a problem beyond the kernels' indices is refused with the limit it breaks") {

@@ -202,7 +202,7 @@ SWEEP12 = Experiment(
                 "cuDNN's backward in rounds; bf16/fp16, d 64/128, causal and not, B*N and H*d fixed as in the course's "
                 "grid; one JSON record per point, step and round, stage12_sweep.csv and a table of medians",
     targets=("stage12_hopper_backward",),
-    params={"steps": ("0", "1"), "dtypes": ("bf16",), "head_dims": (64, 128), "sizes": (1024, 4096, 16384),
+    params={"steps": ("0", "1", "2"), "dtypes": ("bf16",), "head_dims": (64, 128), "sizes": (1024, 4096, 16384),
             "tokens": 16384, "width": 2048, "repeat": 20, "rounds": 3, "sdpa": True},
     param_help={
         "steps": "steps of the road (--step), 0 being stage 09's default backward",

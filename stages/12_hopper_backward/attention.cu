@@ -25,15 +25,20 @@ void run_hopper(const Problem& p, View4<const T> q, View4<const T> k, View4<cons
                 View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv, cudaStream_t stream, Workspace& ws, int step) {
     const size_t floats = size_t(workspace_floats(p));
     if (ws.floats.size() < floats) ws.floats = cuda::DeviceBuffer<float>(floats);
-    const Launches<T> launches = make_launches<T, D>(p, q, k, v, o, lse, dout, dq, dk, dv, ws.floats.data());
     const auto launch = [&](auto kernel, const char* name, int64_t blocks, int threads, size_t smem, const auto& args) {
         if (blocks == 0) return;
         if (smem > 0) cuda::allow_dynamic_shared_memory<decltype(kernel)::value>(smem);
         decltype(kernel)::value<<<unsigned(blocks), unsigned(threads), smem, stream>>>(args);
         FA_CUDA_CHECK_LAUNCH("stage12 " + std::string(name) + "<d=" + std::to_string(D) + ", step " + std::to_string(step) + ">");
     };
+    // The launches of step `Step` (StepN<N>): its block of keys sets the grid.
+    const auto run = [&](auto step_type) {
+        using Step = decltype(step_type);
+        run_kernels<T, D, Step>(make_launches<T, D, Step>(p, q, k, v, o, lse, dout, dq, dk, dv, ws.floats.data()), launch);
+    };
     switch (step) {
-        case 1: run_kernels<T, D, StepN<1>>(launches, launch); break;
+        case 1: run(StepN<1>{}); break;
+        case 2: run(StepN<2>{}); break;
         default: throw InputError("stage 12: step " + std::to_string(step) + " has no Hopper kernel");
     }
 }
@@ -116,6 +121,10 @@ const std::vector<RoadStep>& road() {
                         "the TMA on a ring of two mbarrier slots; S^T, dP^T by wgmma from shared memory; dV, dK from the "
                         "registers of P^T, dS^T; dQ_i = dS K_j from dS^T read transposed; dQ_i's float32 partial added by "
                         "one bulk reduction per tile"},
+        {"warp roles", "a producer warpgroup (one elected thread issues every TMA copy, setmaxnreg 24) and two consumer "
+                       "warpgroups (setmaxnreg 240) of 64 keys each, 128 keys a block; full and empty mbarriers per slot "
+                       "free the ring without a block-wide barrier; each consumer adds its own dQ_i partial by its own "
+                       "bulk reduction"},
     };
     return steps;
 }
@@ -176,26 +185,42 @@ std::string describe_config(const Problem& p, const Options& options) {
     if (step == 0) {
         return "step 0 (stage 09's default backward): " + stage09::describe_config(p, stage09::Options{options.dtype, false, -1});
     }
-    const Counts c = counts(p);
+    const Features f = kSteps[step];
+    const int consumers = f.warp_roles ? 2 : 1, block_keys = 64 * consumers;
+    const Counts c = counts(p, block_keys);
+    // Tiles of 64 queries x 64 keys (one consumer's): computed with or without the mask, or skipped.
     long long unmasked = 0, masked = 0;
     for (int j = 0; j < int(c.k_blocks); ++j) {
-        for (int i = first_query_tile(j, 64, 64, int(p.seq_q), int(p.seq_k), p.causal); i < int(c.q_tiles); ++i) {
-            if (tile_needs_mask(i * 64, j * 64, 64, int(p.seq_q), int(p.seq_k), p.causal)) {
-                ++masked;
-            } else {
-                ++unmasked;
+        for (int i = first_query_tile(j, 64, block_keys, int(p.seq_q), int(p.seq_k), p.causal); i < int(c.q_tiles); ++i) {
+            for (int w = 0; w < consumers; ++w) {
+                if (tile_needs_mask(i * 64, j * block_keys + 64 * w, 64, int(p.seq_q), int(p.seq_k), p.causal)) {
+                    ++masked;
+                } else {
+                    ++unmasked;
+                }
             }
         }
     }
-    const long long total = (long long)(c.q_tiles * c.k_blocks);
-    const size_t smem = p.head_dim == 64 ? size_t(Shape<64, StepN<1>>::kSmemBytes) : size_t(Shape<128, StepN<1>>::kSmemBytes);
-    char buf[768];
+    const long long total = (long long)(c.q_tiles * c.k_blocks * consumers);
+    size_t smem = 0;
+    if (step == 1) {
+        smem = p.head_dim == 64 ? size_t(Shape<64, StepN<1>>::kSmemBytes) : size_t(Shape<128, StepN<1>>::kSmemBytes);
+    } else {
+        smem = p.head_dim == 64 ? size_t(Shape<64, StepN<2>>::kSmemBytes) : size_t(Shape<128, StepN<2>>::kSmemBytes);
+    }
+    const std::string roles =
+        f.warp_roles ? "a producer warpgroup (setmaxnreg " + std::to_string(f.producer_registers) + ") and 2 consumer warpgroups (" +
+                           std::to_string(f.consumer_registers) + ") of Bc=64 keys each, 128 keys per block"
+                     : std::string("one warpgroup per key block, Bc=64 keys");
+    const std::string dq_path = f.warp_roles ? "dQ by one float32 bulk reduction per tile and consumer"
+                                             : "dQ by one float32 bulk reduction per tile";
+    char buf[1024];
     std::snprintf(buf, sizeof buf,
-                  "%s, step %d (%s), one warpgroup per key block, Bc=64 keys, Br=64 queries per tile, a ring of %d slots, "
-                  "%zu B shared memory; dQ by one float32 bulk reduction per tile; per head %lld key blocks x %lld query "
-                  "tiles: %lld unmasked, %lld masked, %lld skipped",
-                  cuda::to_string(options.dtype).c_str(), step, road()[size_t(step)].name.c_str(), kSteps[step].stages, smem,
-                  (long long)c.k_blocks, (long long)c.q_tiles, unmasked, masked, total - unmasked - masked);
+                  "%s, step %d (%s), %s, Br=64 queries per tile, a ring of %d slots%s, %zu B shared memory; %s; per head "
+                  "%lld key blocks x %lld query tiles, %lld tiles of 64 x 64: %lld unmasked, %lld masked, %lld skipped",
+                  cuda::to_string(options.dtype).c_str(), step, road()[size_t(step)].name.c_str(), roles.c_str(), f.stages,
+                  f.warp_roles ? " (full and empty barriers)" : "", smem, dq_path.c_str(), (long long)c.k_blocks,
+                  (long long)c.q_tiles, total, unmasked, masked, total - unmasked - masked);
     return buf;
 }
 

@@ -19,16 +19,20 @@
 /// 1.5-1.9x faster on the H200 (issue 50's table). The backward does 2.5 times the forward's work
 /// in five products, so it gains from wgmma at least as much as stage 11's forward did.
 ///
-/// **Then:** a producer warpgroup and two consumer warpgroups with setmaxnreg (128 keys a block);
-/// the bulk reductions issued by a warp of their own; the deterministic order (a semaphore per
+/// **Step 2** (warp roles): a producer warpgroup (one elected thread issues every TMA copy,
+/// setmaxnreg down to 24) and two consumer warpgroups (setmaxnreg up to 240) of 64 keys each, 128
+/// keys a block; full and empty mbarriers per ring slot; each consumer's dQ_i partial added by its
+/// own bulk reduction. Checked on the CPU emulator; not yet run on a GPU.
+///
+/// **Then:** the bulk reductions issued by a warp of their own; the deterministic order (a semaphore per
 /// query tile, released only once the reduction has *landed*, not merely read its source); the
 /// measured road.
 ///
 /// **Does not handle yet:** `--deterministic` (stage 09's fixed order of dQ's additions); stage
 /// 10's switches; d other than 64 and 128.
 ///
-/// **Measured:** not yet: step 1 has been checked on the CPU by the warp emulator only
-/// (tests/test_stage12_emulated.cpp); RECORD.md keeps the record.
+/// **Measured:** step 1 on an H200 (2026-12-07; the lesson's road table, RECORD.md); step 2 not
+/// yet: it has been checked on the CPU by the warp emulator only (tests/test_stage12_emulated.cpp).
 #pragma once
 
 #include <string>

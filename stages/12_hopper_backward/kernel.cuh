@@ -35,7 +35,12 @@
 /// that transposes its A operand (wgmma_m64nNk16_ss_ta).
 ///
 /// The road (launch.cuh) grows by the compile-time Features; step 1 is this kernel with one
-/// warpgroup doing everything (one thread issues the TMA copies and the bulk reductions).
+/// warpgroup doing everything (one thread issues the TMA copies and the bulk reductions). Step 2
+/// (Features::warp_roles, backward_with_warp_roles()) splits the roles: a producer warpgroup
+/// whose elected thread issues every TMA copy, and two consumer warpgroups, each the tile above for
+/// its own 64 of the block's 128 keys, with its own dS^T and dQ buffers and bulk reductions; ring
+/// slots are freed by empty mbarriers instead of a block-wide barrier. Step 1's path is kept apart
+/// (if constexpr), so its machine code is what it was.
 #pragma once
 
 #include <cmath>
@@ -49,6 +54,7 @@
 #include "fa/cuda/mbarrier.cuh"
 #include "fa/cuda/ptx.cuh"
 #include "fa/cuda/tma.cuh"
+#include "fa/cuda/warpgroup.cuh"
 #include "fa/cuda/wgmma.cuh"
 #include "fa/cuda/wgmma_layout.hpp"
 #include "fa/problem.hpp"
@@ -63,36 +69,59 @@ struct Features {
     /// while tile i is computed; 1 loads each tile only when the previous one is done.
     int stages = 2;
 
+    /// Warp roles (step 2): a producer warpgroup whose one elected thread issues every TMA copy,
+    /// and two consumer warpgroups that only compute, 64 keys each (128 keys a block). Full and
+    /// empty barriers per slot replace the block-wide barrier that freed a slot.
+    bool warp_roles = false;
+    int producer_registers = 24;   ///< with `warp_roles`: registers per thread the producer keeps (setmaxnreg.dec)
+    int consumer_registers = 240;  ///< with `warp_roles`: registers per thread of a consumer (setmaxnreg.inc)
+
     /// The same features with a ring of `n` slots.
     constexpr Features with_ring(int n) const {
         Features f = *this;
         f.stages = n;
         return f;
     }
+    /// Step 2: warp specialization. Warpgroup 0 produces (its registers given away), warpgroups
+    /// 1 and 2 consume, each the backward of its own 64 keys against the same query tiles.
+    constexpr Features with_warp_roles() const {
+        Features f = *this;
+        f.warp_roles = true;
+        return f;
+    }
 };
 //! [features]
 
-/// The block's shape for head dimension D and the step's features: one warpgroup, 64 keys per
-/// block (the m of every wgmma but dQ's), 64 queries per streamed tile.
+/// The block's shape for head dimension D and the step's features: 64 keys per consumer
+/// warpgroup (the m of every wgmma but dQ's), 64 queries per streamed tile. Step 1: one warpgroup
+/// that also loads. Step 2: a producer warpgroup and two consumers, 128 keys a block.
 template <int D, class Step>
 struct Shape {
     static constexpr Features kF = Step::value;      ///< the step's features
     static constexpr int kStages = kF.stages;        ///< slots of the query-tile ring
     static constexpr int kBr = 64;                   ///< queries per tile (Br)
-    static constexpr int kBc = 64;                   ///< keys per block (Bc)
-    static constexpr int kThreads = 128;             ///< one warpgroup
-    static constexpr int kKVBytes = kBc * D * 2;     ///< K_j or V_j: D/64 swizzled boxes [Bc, 64]
+    static constexpr int kBc = 64;                   ///< keys per consumer warpgroup (Bc)
+    static constexpr int kConsumers = kF.warp_roles ? 2 : 1;  ///< warpgroups that compute, each its own Bc keys
+    static constexpr int kBlockKeys = kBc * kConsumers;       ///< keys per block
+    static constexpr int kThreads = 128 * (kConsumers + (kF.warp_roles ? 1 : 0));  ///< the producer (step 2), the consumers
+    static constexpr int kKVBytes = kBc * D * 2;     ///< one consumer's K_j or V_j: D/64 swizzled boxes [Bc, 64]
     static constexpr int kQBytes = kBr * D * 2;      ///< Q_i or dO_i: D/64 swizzled boxes [Br, 64]
     static constexpr int kStatsBytes = 2 * kBr * 4;  ///< L_i log2e, then D_i: [2, Br] float32
     /// One slot: Q_i, dO_i, the statistics, rounded up so the next slot's Q starts on 1024 bytes.
     static constexpr int kSlotBytes = 2 * kQBytes + 1024;
-    static constexpr int kDsBytes = kBc * kBr * 2;   ///< dS^T [Bc, Br]: one swizzled box (Br = 64)
-    static constexpr int kDqBytes = kBr * D * 4;     ///< dQ_i's partial [Br, d] in float32, row-major
-    static constexpr int kBarriers = 1 + kStages;    ///< K/V's, then one full barrier per slot
-    /// 1024 bytes to align the tiles (the swizzle's atom), K, V, the ring, dS^T, dQ, the barriers.
-    static constexpr int kSmemBytes = 1024 + 2 * kKVBytes + kStages * kSlotBytes + kDsBytes + kDqBytes + 8 * kBarriers;
+    static constexpr int kDsBytes = kBc * kBr * 2;   ///< one consumer's dS^T [Bc, Br]: one swizzled box (Br = 64)
+    static constexpr int kDqBytes = kBr * D * 4;     ///< one consumer's dQ_i partial [Br, d] in float32, row-major
+    /// K/V's, then per slot a full barrier (and with warp roles an empty one).
+    static constexpr int kBarriers = 1 + kStages * (kF.warp_roles ? 2 : 1);
+    /// 1024 bytes to align the tiles (the swizzle's atom), K and V of every consumer, the ring,
+    /// dS^T and dQ's buffer of every consumer, the barriers.
+    static constexpr int kSmemBytes =
+        1024 + 2 * kConsumers * kKVBytes + kStages * kSlotBytes + kConsumers * (kDsBytes + kDqBytes) + 8 * kBarriers;
     static_assert(kStages >= 1, "the ring has at least one slot");
     static_assert(kBr == 64, "dS^T is one 64-column swizzled box, the M of dQ's wgmma");
+    static_assert(kSmemBytes <= 227 * 1024, "a block's shared memory on Hopper: at most 227 KiB");
+    static_assert(!kF.warp_roles || 128 * kF.producer_registers + 128 * kConsumers * kF.consumer_registers <= 65536,
+                  "setmaxnreg: the warpgroups' registers fit the SM's 64 K (one block per SM)");
 };
 
 /// What the main kernel reads. Tensor maps of the 16-bit inputs (boxes [64, 64], 128-byte
@@ -343,70 +372,100 @@ __global__ void __launch_bounds__(kPrePostThreads) backward_postprocess_kernel(c
 }
 //! [postprocess]
 
-//! [kernel]
-/// The backward of one key block K_j, V_j of one (batch, head): block x is key block x % k_blocks
-/// of head x / k_blocks. Writes dK_j and dV_j, and adds every visited query tile's dQ_i into the
-/// float32 accumulator.
+//! [warp_roles_kernel]
+/// Step 2's block (Features::warp_roles): the backward of 128 keys K_j, V_j of one (batch, head),
+/// block x being key block x % k_blocks of head x / k_blocks. Warpgroup 0 produces: one elected
+/// thread loads K_j and V_j once and streams the query tiles into the ring, refilling a slot once
+/// both consumers have released it on its empty barrier. Warpgroups 1 and 2 consume: consumer c
+/// owns keys j 128 + 64 c and on, its own dK and dV accumulators, its own S^T, dP^T, P^T, dS^T
+/// against every query tile, its own dS^T and dQ buffers in shared memory, and its own bulk
+/// reductions of dQ_i. Nothing but the ring ties the two consumers together.
 template <class T, int D, class Step>
-__global__ void __launch_bounds__(Shape<D, Step>::kThreads, 1) hopper_backward_kernel(const __grid_constant__ Args<T> a) {
+__device__ __forceinline__ void backward_with_warp_roles(const Args<T>& a, unsigned char* smem_raw) {
     using namespace detail;
     using S = Shape<D, Step>;
-    constexpr int kBr = S::kBr, kBc = S::kBc, kStages = S::kStages;
-    extern __shared__ unsigned char smem_raw[];
-    unsigned char* k_tile = smem_raw + (1024u - smem_address(smem_raw) % 1024u) % 1024u;  // K_j [Bc, d]: d/64 boxes [Bc, 64]
-    unsigned char* v_tile = k_tile + S::kKVBytes;                                         // V_j [Bc, d]
-    unsigned char* ring = v_tile + S::kKVBytes;  // kStages x (Q_i [Br, d], dO_i [Br, d], L and D [2, Br] float32)
-    unsigned char* ds_tile = ring + kStages * S::kSlotBytes;                       // dS^T [Bc, Br], one swizzled box
-    float* dq_tile = reinterpret_cast<float*>(ds_tile + S::kDsBytes);              // dQ_i [Br, d] float32, row-major
-    uint64_t* barriers = reinterpret_cast<uint64_t*>(dq_tile + kBr * D);           // K/V's, then slot s's full: 1 + s
+    constexpr int kBr = S::kBr, kBc = S::kBc, kStages = S::kStages, kConsumers = S::kConsumers;
+    constexpr Features kF = S::kF;
+    unsigned char* k_tiles = smem_raw + (1024u - smem_address(smem_raw) % 1024u) % 1024u;  // consumer c's K_j [Bc, d] at c kKVBytes
+    unsigned char* v_tiles = k_tiles + kConsumers * S::kKVBytes;                           // consumer c's V_j [Bc, d]
+    unsigned char* ring = v_tiles + kConsumers * S::kKVBytes;  // kStages x (Q_i [Br, d], dO_i [Br, d], L and D [2, Br] float32)
+    unsigned char* ds_tiles = ring + kStages * S::kSlotBytes;                   // consumer c's dS^T [Bc, Br] at c kDsBytes
+    float* dq_tiles = reinterpret_cast<float*>(ds_tiles + kConsumers * S::kDsBytes);  // consumer c's dQ_i [Br, d] float32 at c Br d
+    uint64_t* barriers = reinterpret_cast<uint64_t*>(dq_tiles + kConsumers * kBr * D);  // K/V's; slot s's full 1 + s, empty 1 + kStages + s
     const auto bar = [&](int i) { return smem_address(barriers + i); };
+    const auto full = [&](int s) { return bar(1 + s); };
+    const auto empty = [&](int s) { return bar(1 + kStages + s); };
     const auto slot_q = [&](int s) { return ring + s * S::kSlotBytes; };
     const auto slot_do = [&](int s) { return ring + s * S::kSlotBytes + S::kQBytes; };
     const auto slot_stats = [&](int s) { return reinterpret_cast<const float*>(ring + s * S::kSlotBytes + 2 * S::kQBytes); };
 
     const int j = int(blockIdx.x % unsigned(a.k_blocks)), bh = int(blockIdx.x / unsigned(a.k_blocks));
-    const int b = bh / a.heads, h = bh % a.heads, kv0 = j * kBc;
-    const int thread = int(threadIdx.x), warp = thread / 32, g = thread % 32 / 4, t = thread % 4;
-    const int key_lo = kv0 + 16 * warp + g;  // this thread's key rows: key_lo and key_lo + 8
-    const int i_begin = first_query_tile(j, kBr, kBc, a.seq_q, a.seq_k, a.causal);
-    const int count = a.q_tiles - i_begin;  // query tiles that visit this key block
+    const int b = bh / a.heads, h = bh % a.heads, kv0 = j * S::kBlockKeys;
+    const int thread = int(threadIdx.x);
+    // The tiles that see any key of the block: those that see its first key, consumer 0's. Consumer
+    // 1's keys come later, so a tile or two at the start may see none of them: its mask zeroes them.
+    const int i_begin = first_query_tile(j, kBr, S::kBlockKeys, a.seq_q, a.seq_k, a.causal);
+    const int count = a.q_tiles - i_begin;
 
-    float dv[D / 2], dk[D / 2];  // dV_j, dK_j rows key_lo, key_lo + 8 in the accumulator layout
+    //! [roles]
+    if (count > 0 && thread == 0) {
+        mbarrier_init(bar(0), 1);  // one arrival (the thread that announces the bytes), then the bytes
+        for (int s = 0; s < kStages; ++s) {
+            mbarrier_init(full(s), 1);                   // the producer's arrival, then the slot's bytes
+            mbarrier_init(empty(s), 128 * kConsumers);   // every consumer thread, once it has read the slot
+        }
+        fence_mbarrier_init();  // the TMA unit sees the initialized barriers
+    }
+    __syncthreads();  // every thread sees the barriers initialized before it waits on them (the last block-wide barrier)
+
+    if (warpgroup_index() == 0) {  // the producer warpgroup
+        setmaxnreg_dec<kF.producer_registers>();  // it needs few registers: the consumers take them
+        //! [producer]
+        if (count > 0 && thread / 32 == 0 && elect_one_sync()) {
+            mbarrier_arrive_expect_tx(bar(0), 2 * kConsumers * S::kKVBytes);  // K_j and V_j of both consumers, loaded once
+            for (int c = 0; c < kConsumers; ++c) {
+                // Keys past Nk arrive as zeros (the TMA fills what lies outside the tensor, and counts its bytes).
+                tma_load_tile<D, kBc>(&a.k_map, k_tiles + c * S::kKVBytes, bar(0), kv0 + c * kBc, h, b);
+                tma_load_tile<D, kBc>(&a.v_map, v_tiles + c * S::kKVBytes, bar(0), kv0 + c * kBc, h, b);
+            }
+            for (int n = 0; n < count; ++n) {
+                const int s = n % kStages, q0 = (i_begin + n) * kBr;
+                // Round n / kStages of slot s may begin once round n / kStages - 1 has been read by
+                // every consumer thread: that round's phase of the empty barrier, parity (n / kStages - 1) % 2.
+                if (n >= kStages) mbarrier_wait_parity(empty(s), uint32_t((n / kStages - 1) & 1));
+                mbarrier_arrive_expect_tx(full(s), 2 * S::kQBytes + S::kStatsBytes);  // Q_i, dO_i, L and D
+                tma_load_tile<D, kBr>(&a.q_map, slot_q(s), full(s), q0, h, b);
+                tma_load_tile<D, kBr>(&a.do_map, slot_do(s), full(s), q0, h, b);
+                tma_load_2d(smem_address(slot_stats(s)), &a.stats_map, full(s), q0, 2 * bh);
+            }
+        }
+        //! [producer]
+        return;  // the producer writes nothing; its loads complete on barriers the consumers wait for
+    }
+    setmaxnreg_inc<kF.consumer_registers>();  // the consumers get the registers
+    //! [roles]
+
+    const int c = thread / 128 - 1, ct = thread % 128, warp = ct / 32, g = ct % 32 / 4, t = ct % 4;
+    const int kv0c = kv0 + c * kBc;             // this consumer's first key
+    const int key_lo = kv0c + 16 * warp + g;    // this thread's key rows: key_lo and key_lo + 8
+    const uint32_t consumer_bar = uint32_t(1 + c);  // named barrier of this consumer's 128 threads (0 is __syncthreads')
+    unsigned char* ds_tile = ds_tiles + c * S::kDsBytes;
+    float* dq_tile = dq_tiles + c * kBr * D;
+    float dv[D / 2], dk[D / 2];  // dV, dK of rows key_lo, key_lo + 8 in the accumulator layout
 #pragma unroll
     for (int x = 0; x < D / 2; ++x) dv[x] = dk[x] = 0.0f;
 
     if (count > 0) {
-        //! [ring]
-        if (thread == 0) {
-            mbarrier_init(bar(0), 1);  // one arrival (the thread that announces the bytes), then the bytes
-            for (int s = 0; s < kStages; ++s) mbarrier_init(bar(1 + s), 1);
-            fence_mbarrier_init();  // the TMA unit sees the initialized barriers
-        }
-        __syncthreads();  // every thread sees the barriers initialized before it waits on them
-        // One thread hands tile n (query tile i_begin + n) to the TMA: slot n % kStages, on its full barrier.
-        const auto load_query_tile = [&](int n) {
-            const int s = n % kStages, q0 = (i_begin + n) * kBr;
-            mbarrier_arrive_expect_tx(bar(1 + s), 2 * S::kQBytes + S::kStatsBytes);  // Q_i, dO_i, L and D
-            tma_load_tile<D, kBr>(&a.q_map, slot_q(s), bar(1 + s), q0, h, b);
-            tma_load_tile<D, kBr>(&a.do_map, slot_do(s), bar(1 + s), q0, h, b);
-            tma_load_2d(smem_address(slot_stats(s)), &a.stats_map, bar(1 + s), q0, 2 * bh);
-        };
-        if (thread == 0) {
-            mbarrier_arrive_expect_tx(bar(0), 2 * S::kKVBytes);  // K_j and V_j, loaded once
-            tma_load_tile<D, kBc>(&a.k_map, k_tile, bar(0), kv0, h, b);
-            tma_load_tile<D, kBc>(&a.v_map, v_tile, bar(0), kv0, h, b);
-            for (int n = 0; n < kStages - 1 && n < count; ++n) load_query_tile(n);
-        }
+        const uint32_t k_addr = smem_address(k_tiles + c * S::kKVBytes), v_addr = smem_address(v_tiles + c * S::kKVBytes);
+        const uint32_t ds_addr = smem_address(ds_tile);
         mbarrier_wait_parity(bar(0), 0);  // K_j and V_j have landed
-        const uint32_t k_addr = smem_address(k_tile), v_addr = smem_address(v_tile), ds_addr = smem_address(ds_tile);
+        //! [consumer_tile]
         for (int n = 0; n < count; ++n) {
             const int s = n % kStages, q0 = (i_begin + n) * kBr;
-            // Every thread has finished tile n - 1 (its wgmma waited): its slot, dS^T and dQ's buffer are free.
-            if (n > 0) __syncthreads();
-            if (thread == 0 && n + kStages - 1 < count) load_query_tile(n + kStages - 1);
-            mbarrier_wait_parity(bar(1 + s), uint32_t((n / kStages) & 1));  // the slot's round n / kStages has landed
-            //! [ring]
-            //! [tile]
+            // No barrier at the top of the tile: the slot is the producer's to refill only after the
+            // empty barrier, and dS^T and dQ's buffer of tile n - 1 were last read before this
+            // consumer's last barrier of tile n - 1 (see below), which every thread has passed.
+            mbarrier_wait_parity(full(s), uint32_t((n / kStages) & 1));  // the slot's round n / kStages has landed
             const uint32_t q_addr = smem_address(slot_q(s)), do_addr = smem_address(slot_do(s));
             float st[32], dpt[32];  // S^T, then P^T; dP^T, then dS^T: [Bc, Br], keys along the rows
             wgmma_fence();          // st and dpt are free for the wgmma to write
@@ -417,7 +476,7 @@ __global__ void __launch_bounds__(Shape<D, Step>::kThreads, 1) hopper_backward_k
             warpgroup_fence_operands(st);
             warpgroup_fence_operands(dpt);
             const float* l2 = slot_stats(s);
-            if (tile_needs_mask(q0, kv0, kBc, a.seq_q, a.seq_k, a.causal)) {
+            if (tile_needs_mask(q0, kv0c, kBc, a.seq_q, a.seq_k, a.causal)) {
                 probabilities_and_ds<true>(st, dpt, l2, l2 + kBr, q0, key_lo, a.scale_log2, a.seq_q, a.seq_k, a.causal, t);
             } else {
                 probabilities_and_ds<false>(st, dpt, l2, l2 + kBr, q0, key_lo, a.scale_log2, a.seq_q, a.seq_k, a.causal, t);
@@ -425,8 +484,7 @@ __global__ void __launch_bounds__(Shape<D, Step>::kThreads, 1) hopper_backward_k
             uint32_t p_a[4][4], ds_a[4][4];  // P^T and dS^T rounded to T, as A operands (k-slices of 16 queries)
             pack_a<T>(st, p_a);
             pack_a<T>(dpt, ds_a);
-            // dS^T to shared memory as the accumulator holds it: word r of k-slice kk is keys
-            // 16 warp + g + 8 (r % 2), queries 16 kk + 8 (r / 2) + 2t and one more, in the 128-byte swizzle.
+            // dS^T to this consumer's buffer as the accumulator holds it (see step 1's tile).
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -438,21 +496,25 @@ __global__ void __launch_bounds__(Shape<D, Step>::kThreads, 1) hopper_backward_k
             issue_key_gradient<T, D, kBr>(dv, p_a, do_addr);
             issue_key_gradient<T, D, kBr>(dk, ds_a, q_addr);
             wgmma_commit_group();
-            wgmma_wait_group<0>();  // dV_j and dK_j are in registers; p_a and ds_a are free
+            wgmma_wait_group<0>();  // dV and dK are in registers; p_a and ds_a are free
             warpgroup_fence_operands(dv);
             warpgroup_fence_operands(dk);
+            // This thread is done with the slot: its L and D were read by plain loads, its Q_i and
+            // dO_i by the wgmma just waited for (dQ reads only dS^T and K_j). When all 256 consumer
+            // threads have arrived, the producer may refill it.
+            mbarrier_arrive(empty(s));
             fence_proxy_async();  // this thread's plain stores of dS^T become visible to the wgmma's reads
-            //! [dq_reduction]
-            // The bulk reduction of tile n - 1 has *read* dQ's buffer (not necessarily added it yet).
-            if (thread == 0) bulk_wait_group_read<0>();
-            __syncthreads();  // every thread's part of dS^T is written; dQ's buffer may be overwritten
+            //! [consumer_tile]
+            //! [dq_per_consumer]
+            // This consumer's reduction of tile n - 1 has *read* its dQ buffer (not necessarily added it yet).
+            if (ct == 0) bulk_wait_group_read<0>();
+            named_barrier_sync(consumer_bar, 128);  // this consumer's dS^T is written; its dQ buffer may be overwritten
             float dq[D / 2];
             wgmma_fence();  // dq is free for the wgmma to write
             issue_dq<T, D, kBc>(dq, ds_addr, k_addr);
             wgmma_commit_group();
-            wgmma_wait_group<0>();  // dQ_i's partial is in registers; dS^T is no longer read
+            wgmma_wait_group<0>();  // this consumer's part of dQ_i (its 64 keys) is in registers; dS^T is no longer read
             warpgroup_fence_operands(dq);
-            // Rows 16 warp + g + 8hh of the tile, two columns per 8, float32.
 #pragma unroll
             for (int i = 0; i < D / 8; ++i)
 #pragma unroll
@@ -461,24 +523,24 @@ __global__ void __launch_bounds__(Shape<D, Step>::kThreads, 1) hopper_backward_k
                     *reinterpret_cast<float2*>(dq_tile + row * D + 8 * i + 2 * t) = make_float2(dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
                 }
             fence_proxy_async();  // the plain stores of dQ_i become visible to the bulk reduction
-            __syncthreads();      // every thread's part of dQ_i is in shared memory
-            if (thread == 0) {
-                // The tile's rows are contiguous in the accumulator ([Br, d] floats from row q0 of
-                // head bh): one reduction adds them all, each float atomically.
+            // Every thread of this consumer has stored its part of dQ_i, and so has waited for the
+            // wgmma that read dS^T: from here on tile n + 1 may rewrite dS^T.
+            named_barrier_sync(consumer_bar, 128);
+            if (ct == 0) {
+                // Each consumer adds its own partial, so the two add into the same rows, each float
+                // atomically: summing them in shared memory first would save half the reductions but
+                // make each consumer wait for the other at every tile, the coupling the warp roles remove.
                 bulk_reduce_add_f32(a.dq_accum + (int64_t(bh) * a.seq_q_padded + q0) * D, smem_address(dq_tile), uint32_t(S::kDqBytes));
                 bulk_commit_group();
             }
-            //! [dq_reduction]
-            //! [tile]
+            //! [dq_per_consumer]
         }
-        // The block's last reductions have read their source and added it into global memory
-        // (wait_group, not wait_group.read): nothing of this block's dQ is still on its way when it
-        // exits, before the postprocessing kernel reads the accumulator.
-        if (thread == 0) bulk_wait_group<0>();
+        // This consumer's last reductions have read their source and added it into global memory
+        // (wait_group, not wait_group.read), before the block exits.
+        if (ct == 0) bulk_wait_group<0>();
     }
 
-    //! [epilogue]
-    // dK_j = scale dS^T Q and dV_j, rows key_lo and key_lo + 8, 4 bytes a lane per 8 columns; keys past Nk skipped.
+    // dK = scale dS^T Q and dV of this consumer's rows key_lo and key_lo + 8; keys past Nk skipped.
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const int key = key_lo + 8 * hh;
@@ -491,7 +553,164 @@ __global__ void __launch_bounds__(Shape<D, Step>::kThreads, 1) hopper_backward_k
             *reinterpret_cast<uint32_t*>(dv_row + 8 * i + 2 * t) = pack2<T>(dv[4 * i + 2 * hh], dv[4 * i + 2 * hh + 1]);
         }
     }
-    //! [epilogue]
+}
+//! [warp_roles_kernel]
+
+//! [kernel]
+/// The backward of one key block K_j, V_j of one (batch, head): block x is key block x % k_blocks
+/// of head x / k_blocks. Writes dK_j and dV_j, and adds every visited query tile's dQ_i into the
+/// float32 accumulator.
+template <class T, int D, class Step>
+__global__ void __launch_bounds__(Shape<D, Step>::kThreads, 1) hopper_backward_kernel(const __grid_constant__ Args<T> a) {
+    using namespace detail;
+    using S = Shape<D, Step>;
+    extern __shared__ unsigned char smem_raw[];
+    if constexpr (S::kF.warp_roles) {
+        backward_with_warp_roles<T, D, Step>(a, smem_raw);  // step 2
+    } else {  // step 1: one warpgroup does everything
+        constexpr int kBr = S::kBr, kBc = S::kBc, kStages = S::kStages;
+        unsigned char* k_tile = smem_raw + (1024u - smem_address(smem_raw) % 1024u) % 1024u;  // K_j [Bc, d]: d/64 boxes [Bc, 64]
+        unsigned char* v_tile = k_tile + S::kKVBytes;                                         // V_j [Bc, d]
+        unsigned char* ring = v_tile + S::kKVBytes;  // kStages x (Q_i [Br, d], dO_i [Br, d], L and D [2, Br] float32)
+        unsigned char* ds_tile = ring + kStages * S::kSlotBytes;                       // dS^T [Bc, Br], one swizzled box
+        float* dq_tile = reinterpret_cast<float*>(ds_tile + S::kDsBytes);              // dQ_i [Br, d] float32, row-major
+        uint64_t* barriers = reinterpret_cast<uint64_t*>(dq_tile + kBr * D);           // K/V's, then slot s's full: 1 + s
+        const auto bar = [&](int i) { return smem_address(barriers + i); };
+        const auto slot_q = [&](int s) { return ring + s * S::kSlotBytes; };
+        const auto slot_do = [&](int s) { return ring + s * S::kSlotBytes + S::kQBytes; };
+        const auto slot_stats = [&](int s) { return reinterpret_cast<const float*>(ring + s * S::kSlotBytes + 2 * S::kQBytes); };
+
+        const int j = int(blockIdx.x % unsigned(a.k_blocks)), bh = int(blockIdx.x / unsigned(a.k_blocks));
+        const int b = bh / a.heads, h = bh % a.heads, kv0 = j * kBc;
+        const int thread = int(threadIdx.x), warp = thread / 32, g = thread % 32 / 4, t = thread % 4;
+        const int key_lo = kv0 + 16 * warp + g;  // this thread's key rows: key_lo and key_lo + 8
+        const int i_begin = first_query_tile(j, kBr, kBc, a.seq_q, a.seq_k, a.causal);
+        const int count = a.q_tiles - i_begin;  // query tiles that visit this key block
+
+        float dv[D / 2], dk[D / 2];  // dV_j, dK_j rows key_lo, key_lo + 8 in the accumulator layout
+#pragma unroll
+        for (int x = 0; x < D / 2; ++x) dv[x] = dk[x] = 0.0f;
+
+        if (count > 0) {
+            //! [ring]
+            if (thread == 0) {
+                mbarrier_init(bar(0), 1);  // one arrival (the thread that announces the bytes), then the bytes
+                for (int s = 0; s < kStages; ++s) mbarrier_init(bar(1 + s), 1);
+                fence_mbarrier_init();  // the TMA unit sees the initialized barriers
+            }
+            __syncthreads();  // every thread sees the barriers initialized before it waits on them
+            // One thread hands tile n (query tile i_begin + n) to the TMA: slot n % kStages, on its full barrier.
+            const auto load_query_tile = [&](int n) {
+                const int s = n % kStages, q0 = (i_begin + n) * kBr;
+                mbarrier_arrive_expect_tx(bar(1 + s), 2 * S::kQBytes + S::kStatsBytes);  // Q_i, dO_i, L and D
+                tma_load_tile<D, kBr>(&a.q_map, slot_q(s), bar(1 + s), q0, h, b);
+                tma_load_tile<D, kBr>(&a.do_map, slot_do(s), bar(1 + s), q0, h, b);
+                tma_load_2d(smem_address(slot_stats(s)), &a.stats_map, bar(1 + s), q0, 2 * bh);
+            };
+            if (thread == 0) {
+                mbarrier_arrive_expect_tx(bar(0), 2 * S::kKVBytes);  // K_j and V_j, loaded once
+                tma_load_tile<D, kBc>(&a.k_map, k_tile, bar(0), kv0, h, b);
+                tma_load_tile<D, kBc>(&a.v_map, v_tile, bar(0), kv0, h, b);
+                for (int n = 0; n < kStages - 1 && n < count; ++n) load_query_tile(n);
+            }
+            mbarrier_wait_parity(bar(0), 0);  // K_j and V_j have landed
+            const uint32_t k_addr = smem_address(k_tile), v_addr = smem_address(v_tile), ds_addr = smem_address(ds_tile);
+            for (int n = 0; n < count; ++n) {
+                const int s = n % kStages, q0 = (i_begin + n) * kBr;
+                // Every thread has finished tile n - 1 (its wgmma waited): its slot, dS^T and dQ's buffer are free.
+                if (n > 0) __syncthreads();
+                if (thread == 0 && n + kStages - 1 < count) load_query_tile(n + kStages - 1);
+                mbarrier_wait_parity(bar(1 + s), uint32_t((n / kStages) & 1));  // the slot's round n / kStages has landed
+                //! [ring]
+                //! [tile]
+                const uint32_t q_addr = smem_address(slot_q(s)), do_addr = smem_address(slot_do(s));
+                float st[32], dpt[32];  // S^T, then P^T; dP^T, then dS^T: [Bc, Br], keys along the rows
+                wgmma_fence();          // st and dpt are free for the wgmma to write
+                issue_transposed_scores<T, D>(st, k_addr, q_addr);
+                issue_transposed_scores<T, D>(dpt, v_addr, do_addr);
+                wgmma_commit_group();
+                wgmma_wait_group<0>();  // S^T and dP^T are in registers
+                warpgroup_fence_operands(st);
+                warpgroup_fence_operands(dpt);
+                const float* l2 = slot_stats(s);
+                if (tile_needs_mask(q0, kv0, kBc, a.seq_q, a.seq_k, a.causal)) {
+                    probabilities_and_ds<true>(st, dpt, l2, l2 + kBr, q0, key_lo, a.scale_log2, a.seq_q, a.seq_k, a.causal, t);
+                } else {
+                    probabilities_and_ds<false>(st, dpt, l2, l2 + kBr, q0, key_lo, a.scale_log2, a.seq_q, a.seq_k, a.causal, t);
+                }
+                uint32_t p_a[4][4], ds_a[4][4];  // P^T and dS^T rounded to T, as A operands (k-slices of 16 queries)
+                pack_a<T>(st, p_a);
+                pack_a<T>(dpt, ds_a);
+                // dS^T to shared memory as the accumulator holds it: word r of k-slice kk is keys
+                // 16 warp + g + 8 (r % 2), queries 16 kk + 8 (r / 2) + 2t and one more, in the 128-byte swizzle.
+#pragma unroll
+                for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        const int row = 16 * warp + g + 8 * (r % 2), col = 16 * kk + 8 * (r / 2) + 2 * t;
+                        *reinterpret_cast<uint32_t*>(ds_tile + wl::swizzle128_offset(row, col)) = ds_a[kk][r];
+                    }
+                wgmma_fence();  // p_a and ds_a were written by ordinary instructions
+                issue_key_gradient<T, D, kBr>(dv, p_a, do_addr);
+                issue_key_gradient<T, D, kBr>(dk, ds_a, q_addr);
+                wgmma_commit_group();
+                wgmma_wait_group<0>();  // dV_j and dK_j are in registers; p_a and ds_a are free
+                warpgroup_fence_operands(dv);
+                warpgroup_fence_operands(dk);
+                fence_proxy_async();  // this thread's plain stores of dS^T become visible to the wgmma's reads
+                //! [dq_reduction]
+                // The bulk reduction of tile n - 1 has *read* dQ's buffer (not necessarily added it yet).
+                if (thread == 0) bulk_wait_group_read<0>();
+                __syncthreads();  // every thread's part of dS^T is written; dQ's buffer may be overwritten
+                float dq[D / 2];
+                wgmma_fence();  // dq is free for the wgmma to write
+                issue_dq<T, D, kBc>(dq, ds_addr, k_addr);
+                wgmma_commit_group();
+                wgmma_wait_group<0>();  // dQ_i's partial is in registers; dS^T is no longer read
+                warpgroup_fence_operands(dq);
+                // Rows 16 warp + g + 8hh of the tile, two columns per 8, float32.
+#pragma unroll
+                for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int row = 16 * warp + g + 8 * hh;
+                        *reinterpret_cast<float2*>(dq_tile + row * D + 8 * i + 2 * t) =
+                            make_float2(dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
+                    }
+                fence_proxy_async();  // the plain stores of dQ_i become visible to the bulk reduction
+                __syncthreads();      // every thread's part of dQ_i is in shared memory
+                if (thread == 0) {
+                    // The tile's rows are contiguous in the accumulator ([Br, d] floats from row q0 of
+                    // head bh): one reduction adds them all, each float atomically.
+                    bulk_reduce_add_f32(a.dq_accum + (int64_t(bh) * a.seq_q_padded + q0) * D, smem_address(dq_tile), uint32_t(S::kDqBytes));
+                    bulk_commit_group();
+                }
+                //! [dq_reduction]
+                //! [tile]
+            }
+            // The block's last reductions have read their source and added it into global memory
+            // (wait_group, not wait_group.read): nothing of this block's dQ is still on its way when it
+            // exits, before the postprocessing kernel reads the accumulator.
+            if (thread == 0) bulk_wait_group<0>();
+        }
+
+        //! [epilogue]
+        // dK_j = scale dS^T Q and dV_j, rows key_lo and key_lo + 8, 4 bytes a lane per 8 columns; keys past Nk skipped.
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int key = key_lo + 8 * hh;
+            if (key >= a.seq_k) continue;
+            T* dk_row = a.dk + b * a.dk_s[0] + h * a.dk_s[1] + int64_t(key) * a.dk_s[2];
+            T* dv_row = a.dv + b * a.dv_s[0] + h * a.dv_s[1] + int64_t(key) * a.dv_s[2];
+#pragma unroll
+            for (int i = 0; i < D / 8; ++i) {
+                *reinterpret_cast<uint32_t*>(dk_row + 8 * i + 2 * t) =
+                    pack2<T>(dk[4 * i + 2 * hh] * a.scale, dk[4 * i + 2 * hh + 1] * a.scale);
+                *reinterpret_cast<uint32_t*>(dv_row + 8 * i + 2 * t) = pack2<T>(dv[4 * i + 2 * hh], dv[4 * i + 2 * hh + 1]);
+            }
+        }
+        //! [epilogue]
+    }
 }
 //! [kernel]
 

@@ -29,10 +29,12 @@ namespace fa::stage12 {
 // The road as named values, each the one before plus one idea (see Features). Step 0 is stage
 // 09's default backward (mma.sync, cp.async), the point of departure; it runs its own kernels.
 constexpr Features kStep1{};  ///< one warpgroup: K_j, V_j by the TMA; Q_i, dO_i, L, D on a ring of two; five wgmma; dQ by bulk reduction
+/// a producer warpgroup and two consumers of 64 keys each (setmaxnreg), full and empty barriers per slot
+constexpr Features kStep2 = kStep1.with_warp_roles();
 
 /// Every step's features by number; [0] is stage 09 (its own kernels; kStep1 fills the place).
-constexpr Features kSteps[] = {kStep1, kStep1};
-constexpr int kLastStep = 1;  ///< the last step of the road
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2};
+constexpr int kLastStep = 2;  ///< the last step of the road
 
 /// Step N as a type the kernel template takes.
 template <int N>
@@ -40,26 +42,27 @@ struct StepN {
     static constexpr Features value = kSteps[N];  ///< step N's features
 };
 
-/// The step attention_backward_device() runs by default. Step 1 is the only Hopper kernel so far;
-/// no GPU measurement says yet how it compares with step 0 (RECORD.md).
+/// The step attention_backward_device() runs by default. Step 2 has not run on a GPU yet, so
+/// step 1 stays the default until a measurement says otherwise (RECORD.md).
 constexpr int kDefaultStep = 1;
 //! [road]
 
-/// Tiles, blocks and padded lengths of one problem (every step of the Hopper kernel shares them).
+/// Tiles, blocks and padded lengths of one problem (every step of the Hopper kernel shares them
+/// but the keys of a block: 64 at step 1, 128 at step 2).
 struct Counts {
     int64_t batch_heads;   ///< B H
     int64_t q_tiles;       ///< query tiles of 64 rows per head
-    int64_t k_blocks;      ///< key blocks of 64 keys per head
+    int64_t k_blocks;      ///< key blocks of `block_keys` keys per head
     int64_t seq_q_padded;  ///< Nq rounded up to whole query tiles
 };
 
-/// counts() of `p`.
-inline Counts counts(const Problem& p) {
-    constexpr int kBr = 64, kBc = 64;
+/// counts() of `p` for blocks of `block_keys` keys.
+inline Counts counts(const Problem& p, int block_keys = 64) {
+    constexpr int kBr = 64;
     Counts c{};
     c.batch_heads = p.batch * p.heads;
     c.q_tiles = (p.seq_q + kBr - 1) / kBr;
-    c.k_blocks = (p.seq_k + kBc - 1) / kBc;
+    c.k_blocks = (p.seq_k + block_keys - 1) / block_keys;
     c.seq_q_padded = c.q_tiles * kBr;
     return c;
 }
@@ -100,15 +103,16 @@ struct Launches {
     Args<T> main;             ///< the main kernel's
     PostprocessArgs<T> post;  ///< the postprocessing kernel's
     int64_t pre_blocks;   ///< preprocessing blocks of kPrePostThreads
-    int64_t main_blocks;  ///< one per key block of every head
+    int64_t main_blocks;  ///< one per key block (64 keys at step 1, 128 at step 2) of every head
     int64_t post_blocks;  ///< postprocessing blocks of kPrePostThreads (grid-stride)
 };
 
 //! [launches]
 /// Fills Launches for `p` on 16-bit views (either layout, features contiguous, other strides
 /// multiples of 8 elements) and `workspace` (workspace_floats() floats). The tensor maps come from
-/// the views' strides, so the TMA reads either layout as it is.
-template <class T, int D>
+/// the views' strides, so the TMA reads either layout as it is. `Step` (StepN<N>) sets the keys
+/// of a block, so the grid and Args::k_blocks.
+template <class T, int D, class Step>
 Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, View4<const T> v, View4<const T> o,
                           View3<const float> lse, View4<const T> dout, View4<T> dq, View4<T> dk, View4<T> dv, float* workspace) {
     check_hopper_kernel_supports(p);
@@ -118,7 +122,7 @@ Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, 
     cuda::require_16_byte_rows("stage 12", "dq", dq);
     cuda::require_16_byte_rows("stage 12", "dk", dk);
     cuda::require_16_byte_rows("stage 12", "dv", dv);
-    const Counts c = counts(p);
+    const Counts c = counts(p, Shape<D, Step>::kBlockKeys);
     float* stats = workspace;
     float* dq_accum = workspace + 2 * c.batch_heads * c.seq_q_padded;
     Launches<T> l{};

@@ -5,7 +5,9 @@
 // The asynchrony is kept, so that the bugs it causes show here as on the GPU:
 // - a TMA load lands (its bytes in shared memory, then its complete_tx on the mbarrier) only when
 //   no thread of the block can run, one load at a time, in an order shuffled anew for each block:
-//   a thread that reads a tile before its phase completes reads the garbage the block started with;
+//   a thread that reads a tile before its phase completes reads the garbage the block started with
+//   (a test may set eager_loads instead: each load lands as it is issued, which shows a slot
+//   released to the producer too early);
 // - a wgmma reads its operands and writes its accumulators only when every thread of its warpgroup
 //   has reached a wgmma.wait_group that covers it: a kernel that overwrites an operand, or touches
 //   an accumulator, before the wait computes with what is there then;
@@ -319,7 +321,16 @@ inline void check_box(const TensorMap& m, uint32_t box, const char* op) {
     check_smem(box, box_bytes(m));
 }
 
-/// cp.async.bulk.tensor (load): remembered; it lands in stall().
+/// When true, a TMA load lands the moment it is issued instead of when no thread can run: the
+/// other extreme of the hardware's timing. Landing late shows a tile read before its full barrier's
+/// phase completes; landing at once shows a slot handed back to the producer (an empty barrier
+/// arrived on) while its readers still need it: the next round's bytes replace the tile under
+/// them. Off by default; a test sets it around the launches it checks that way.
+inline bool eager_loads = false;
+
+inline void land(const TmaLoad& load);
+
+/// cp.async.bulk.tensor (load): remembered; it lands in stall() (or here, with eager_loads).
 inline void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, const int* coords, uint32_t rank) {
     const char* op = "cp.async.bulk.tensor (load)";
     const TensorMap& m = tensor_map(map, rank, op);
@@ -327,6 +338,10 @@ inline void tma_load(uint32_t dst, const CUtensorMap* map, uint32_t bar, const i
     mbarrier(bar, op);
     TmaLoad load{*map, {0, 0, 0, 0, 0}, dst, bar};
     std::memcpy(load.coords, coords, rank * sizeof(int));
+    if (eager_loads) {
+        land(load);
+        return;
+    }
     block.loads.push_back(load);
 }
 

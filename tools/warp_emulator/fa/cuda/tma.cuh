@@ -3,7 +3,8 @@
 // zeros for elements outside the tensor, into shared memory row after row (innermost dimension
 // first), each 16-byte chunk moved by the swizzle of its address, and counts the box's bytes, zeros
 // included, down on the mbarrier. It lands later than issued: when no thread of the block can run,
-// one load at a time, in an order shuffled per block. Stores and reductions (float32 .add) join
+// one load at a time, in an order shuffled per block (or at once, where a test sets
+// emu::hopper::eager_loads). Stores and reductions (float32 .add) join
 // the thread's open bulk group; wait_group.read N reads the shared sources of all but N groups,
 // wait_group N also writes global memory (elements outside the tensor are left alone), and a
 // thread's end writes what it read. prefetch.tensormap only checks the map.
