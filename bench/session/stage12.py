@@ -15,6 +15,7 @@ import os
 
 from . import sanitize
 from .experiment import Command, Experiment, Where, entries_match, file_lines, grep, in_results
+from .ncu import NCU11_METRICS, ncu_command, report_lines
 from .tools import SDPA_HEAD, ctest_gpu, ctest_summary
 
 STAGE12 = "stages/12_hopper_backward/stage12_hopper_backward"
@@ -78,11 +79,11 @@ with open(out, "a") as f:
 """
 
 
-def _ours_argv(ctx, point, step, repeat, path):
+def _ours_argv(ctx, point, step, repeat, path, warmup=3):
     argv = (ctx.exe(STAGE12), "--bench", "--reference", "never", "--dtype", point["dtype"],
             "--head-dim", str(point["head_dim"]), "--seq-q", str(point["seq"]), "--seq-k", str(point["seq"]),
             "--batch", str(point["batch"]), "--heads", str(point["heads"]), "--step", str(step),
-            "--repeat", str(repeat), "--warmup", "3", "--json", path)
+            "--repeat", str(repeat), "--warmup", str(warmup), "--json", path)
     return argv + (("--causal",) if point["causal"] else ())
 
 
@@ -227,4 +228,48 @@ SANITIZE12 = sanitize.experiment("12", "compute-sanitizer (memcheck, racecheck, 
                                        "every step of its road from 1: tails, Nq != Nk both ways, causal rows that see "
                                        "no key, bnhd, fp16, d 64 and 128")
 
-EXPERIMENTS = (TEST12, SWEEP12, SANITIZE12)
+
+
+def _ncu12_name(step, d) -> str:
+    return f"ncu_stage12_step{step}_d{d}"
+
+
+def _ncu12_commands(p, ctx):
+    """One launch of the main kernel per step and d: bf16, N 4096, non-causal, B = 16384 / N and H = 2048 / d
+    as in sweep12's grid; --repeat 1 --warmup 0 makes the first launch the one measured."""
+    cmds = []
+    for step in p["steps"]:
+        for d in p["dims"]:
+            point = {"dtype": "bf16", "head_dim": d, "seq": 4096, "causal": False, "batch": 4, "heads": 2048 // d}
+            argv = _ours_argv(ctx, point, step, 1, os.path.join(ctx.results("ncu12"), f"bench_step{step}_d{d}.jsonl"), 0)
+            cmds += ncu_command(ctx, "ncu12", "hopper_backward_kernel", _ncu12_name(step, d), NCU11_METRICS, argv)
+    return cmds
+
+
+def _ncu12_summary(where: Where):
+    """Per step and d: the main kernel's time, throughputs, occupancy, registers, shared memory, then its
+    tensor pipe (wgmma), spills and stalls."""
+    lines = []
+    for step in where.params["steps"]:
+        for d in where.params["dims"]:
+            lines += [f"-- step {step}, d={d}"] + report_lines(
+                where.results, _ncu12_name(step, d), counters=r"gmma|pipe_xu|registers|occupancy_limit|local_op|"
+                r"stalled_(barrier|membar|long|short|mio|math|wait|sleeping)")
+    return lines + sorted(set(grep(where.log, "does not know")))
+
+
+NCU12 = Experiment(
+    name="ncu12",
+    stage="12",
+    description="Nsight Compute on stage 12's main kernel (hopper_backward_kernel), one launch per step and d: bf16, "
+                "N 4096, non-causal, B 4, H 2048/d: tensor-pipe use (wgmma), occupancy, stall reasons, registers",
+    targets=("stage12_hopper_backward",),
+    params={"steps": (1, 2), "dims": (64, 128)},
+    param_help={"steps": "steps of the road (1 and up: the Hopper kernel)", "dims": "head dimensions, one report each"},
+    commands=_ncu12_commands,
+    outputs=tuple(f"ncu_stage12_step{{step}}_d{{d}}{end}" for end in (".ncu-rep", ".csv", "_metrics.ncu-rep",
+                                                                      "_metrics.csv")) + ("bench_step{step}_d{d}.jsonl",),
+    summary=_ncu12_summary,
+)
+
+EXPERIMENTS = (TEST12, SWEEP12, SANITIZE12, NCU12)
