@@ -4,12 +4,17 @@
 //
 // Each kernel streams a buffer much larger than the L2 cache (--mib, default 4096) once, with
 // 16-byte loads, several in flight per thread, and adds what it read into a value it stores only
-// when a flag the compiler cannot see is set: every byte is loaded, nothing is written. Two forms:
+// when a flag the compiler cannot see is set: every byte is loaded, nothing is written. Three forms:
 //
-//   grid_stride   a grid of a few blocks per SM, each thread loading --unroll 16-byte words per
-//                 turn of a grid-stride loop (the form of a hand-written streaming kernel)
+//   grid_stride   a grid of a few blocks per SM, each thread loading 4 16-byte words per turn of a
+//                 grid-stride loop (the form of a hand-written streaming kernel)
 //   block_chunks  one contiguous chunk per block, more blocks than SMs, each warp reading whole
 //                 128-byte lines in order (the form of stage 13's split kernel: one key range each)
+//   bulk_ring     Hopper and later: two blocks per SM, each streaming its contiguous range through a
+//                 ring of kRingStages shared-memory slots of kRingChunk bytes, each slot filled by one
+//                 thread's bulk copy (cp.async.bulk, the TMA without a tensor map) completing on the
+//                 slot's mbarrier; the threads read the slot, then the slot is refilled. No register
+//                 holds a load in flight: the bytes in flight are the ring's.
 //
 // Timing: fa::cuda::time_on_gpu (CUDA events, warm-up, median). The buffer is read once per run,
 // and it is many times the L2, so no run finds it cached. bench/session.py run ceiling13 writes
@@ -26,6 +31,9 @@
 #include "fa/cuda/buffer.hpp"
 #include "fa/cuda/check.hpp"
 #include "fa/cuda/device.hpp"
+#include "fa/cuda/mbarrier.cuh"
+#include "fa/cuda/ptx.cuh"
+#include "fa/cuda/tma.cuh"
 #include "fa/cuda/timing.hpp"
 #include "fa/error.hpp"
 #include "fa/json.hpp"
@@ -70,6 +78,50 @@ __global__ void block_chunks_kernel(const uint4* __restrict__ in, int64_t words,
     if (store) out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
 
+constexpr int kRingStages = 6;           // slots of the bulk_ring form's ring
+constexpr int kRingChunk = 16 * 1024;    // bytes one bulk copy brings
+constexpr int kRingThreads = 256;
+constexpr int kRingSmem = kRingStages * kRingChunk + kRingStages * 8;  // the slots, then their barriers
+
+// The bulk_ring form: block x reads chunks [x per, (x + 1) per) of `bytes` / kRingChunk.
+__global__ void __launch_bounds__(kRingThreads) bulk_ring_kernel(const unsigned char* __restrict__ in, int64_t bytes, int store,
+                                                                  unsigned* out) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using namespace fa::cuda::ptx;
+    extern __shared__ __align__(128) unsigned char ring[];
+    uint64_t* full = reinterpret_cast<uint64_t*>(ring + kRingStages * kRingChunk);
+    const int64_t chunks = bytes / kRingChunk, per = (chunks + gridDim.x - 1) / gridDim.x;
+    const int64_t begin = int64_t(blockIdx.x) * per, end = begin + per < chunks ? begin + per : chunks;
+    const int64_t count = end > begin ? end - begin : 0;
+    const auto bar = [&](int s) { return smem_address(full + s); };
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kRingStages; ++s) mbarrier_init(bar(s), 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    const auto issue = [&](int64_t n) {  // chunk begin + n into slot n % kRingStages
+        const int s = int(n % kRingStages);
+        mbarrier_arrive_expect_tx(bar(s), kRingChunk);
+        bulk_load(smem_address(ring + s * kRingChunk), in + (begin + n) * kRingChunk, kRingChunk, bar(s));
+    };
+    if (threadIdx.x == 0)
+        for (int64_t n = 0; n < kRingStages && n < count; ++n) issue(n);
+    unsigned acc = 0;
+    for (int64_t n = 0; n < count; ++n) {
+        const int s = int(n % kRingStages);
+        mbarrier_wait_parity(bar(s), uint32_t((n / kRingStages) & 1));
+        const uint4* words = reinterpret_cast<const uint4*>(ring + s * kRingChunk);
+#pragma unroll
+        for (int i = int(threadIdx.x); i < kRingChunk / 16; i += kRingThreads) acc += fold(words[i]);
+        __syncthreads();  // every thread has read slot s: it may be refilled
+        if (threadIdx.x == 0 && n + kRingStages < count) issue(n + kRingStages);
+    }
+    if (store) out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+#else
+    (void)in, (void)bytes, (void)store, (void)out;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,7 +162,7 @@ int main(int argc, char** argv) {
             std::string shape;
             std::function<void(cudaStream_t)> launch;
         };
-        const std::vector<Form> forms = {
+        std::vector<Form> forms = {
             {"grid_stride", std::to_string(grid) + " blocks, 4 loads in flight per thread",
              [&](cudaStream_t s) {
                  grid_stride_kernel<4><<<grid, threads, 0, s>>>(in.data(), words, 0, out.data());
@@ -122,6 +174,27 @@ int main(int argc, char** argv) {
                  FA_CUDA_CHECK_LAUNCH("block_chunks read kernel");
              }},
         };
+        const unsigned ring_grid = unsigned(gpu.sm_count * 2);
+        // The ring needs sm_90 code: a build for older targets only (whose PTX the driver compiles
+        // here) holds an empty kernel, which must not be timed as a read.
+        cudaFuncAttributes ring_attributes{};
+        FA_CUDA_CHECK(cudaFuncGetAttributes(&ring_attributes, bulk_ring_kernel));
+        if (gpu.compute_major >= 9 && ring_attributes.ptxVersion >= 90) {
+            FA_CUDA_CHECK(cudaFuncSetAttribute(bulk_ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kRingSmem));
+            forms.push_back({"bulk_ring",
+                             std::to_string(ring_grid) + " blocks of " + std::to_string(kRingThreads) + " threads, a ring of " +
+                                 std::to_string(kRingStages) + " x " + std::to_string(kRingChunk / 1024) +
+                                 " KiB filled by cp.async.bulk",
+                             [&](cudaStream_t s) {
+                                 bulk_ring_kernel<<<ring_grid, kRingThreads, kRingSmem, s>>>(
+                                     reinterpret_cast<const unsigned char*>(in.data()), bytes, 0, out.data());
+                                 FA_CUDA_CHECK_LAUNCH("bulk_ring read kernel");
+                             }});
+        } else {
+            std::printf("bulk_ring     skipped: cp.async.bulk needs compute capability 9.0 and a build for it (this GPU: "
+                        "%d.%d, the kernel's code: %d)\n",
+                        gpu.compute_major, gpu.compute_minor, ring_attributes.ptxVersion);
+        }
         for (const Form& f : forms) {
             const fa::TimingStats t = fa::cuda::time_on_gpu(f.launch, warmup, repeat);
             const double gbps = double(bytes) / (t.median_ms * 1e-3) * 1e-9;

@@ -42,6 +42,16 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
         : "memory");
 }
 
+/// <tt>cp.async.bulk.shared\::cluster.global.mbarrier\::complete_tx\::bytes</tt>: copies `bytes`
+/// contiguous bytes from global memory at `src` into shared memory at `dst`, no tensor map and no
+/// swizzle; its bytes count down the transactions of mbarrier `bar`. `bytes` a multiple of 16, both
+/// addresses 16-byte aligned.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 /// tma_load_2d() for a 3-d tensor map: coordinates (c0, c1, c2), innermost first.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2) {
     asm volatile(
