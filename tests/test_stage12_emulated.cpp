@@ -6,9 +6,13 @@
 // of the naive backward in the same 16-bit type), as stage 09 is judged; rows that see no key get dQ = 0
 // exactly, and every gradient element is written. O and LSE are the float64 forward's of the inputs rounded
 // to the 16-bit type, O rounded too (what any correct 16-bit forward gives, to its rounding).
-// Steps 1 and 2 of the road run every case; step 2 (a producer warpgroup, two consumers of 64 keys)
-// also gives step 1's dK and dV bits, and both run once more with TMA loads that land as soon as
-// they are issued, which shows a ring slot released before its readers are done.
+// Every step of the road runs every case; step 2 (a producer warpgroup, two consumers of 64 keys)
+// also gives step 1's dK and dV bits, steps 3 and 4 (the dQ writer warp, the shared dQ buffer)
+// step 2's, and all run once more with TMA loads that land as soon as they are issued, which shows
+// a ring slot released before its readers are done. The deterministic order (steps 3 and 4) runs
+// the blocks in their launch order and stops if one ever waits for a turn a later block holds; its
+// dQ has the bits of the racing mode with the blocks run last first (the same order of additions),
+// and every tile's turn counter ends at the number of additions into it.
 // No GPU is needed, so this runs in CI; the GPU test (test_stage12) remains the check of the compiled kernels.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
@@ -116,7 +120,8 @@ BackwardInputs backward_inputs(const test::Case& c) {
 /// layout; the workspace starts as NaN and the gradients as all-ones bits (NaN), so what the
 /// kernels forget to write shows.
 template <class T, int D, class Step>
-Grads run_backward(const Problem& p, const BackwardInputs& bi) {
+Grads run_backward(const Problem& p, const BackwardInputs& bi, bool last_block_first = false,
+                   std::vector<float>* workspace_out = nullptr) {
     const Inputs& in = bi.in;
     const HostTensor &o32 = bi.o, &dout32 = bi.dout;
     const std::vector<float>& lse = bi.lse;
@@ -129,23 +134,28 @@ Grads run_backward(const Problem& p, const BackwardInputs& bi) {
                                               View4<const T>(dout.view), dq.view, dk.view, dv.view, workspace.data());
     const auto launch = [&](auto kernel, const char*, int64_t blocks, int threads, size_t smem, const auto& args) {
         REQUIRE(smem <= sizeof fa::stage12::smem_raw);
-        if (blocks > 0) emu::launch(long(blocks), threads, fa::stage12::smem_raw, smem, [&] { decltype(kernel)::value(args); });
+        if (blocks > 0) {
+            emu::launch(long(blocks), threads, fa::stage12::smem_raw, smem, [&] { decltype(kernel)::value(args); },
+                        last_block_first);
+        }
     };
     run_kernels<T, D, Step>(l, launch);
+    if (workspace_out != nullptr) *workspace_out = workspace;
     return {dq.logical(), dk.logical(), dv.logical()};
 }
 
 /// Case `c` in type T at head dimension D: step N on the emulator from backward_inputs(), judged
 /// against the float64 gradients by the rule for T.
-template <class T, int D, int N = 1>
+template <class T, int D, int N = 1, bool Deterministic = false>
 void check_case(const test::Case& c) {
     const Problem& p = c.problem;
     REQUIRE(p.head_dim == D);
     const Precision precision = std::is_same_v<T, __half> ? Precision::Float16 : Precision::BFloat16;
     const BackwardInputs bi = backward_inputs<T>(c);
-    const Grads got = run_backward<T, D, StepN<N>>(p, bi);
+    const Grads got = run_backward<T, D, StepN<N, Deterministic>>(p, bi);
     const test::Judge j = test::judge(p, bi.in, bi.dout, precision);
-    const std::string what = c.name() + " " + to_string(precision) + " step " + std::to_string(N);
+    const std::string what =
+        c.name() + " " + to_string(precision) + " step " + std::to_string(N) + (Deterministic ? " deterministic" : "");
     test::check_gradients(got, j, what + " vs float64 reference");
     test::check_rows_without_keys(p, got, what);
 }
@@ -203,6 +213,81 @@ TEST_CASE("emulated stage 12: step 2 (warp roles) matches the float64 gradients 
     for (const test::Case& c : cases(128)) check_case<__half, 128, 2>(c);
 }
 
+TEST_CASE("emulated stage 12: steps 3 and 4 (dQ writer, shared dQ) match the float64 gradients in bf16 and fp16 at d = 64") {
+    for (const test::Case& c : cases(64)) {
+        check_case<__nv_bfloat16, 64, 3>(c);
+        check_case<__half, 64, 4>(c);
+    }
+}
+
+TEST_CASE("emulated stage 12: steps 3 and 4 (dQ writer, shared dQ) match the float64 gradients in bf16 and fp16 at d = 128") {
+    for (const test::Case& c : cases(128)) {
+        check_case<__half, 128, 3>(c);
+        check_case<__nv_bfloat16, 128, 4>(c);
+    }
+}
+
+TEST_CASE("emulated stage 12: steps 3 and 4 give step 2's dK and dV bits (the writer changes only who adds dQ)") {
+    for (const test::Case& c : cases(64)) {
+        const BackwardInputs bi = backward_inputs<__nv_bfloat16>(c);
+        const Grads two = run_backward<__nv_bfloat16, 64, StepN<2>>(c.problem, bi);
+        const Grads three = run_backward<__nv_bfloat16, 64, StepN<3>>(c.problem, bi);
+        const Grads four = run_backward<__nv_bfloat16, 64, StepN<4>>(c.problem, bi);
+        INFO(c.name());
+        for (const Grads* g : {&three, &four}) {
+            CHECK(std::memcmp(two.dk.data(), g->dk.data(), two.dk.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(two.dv.data(), g->dv.data(), two.dv.size() * sizeof(float)) == 0);
+        }
+    }
+}
+
+TEST_CASE("emulated stage 12: the deterministic order at steps 3 and 4 matches the float64 gradients, and no block waits "
+          "for one launched after it") {
+    // emu::launch runs the blocks one at a time in their launch order, and __nanosleep stops the
+    // program: a turn not there when its block arrives would be a wait for a later block.
+    for (const test::Case& c : cases(64)) {
+        check_case<__nv_bfloat16, 64, 3, true>(c);
+        check_case<__half, 64, 4, true>(c);
+    }
+    for (const test::Case& c : cases(128)) {
+        check_case<__nv_bfloat16, 128, 3, true>(c);
+        check_case<__half, 128, 4, true>(c);
+    }
+}
+
+/// The deterministic checks of one case at step N: dQ's bits are those of the racing mode run
+/// with the blocks in reverse (each head's key blocks then add from the last one down, as the
+/// turns order them), dK and dV those of the racing mode, and every query tile's counter ends at
+/// the additions into it: (buffers per block) x (key blocks that visit it).
+template <int N>
+void check_deterministic_order(const test::Case& c) {
+    using S = Shape<64, StepN<N>>;
+    const Problem& p = c.problem;
+    const BackwardInputs bi = backward_inputs<__nv_bfloat16>(c);
+    std::vector<float> ws;
+    const Grads det = run_backward<__nv_bfloat16, 64, StepN<N, true>>(p, bi, false, &ws);
+    const Grads racing_reversed = run_backward<__nv_bfloat16, 64, StepN<N>>(p, bi, true);
+    INFO(c.name() << " step " << N);
+    CHECK(std::memcmp(det.dq.data(), racing_reversed.dq.data(), det.dq.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(det.dk.data(), racing_reversed.dk.data(), det.dk.size() * sizeof(float)) == 0);
+    CHECK(std::memcmp(det.dv.data(), racing_reversed.dv.data(), det.dv.size() * sizeof(float)) == 0);
+    const Counts k = counts(p, S::kBlockKeys), t = counts(p);
+    const int* turns = reinterpret_cast<const int*>(ws.data() + 2 * t.batch_heads * t.seq_q_padded +
+                                                    t.batch_heads * t.seq_q_padded * p.head_dim);
+    for (int64_t bh = 0; bh < t.batch_heads; ++bh)
+        for (int i = 0; i < int(t.q_tiles); ++i) {
+            const int last = last_key_block(i, 64, S::kBlockKeys, int(p.seq_q), int(p.seq_k), int(k.k_blocks), p.causal);
+            CHECK(turns[bh * t.q_tiles + i] == S::kDqBuffers * (last + 1));
+        }
+}
+
+TEST_CASE("emulated stage 12: the deterministic order adds the key blocks from the last one down, every turn once") {
+    for (const test::Case& c : cases(64)) {
+        check_deterministic_order<3>(c);
+        check_deterministic_order<4>(c);
+    }
+}
+
 TEST_CASE("emulated stage 12: step 2 gives step 1's dK and dV bits (each consumer is step 1's warpgroup on its 64 keys)") {
     // A consumer visits the same query tiles as step 1's block of its keys, in the same order, with
     // the same arithmetic; consumer 1 may visit a tile or two before them that see none of its keys,
@@ -226,17 +311,23 @@ struct EagerLoads {
     EagerLoads& operator=(const EagerLoads&) = delete;
 };
 
-TEST_CASE("emulated stage 12: steps 1 and 2 stay right when every TMA load lands as soon as it is issued") {
+TEST_CASE("emulated stage 12: every step stays right when every TMA load lands as soon as it is issued") {
     // The other tests land each load as late as possible, which shows a tile read before it has
     // landed. Landing at once shows the opposite bug: a slot refilled while its readers still need
     // it (step 2: an empty barrier arrived on too early; step 1: a load issued before the block-wide
     // barrier), since the next round's bytes then replace Q_i, dO_i, L and D under the consumers.
+    // Steps 3 and 4: a dQ buffer freed too early (the writer's empty barrier) shows the same way.
     const EagerLoads eager;
     for (const test::Case& c : cases(64)) {
         check_case<__nv_bfloat16, 64, 1>(c);
         check_case<__nv_bfloat16, 64, 2>(c);
+        check_case<__nv_bfloat16, 64, 3>(c);
+        check_case<__nv_bfloat16, 64, 4, true>(c);
     }
-    for (const test::Case& c : cases(128)) check_case<__half, 128, 2>(c);
+    for (const test::Case& c : cases(128)) {
+        check_case<__half, 128, 2>(c);
+        check_case<__half, 128, 4>(c);
+    }
 }
 
 TEST_CASE("stage 12: the query tiles that visit key block j are first_query_tile(j) .. the last") {

@@ -737,19 +737,6 @@ __host__ __device__ inline int first_query_block(int j, int br, int bc, int seq_
     return first_row > 0 ? int(first_row / br) : 0;
 }
 
-/// The last key block that visits query block `i`, or -1 when none does (every row of the block
-/// sees no key). Key block j visits i iff first_query_block(j) <= i, i.e. (causal) iff its first
-/// key j*Bc is seen by the block's last row (i+1)*Br - 1: j*Bc <= (i+1)*Br - 1 + Nk - Nq. So the
-/// key blocks visiting i are 0 .. last_key_block(i): the deterministic mode's turn of key block j
-/// at query block i is last_key_block(i) - j (the last key block adds first).
-__host__ __device__ inline int last_key_block(int i, int br, int bc, int seq_q, int seq_k, int k_blocks, bool causal) {
-    if (!causal) return k_blocks - 1;
-    const int64_t last_key = int64_t(i + 1) * br - 1 + seq_k - seq_q;  // the last key row (i+1)*Br - 1 sees
-    if (last_key < 0) return -1;
-    const int64_t j = last_key / bc;
-    return j < k_blocks - 1 ? int(j) : k_blocks - 1;
-}
-
 /// True when block (query block starting at `q0`, key block starting at `kv0`) holds a (query,
 /// key) pair the mask hides: the key block runs past Nk, or (causal) the block's first query row
 /// does not see its last key. Later rows see more keys, so the first row decides.

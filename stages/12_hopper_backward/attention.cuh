@@ -58,7 +58,14 @@ using cuda::DType;
 struct Options {
     DType dtype = DType::BF16;  ///< 16-bit type of q, k, v, o, dO and the gradients (`--dtype`)
     int step = -1;              ///< the step of road() (`--step`); -1: final_step()
+    /// Add the key blocks' dQ_i partials in a fixed order (the last key block first), so that dq is
+    /// bit-identical from run to run (`--deterministic`): step 0 (stage 09's order) and steps from
+    /// first_deterministic_step(); otherwise the additions race, each float atomically.
+    bool deterministic = false;
 };
+
+/// The first Hopper step that keeps the deterministic order (its dQ writer waits for the turns).
+int first_deterministic_step();
 
 /// The steps, in order. Step 0 is stage 09's default backward, the point of departure.
 const std::vector<RoadStep>& road();
@@ -70,8 +77,9 @@ int final_step();
 const std::vector<int>& supported_head_dims();
 
 /// Throws fa::InputError unless step `step` (-1: final_step()) supports `problem`: the head
-/// dimension (the message names `--head-dim`), sizes within the kernel's indices, the step.
-void check_supported(const Problem& problem, int step = -1);
+/// dimension (the message names `--head-dim`), sizes within the kernel's indices, the step, and
+/// with `deterministic` a step that keeps the order (0, or first_deterministic_step() and on).
+void check_supported(const Problem& problem, int step = -1, bool deterministic = false);
 
 /// "" when this machine can run stage 12 (a Hopper GPU, sm_90a); otherwise one line saying why not.
 std::string gpu_unavailable_reason();
@@ -85,8 +93,9 @@ struct Workspace {
     stage09::Workspace step0;          ///< step 0's (stage 09's kernels keep their own layout)
 };
 
-/// Bytes of the workspace the backward of `problem` needs at step `step`.
-double workspace_bytes(const Problem& problem, int step = -1);
+/// Bytes of the workspace the backward of `problem` needs at step `step` (`deterministic`: step
+/// 0's own, in stage 09's order).
+double workspace_bytes(const Problem& problem, int step = -1, bool deterministic = false);
 
 /// Device entry point, bf16: queues the kernels on `stream`. Every view points to device memory;
 /// q, k, v, o, dout, dq, dk, dv need a feature stride of 1, other strides that are multiples of 8
@@ -106,16 +115,18 @@ double workspace_bytes(const Problem& problem, int step = -1);
 /// \param workspace kept by the caller (grown if needed); nullptr: allocated for this call, which
 ///        then waits for the stream before freeing it
 /// \param step the step of road() (-1: final_step())
+/// \param deterministic dQ's additions in a fixed order (Options::deterministic)
 void attention_backward_device(const Problem& problem, View4<const __nv_bfloat16> q, View4<const __nv_bfloat16> k,
                                View4<const __nv_bfloat16> v, View4<const __nv_bfloat16> o, View3<const float> lse,
                                View4<const __nv_bfloat16> dout, View4<__nv_bfloat16> dq, View4<__nv_bfloat16> dk,
-                               View4<__nv_bfloat16> dv, cudaStream_t stream, Workspace* workspace = nullptr, int step = -1);
+                               View4<__nv_bfloat16> dv, cudaStream_t stream, Workspace* workspace = nullptr, int step = -1,
+                               bool deterministic = false);
 
 /// Device entry point, fp16 (see the bf16 overload).
 void attention_backward_device(const Problem& problem, View4<const __half> q, View4<const __half> k, View4<const __half> v,
                                View4<const __half> o, View3<const float> lse, View4<const __half> dout, View4<__half> dq,
                                View4<__half> dk, View4<__half> dv, cudaStream_t stream, Workspace* workspace = nullptr,
-                               int step = -1);
+                               int step = -1, bool deterministic = false);
 
 /// A host entry point with the float32 signature of every backward stage (fa::BackwardFn): the
 /// inputs are copied to the device and rounded to `options.dtype` there, the backward runs, the

@@ -45,6 +45,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -76,6 +77,17 @@ struct Features {
     int producer_registers = 24;   ///< with `warp_roles`: registers per thread the producer keeps (setmaxnreg.dec)
     int consumer_registers = 240;  ///< with `warp_roles`: registers per thread of a consumer (setmaxnreg.inc)
 
+    /// A dQ writer (step 3): warp 1 of the producer warpgroup issues the bulk reductions. A
+    /// consumer stores its dQ_i partial, arrives on its buffer's full barrier and goes on; the
+    /// writer adds the buffer into global memory and, once the reduction has read it, frees it on
+    /// its empty barrier. No consumer waits for a bulk group, and the deterministic mode's turns
+    /// are the writer's to wait for.
+    bool dq_writer = false;
+
+    /// One dQ_i partial per block (step 4): consumer 1 adds its partial onto consumer 0's in
+    /// shared memory, and the writer issues one bulk reduction per tile instead of two.
+    bool shared_dq = false;
+
     /// The same features with a ring of `n` slots.
     constexpr Features with_ring(int n) const {
         Features f = *this;
@@ -87,6 +99,18 @@ struct Features {
     constexpr Features with_warp_roles() const {
         Features f = *this;
         f.warp_roles = true;
+        return f;
+    }
+    /// Step 3: the bulk reductions issued by a warp of their own.
+    constexpr Features with_dq_writer() const {
+        Features f = *this;
+        f.dq_writer = true;
+        return f;
+    }
+    /// Step 4: the two consumers' partials summed in shared memory, one reduction per tile.
+    constexpr Features with_shared_dq() const {
+        Features f = *this;
+        f.shared_dq = true;
         return f;
     }
 };
@@ -110,19 +134,33 @@ struct Shape {
     /// One slot: Q_i, dO_i, the statistics, rounded up so the next slot's Q starts on 1024 bytes.
     static constexpr int kSlotBytes = 2 * kQBytes + 1024;
     static constexpr int kDsBytes = kBc * kBr * 2;   ///< one consumer's dS^T [Bc, Br]: one swizzled box (Br = 64)
-    static constexpr int kDqBytes = kBr * D * 4;     ///< one consumer's dQ_i partial [Br, d] in float32, row-major
-    /// K/V's, then per slot a full barrier (and with warp roles an empty one).
-    static constexpr int kBarriers = 1 + kStages * (kF.warp_roles ? 2 : 1);
+    static constexpr int kDqBytes = kBr * D * 4;     ///< one dQ_i partial [Br, d] in float32, row-major
+    /// dQ buffers: one per consumer, or one shared (Features::shared_dq).
+    static constexpr int kDqBuffers = kF.shared_dq ? 1 : kConsumers;
+    /// K/V's, then per slot a full barrier (and with warp roles an empty one); with the dQ writer
+    /// a full and an empty barrier per dQ buffer, and with a shared buffer the barrier on which
+    /// consumer 0 hands it to consumer 1.
+    static constexpr int kBarriers =
+        1 + kStages * (kF.warp_roles ? 2 : 1) + (kF.dq_writer ? 2 * kDqBuffers : 0) + (kF.shared_dq ? 1 : 0);
     /// 1024 bytes to align the tiles (the swizzle's atom), K and V of every consumer, the ring,
-    /// dS^T and dQ's buffer of every consumer, the barriers.
-    static constexpr int kSmemBytes =
-        1024 + 2 * kConsumers * kKVBytes + kStages * kSlotBytes + kConsumers * (kDsBytes + kDqBytes) + 8 * kBarriers;
+    /// dS^T of every consumer, the dQ buffers, the barriers.
+    static constexpr int kSmemBytes = 1024 + 2 * kConsumers * kKVBytes + kStages * kSlotBytes + kConsumers * kDsBytes +
+                                      kDqBuffers * kDqBytes + 8 * kBarriers;
     static_assert(kStages >= 1, "the ring has at least one slot");
     static_assert(kBr == 64, "dS^T is one 64-column swizzled box, the M of dQ's wgmma");
     static_assert(kSmemBytes <= 227 * 1024, "a block's shared memory on Hopper: at most 227 KiB");
+    static_assert(!kF.dq_writer || kF.warp_roles, "the dQ writer is a warp of the producer warpgroup");
+    static_assert(!kF.shared_dq || kF.dq_writer, "the shared dQ buffer is handed to the writer");
     static_assert(!kF.warp_roles || 128 * kF.producer_registers + 128 * kConsumers * kF.consumer_registers <= 65536,
                   "setmaxnreg: the warpgroups' registers fit the SM's 64 K (one block per SM)");
 };
+
+/// Whether a step type asks for the deterministic order of dQ's additions (StepN<N, true>).
+template <class Step, class = void>
+struct DeterministicStep : std::false_type {};
+/// DeterministicStep for a step type with a `deterministic` member.
+template <class Step>
+struct DeterministicStep<Step, std::void_t<decltype(Step::deterministic)>> : std::bool_constant<Step::deterministic> {};
 
 /// What the main kernel reads. Tensor maps of the 16-bit inputs (boxes [64, 64], 128-byte
 /// swizzle: Q and dO with Br rows, K and V with Bc rows) and of the float32 statistics; where
@@ -139,6 +177,7 @@ struct Args {
     int64_t dk_s[3];        ///< strides of dk: batch, head, row
     int64_t dv_s[3];        ///< strides of dv
     float* dq_accum;        ///< [B H, Nq_padded, d] float32, zeroed by the preprocessing kernel
+    int* turns;             ///< deterministic mode: [B H, q_tiles] dQ_i additions done per query tile (zeroed); else nullptr
     int heads;              ///< H
     int k_blocks;           ///< key blocks per head
     int q_tiles;            ///< query tiles per head
@@ -161,6 +200,7 @@ struct PreprocessArgs {
     int64_t lse_s[3];      ///< strides of lse
     float* stats;          ///< [2 B H, Nq_padded]: L log2e rows and D rows, interleaved by head
     float* dq_accum;       ///< [B H, Nq_padded, d], zeroed
+    int* turns;            ///< deterministic mode: [B H, q_tiles], zeroed (one per tile of 64 rows); else nullptr
     int64_t rows;          ///< B H Nq_padded
     int heads;             ///< H
     int seq_q;             ///< Nq
@@ -338,6 +378,7 @@ __global__ void __launch_bounds__(kPrePostThreads) backward_preprocess_kernel(co
     float4* acc = reinterpret_cast<float4*>(a.dq_accum + row * D + chunk * 8);
     acc[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (a.turns != nullptr && chunk == 0 && n % 64 == 0) a.turns[bh * (a.seq_q_padded / 64) + n / 64] = 0;
     if (chunk == 0) {
         const float lse = real ? a.lse[b * a.lse_s[0] + h * a.lse_s[1] + n * a.lse_s[2]] : -INFINITY;
         // P = exp2(S scale log2e - L log2e): a row that sees no key has L = -inf, and +inf here
@@ -372,6 +413,56 @@ __global__ void __launch_bounds__(kPrePostThreads) backward_postprocess_kernel(c
 }
 //! [postprocess]
 
+//! [dq_writer]
+/// The dQ writer of steps 3 and on: one elected lane of warp 1 of the producer warpgroup. For
+/// every tile n of the block and every dQ buffer (consumer 1's first: the deterministic order
+/// within a block), it waits until the buffer's consumer has stored tile n's partial (the
+/// buffer's full barrier), adds it into global memory by one bulk reduction and, once the
+/// reduction has *read* the buffer (wait_group.read), frees it on its empty barrier.
+///
+/// kDet, the deterministic order: the additions into query tile i of head bh happen one at a
+/// time, from the last key block that visits i down to block 0 (the grid runs the key blocks in
+/// that order: kDeterministic in backward_with_warp_roles). Unit u of key block j (its buffers,
+/// consumer 1's first) has the turn when the tile's counter reads U (last(i) - j) + u, U the
+/// buffers per block. It waits for that value with acquiring loads, adds, and passes the turn on
+/// only when the reduction has *completed*: wait_group.read says the shared memory may be
+/// reused, not that the adds have reached global memory; wait_group 0 (without .read) waits for
+/// the writes too. The proxy fences order the bulk reduction (the asynchronous proxy) after the
+/// acquiring load and before the increment (the generic proxy); __threadfence makes the increment
+/// a release of everything before it at the GPU's scope.
+template <class T, int D, class S, bool kDet, class Full, class Empty>
+__device__ __forceinline__ void write_dq(const Args<T>& a, const float* dq_tiles, const Full& dq_full, const Empty& dq_empty,
+                                         int bh, int j, int i_begin, int count) {
+    using namespace fa::cuda::ptx;
+    for (int n = 0; n < count; ++n) {
+        const int i = i_begin + n;
+        float* dst = a.dq_accum + (int64_t(bh) * a.seq_q_padded + int64_t(i) * S::kBr) * D;
+        for (int u = 0; u < S::kDqBuffers; ++u) {
+            const int buf = S::kDqBuffers - 1 - u;
+            mbarrier_wait_parity(dq_full(buf), uint32_t(n & 1));  // tile n's partial is in the buffer
+            int* turn = nullptr;
+            if constexpr (kDet) {
+                turn = a.turns + int64_t(bh) * a.q_tiles + i;
+                const int mine = S::kDqBuffers * (last_key_block(i, S::kBr, S::kBlockKeys, a.seq_q, a.seq_k, a.k_blocks, a.causal) - j) + u;
+                while (ld_global_acquire_gpu_b32(turn) != mine) __nanosleep(32);
+                fence_proxy_async_global();  // the additions acquired come before this reduction's
+            }
+            bulk_reduce_add_f32(dst, smem_address(dq_tiles + buf * S::kBr * D), uint32_t(S::kDqBytes));
+            bulk_commit_group();
+            bulk_wait_group_read<0>();       // the reduction has read the buffer...
+            mbarrier_arrive(dq_empty(buf));  // ...so its consumer may store the next tile's partial
+            if constexpr (kDet) {
+                bulk_wait_group<0>();        // ...and now it has added it into global memory
+                fence_proxy_async_global();  // those writes come before the increment
+                __threadfence();
+                atomicAdd(turn, 1);
+            }
+        }
+    }
+    bulk_wait_group<0>();  // nothing of this block's dQ is still on its way when it exits
+}
+//! [dq_writer]
+
 //! [warp_roles_kernel]
 /// Step 2's block (Features::warp_roles): the backward of 128 keys K_j, V_j of one (batch, head),
 /// block x being key block x % k_blocks of head x / k_blocks. Warpgroup 0 produces: one elected
@@ -379,27 +470,38 @@ __global__ void __launch_bounds__(kPrePostThreads) backward_postprocess_kernel(c
 /// both consumers have released it on its empty barrier. Warpgroups 1 and 2 consume: consumer c
 /// owns keys j 128 + 64 c and on, its own dK and dV accumulators, its own S^T, dP^T, P^T, dS^T
 /// against every query tile, its own dS^T and dQ buffers in shared memory, and its own bulk
-/// reductions of dQ_i. Nothing but the ring ties the two consumers together.
+/// reductions of dQ_i. Nothing but the ring ties the two consumers together. From step 3 a warp of
+/// the producer warpgroup issues the reductions (write_dq()); from step 4 the consumers share one
+/// dQ buffer, consumer 1 adding its partial onto consumer 0's.
 template <class T, int D, class Step>
 __device__ __forceinline__ void backward_with_warp_roles(const Args<T>& a, unsigned char* smem_raw) {
     using namespace detail;
     using S = Shape<D, Step>;
     constexpr int kBr = S::kBr, kBc = S::kBc, kStages = S::kStages, kConsumers = S::kConsumers;
     constexpr Features kF = S::kF;
+    constexpr bool kDeterministic = DeterministicStep<Step>::value;
+    static_assert(!kDeterministic || kF.dq_writer, "the deterministic order is kept by the dQ writer (step 3 and on)");
     unsigned char* k_tiles = smem_raw + (1024u - smem_address(smem_raw) % 1024u) % 1024u;  // consumer c's K_j [Bc, d] at c kKVBytes
     unsigned char* v_tiles = k_tiles + kConsumers * S::kKVBytes;                           // consumer c's V_j [Bc, d]
     unsigned char* ring = v_tiles + kConsumers * S::kKVBytes;  // kStages x (Q_i [Br, d], dO_i [Br, d], L and D [2, Br] float32)
     unsigned char* ds_tiles = ring + kStages * S::kSlotBytes;                   // consumer c's dS^T [Bc, Br] at c kDsBytes
-    float* dq_tiles = reinterpret_cast<float*>(ds_tiles + kConsumers * S::kDsBytes);  // consumer c's dQ_i [Br, d] float32 at c Br d
-    uint64_t* barriers = reinterpret_cast<uint64_t*>(dq_tiles + kConsumers * kBr * D);  // K/V's; slot s's full 1 + s, empty 1 + kStages + s
+    float* dq_tiles = reinterpret_cast<float*>(ds_tiles + kConsumers * S::kDsBytes);  // buffer b's dQ_i [Br, d] float32 at b Br d
+    uint64_t* barriers = reinterpret_cast<uint64_t*>(dq_tiles + S::kDqBuffers * kBr * D);  // K/V's; slot s's full 1 + s, empty 1 + kStages + s
     const auto bar = [&](int i) { return smem_address(barriers + i); };
     const auto full = [&](int s) { return bar(1 + s); };
     const auto empty = [&](int s) { return bar(1 + kStages + s); };
     const auto slot_q = [&](int s) { return ring + s * S::kSlotBytes; };
     const auto slot_do = [&](int s) { return ring + s * S::kSlotBytes + S::kQBytes; };
     const auto slot_stats = [&](int s) { return reinterpret_cast<const float*>(ring + s * S::kSlotBytes + 2 * S::kQBytes); };
+    // With the dQ writer: buffer b's full and empty barriers, then (shared buffer) the handoff
+    // from consumer 0 to consumer 1.
+    const auto dq_full = [&](int b) { return bar(1 + 2 * kStages + b); };
+    const auto dq_empty = [&](int b) { return bar(1 + 2 * kStages + S::kDqBuffers + b); };
+    const auto dq_handoff = [&] { return bar(1 + 2 * kStages + 2 * S::kDqBuffers); };
 
-    const int j = int(blockIdx.x % unsigned(a.k_blocks)), bh = int(blockIdx.x / unsigned(a.k_blocks));
+    // The deterministic order runs the key blocks of a head from the last one down (write_dq()).
+    const int jb = int(blockIdx.x % unsigned(a.k_blocks)), bh = int(blockIdx.x / unsigned(a.k_blocks));
+    const int j = kDeterministic ? a.k_blocks - 1 - jb : jb;
     const int b = bh / a.heads, h = bh % a.heads, kv0 = j * S::kBlockKeys;
     const int thread = int(threadIdx.x);
     // The tiles that see any key of the block: those that see its first key, consumer 0's. Consumer
@@ -413,6 +515,13 @@ __device__ __forceinline__ void backward_with_warp_roles(const Args<T>& a, unsig
         for (int s = 0; s < kStages; ++s) {
             mbarrier_init(full(s), 1);                   // the producer's arrival, then the slot's bytes
             mbarrier_init(empty(s), 128 * kConsumers);   // every consumer thread, once it has read the slot
+        }
+        if constexpr (kF.dq_writer) {
+            for (int b2 = 0; b2 < S::kDqBuffers; ++b2) {
+                mbarrier_init(dq_full(b2), 128);  // the threads of the consumer that stores the buffer last
+                mbarrier_init(dq_empty(b2), 1);   // the writer, once its reduction has read the buffer
+            }
+            if constexpr (kF.shared_dq) mbarrier_init(dq_handoff(), 128);  // consumer 0's threads
         }
         fence_mbarrier_init();  // the TMA unit sees the initialized barriers
     }
@@ -440,7 +549,12 @@ __device__ __forceinline__ void backward_with_warp_roles(const Args<T>& a, unsig
             }
         }
         //! [producer]
-        return;  // the producer writes nothing; its loads complete on barriers the consumers wait for
+        if constexpr (kF.dq_writer) {
+            if (count > 0 && thread / 32 == 1 && elect_one_sync()) {
+                write_dq<T, D, S, kDeterministic>(a, dq_tiles, dq_full, dq_empty, bh, j, i_begin, count);
+            }
+        }
+        return;  // the producer writes nothing itself; its loads complete on barriers the consumers wait for
     }
     setmaxnreg_inc<kF.consumer_registers>();  // the consumers get the registers
     //! [roles]
@@ -505,39 +619,84 @@ __device__ __forceinline__ void backward_with_warp_roles(const Args<T>& a, unsig
             mbarrier_arrive(empty(s));
             fence_proxy_async();  // this thread's plain stores of dS^T become visible to the wgmma's reads
             //! [consumer_tile]
-            //! [dq_per_consumer]
-            // This consumer's reduction of tile n - 1 has *read* its dQ buffer (not necessarily added it yet).
-            if (ct == 0) bulk_wait_group_read<0>();
-            named_barrier_sync(consumer_bar, 128);  // this consumer's dS^T is written; its dQ buffer may be overwritten
-            float dq[D / 2];
-            wgmma_fence();  // dq is free for the wgmma to write
-            issue_dq<T, D, kBc>(dq, ds_addr, k_addr);
-            wgmma_commit_group();
-            wgmma_wait_group<0>();  // this consumer's part of dQ_i (its 64 keys) is in registers; dS^T is no longer read
-            warpgroup_fence_operands(dq);
-#pragma unroll
-            for (int i = 0; i < D / 8; ++i)
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int row = 16 * warp + g + 8 * hh;
-                    *reinterpret_cast<float2*>(dq_tile + row * D + 8 * i + 2 * t) = make_float2(dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
+            if constexpr (kF.dq_writer) {
+                //! [dq_to_writer]
+                named_barrier_sync(consumer_bar, 128);  // this consumer's dS^T is written
+                float dq[D / 2];
+                wgmma_fence();  // dq is free for the wgmma to write
+                issue_dq<T, D, kBc>(dq, ds_addr, k_addr);
+                wgmma_commit_group();
+                wgmma_wait_group<0>();  // this consumer's part of dQ_i is in registers; dS^T is no longer read
+                warpgroup_fence_operands(dq);
+                // Every thread of this consumer has waited for the wgmma that read dS^T: from here
+                // on tile n + 1 may rewrite it.
+                named_barrier_sync(consumer_bar, 128);
+                const int buf = kF.shared_dq ? 0 : c;
+                float* dq_buf = dq_tiles + buf * kBr * D;
+                const bool adds = kF.shared_dq && c == 1;  // consumer 1 adds onto consumer 0's partial
+                if (adds) {
+                    mbarrier_wait_parity(dq_handoff(), uint32_t(n & 1));  // consumer 0's partial of tile n is stored
+                } else if (n > 0) {
+                    mbarrier_wait_parity(dq_empty(buf), uint32_t((n - 1) & 1));  // the writer has read tile n - 1's
                 }
-            fence_proxy_async();  // the plain stores of dQ_i become visible to the bulk reduction
-            // Every thread of this consumer has stored its part of dQ_i, and so has waited for the
-            // wgmma that read dS^T: from here on tile n + 1 may rewrite dS^T.
-            named_barrier_sync(consumer_bar, 128);
-            if (ct == 0) {
-                // Each consumer adds its own partial, so the two add into the same rows, each float
-                // atomically: summing them in shared memory first would save half the reductions but
-                // make each consumer wait for the other at every tile, the coupling the warp roles remove.
-                bulk_reduce_add_f32(a.dq_accum + (int64_t(bh) * a.seq_q_padded + q0) * D, smem_address(dq_tile), uint32_t(S::kDqBytes));
-                bulk_commit_group();
+#pragma unroll
+                for (int i = 0; i < D / 8; ++i)
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int row = 16 * warp + g + 8 * hh;
+                        float2* at = reinterpret_cast<float2*>(dq_buf + row * D + 8 * i + 2 * t);
+                        float2 x = make_float2(dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
+                        if (adds) {
+                            const float2 y = *at;  // the same thread of consumer 0 stored it: same layout
+                            x.x = y.x + x.x;
+                            x.y = y.y + x.y;
+                        }
+                        *at = x;
+                    }
+                fence_proxy_async();  // the plain stores of dQ_i become visible to the bulk reduction
+                if (kF.shared_dq && c == 0) {
+                    mbarrier_arrive(dq_handoff());  // consumer 1 adds its partial next
+                } else {
+                    mbarrier_arrive(dq_full(buf));  // the writer takes the buffer
+                }
+                //! [dq_to_writer]
+            } else {
+                //! [dq_per_consumer]
+                // This consumer's reduction of tile n - 1 has *read* its dQ buffer (not necessarily added it yet).
+                if (ct == 0) bulk_wait_group_read<0>();
+                named_barrier_sync(consumer_bar, 128);  // this consumer's dS^T is written; its dQ buffer may be overwritten
+                float dq[D / 2];
+                wgmma_fence();  // dq is free for the wgmma to write
+                issue_dq<T, D, kBc>(dq, ds_addr, k_addr);
+                wgmma_commit_group();
+                wgmma_wait_group<0>();  // this consumer's part of dQ_i (its 64 keys) is in registers; dS^T is no longer read
+                warpgroup_fence_operands(dq);
+    #pragma unroll
+                for (int i = 0; i < D / 8; ++i)
+    #pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int row = 16 * warp + g + 8 * hh;
+                        *reinterpret_cast<float2*>(dq_tile + row * D + 8 * i + 2 * t) = make_float2(dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
+                    }
+                fence_proxy_async();  // the plain stores of dQ_i become visible to the bulk reduction
+                // Every thread of this consumer has stored its part of dQ_i, and so has waited for the
+                // wgmma that read dS^T: from here on tile n + 1 may rewrite dS^T.
+                named_barrier_sync(consumer_bar, 128);
+                if (ct == 0) {
+                    // Each consumer adds its own partial, so the two add into the same rows, each float
+                    // atomically: summing them in shared memory first would save half the reductions but
+                    // make each consumer wait for the other at every tile, the coupling the warp roles remove.
+                    bulk_reduce_add_f32(a.dq_accum + (int64_t(bh) * a.seq_q_padded + q0) * D, smem_address(dq_tile), uint32_t(S::kDqBytes));
+                    bulk_commit_group();
+                }
+                //! [dq_per_consumer]
             }
-            //! [dq_per_consumer]
         }
         // This consumer's last reductions have read their source and added it into global memory
-        // (wait_group, not wait_group.read), before the block exits.
-        if (ct == 0) bulk_wait_group<0>();
+        // (wait_group, not wait_group.read), before the block exits (step 2; from step 3 the writer's).
+        if constexpr (!kF.dq_writer) {
+            if (ct == 0) bulk_wait_group<0>();
+        }
     }
 
     // dK = scale dS^T Q and dV of this consumer's rows key_lo and key_lo + 8; keys past Nk skipped.

@@ -31,19 +31,28 @@ namespace fa::stage12 {
 constexpr Features kStep1{};  ///< one warpgroup: K_j, V_j by the TMA; Q_i, dO_i, L, D on a ring of two; five wgmma; dQ by bulk reduction
 /// a producer warpgroup and two consumers of 64 keys each (setmaxnreg), full and empty barriers per slot
 constexpr Features kStep2 = kStep1.with_warp_roles();
+/// the bulk reductions issued by a warp of the producer warpgroup (the dQ writer)
+constexpr Features kStep3 = kStep2.with_dq_writer();
+/// one dQ_i partial per block: consumer 1 adds its partial onto consumer 0's, one reduction per tile
+constexpr Features kStep4 = kStep3.with_shared_dq();
 
 /// Every step's features by number; [0] is stage 09 (its own kernels; kStep1 fills the place).
-constexpr Features kSteps[] = {kStep1, kStep1, kStep2};
-constexpr int kLastStep = 2;  ///< the last step of the road
+constexpr Features kSteps[] = {kStep1, kStep1, kStep2, kStep3, kStep4};
+constexpr int kLastStep = 4;  ///< the last step of the road
+/// The first step whose kernel keeps the deterministic order (its dQ writer waits for the turns).
+constexpr int kFirstDeterministicStep = 3;
 
-/// Step N as a type the kernel template takes.
-template <int N>
+/// Step N as a type the kernel template takes; `Deterministic`: dQ's additions in a fixed order
+/// (write_dq()), from kFirstDeterministicStep on.
+template <int N, bool Deterministic = false>
 struct StepN {
-    static constexpr Features value = kSteps[N];  ///< step N's features
+    static constexpr Features value = kSteps[N];             ///< step N's features
+    static constexpr bool deterministic = Deterministic;     ///< the fixed order of dQ's additions
+    static_assert(!Deterministic || N >= kFirstDeterministicStep, "the deterministic order needs the dQ writer");
 };
 
-/// The step attention_backward_device() runs by default. Step 2 has not run on a GPU yet, so
-/// step 1 stays the default until a measurement says otherwise (RECORD.md).
+/// The step attention_backward_device() runs by default. Steps 2 to 4 have not run on a GPU yet,
+/// so step 1 stays the default until a measurement says otherwise (RECORD.md).
 constexpr int kDefaultStep = 1;
 //! [road]
 
@@ -68,10 +77,11 @@ inline Counts counts(const Problem& p, int block_keys = 64) {
 }
 
 /// Floats of the workspace: per head two rows of Nq_padded statistics (L log2e, D), then the
-/// float32 dQ accumulator [B H, Nq_padded, d].
+/// float32 dQ accumulator [B H, Nq_padded, d], then the deterministic mode's turn counters
+/// [B H, q_tiles] (32-bit integers in float-sized places).
 inline int64_t workspace_floats(const Problem& p) {
     const Counts c = counts(p);
-    return 2 * c.batch_heads * c.seq_q_padded + c.batch_heads * c.seq_q_padded * p.head_dim;
+    return 2 * c.batch_heads * c.seq_q_padded + c.batch_heads * c.seq_q_padded * p.head_dim + c.batch_heads * c.q_tiles;
 }
 
 /// Throws fa::InputError unless the Hopper kernels run `p`: d = 64 or 128 (whole 64-column TMA
@@ -125,11 +135,14 @@ Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, 
     const Counts c = counts(p, Shape<D, Step>::kBlockKeys);
     float* stats = workspace;
     float* dq_accum = workspace + 2 * c.batch_heads * c.seq_q_padded;
+    int* turns = DeterministicStep<Step>::value ? reinterpret_cast<int*>(dq_accum + c.batch_heads * c.seq_q_padded * p.head_dim)
+                                                : nullptr;
+    static_assert(sizeof(int) == sizeof(float), "the turn counters sit in float-sized places of the workspace");
     Launches<T> l{};
 
     l.pre.o = o.data, l.pre.dout = dout.data, l.pre.lse = lse.data;
     for (int i = 0; i < 3; ++i) l.pre.o_s[i] = o.stride[i], l.pre.do_s[i] = dout.stride[i], l.pre.lse_s[i] = lse.stride[i];
-    l.pre.stats = stats, l.pre.dq_accum = dq_accum;
+    l.pre.stats = stats, l.pre.dq_accum = dq_accum, l.pre.turns = turns;
     l.pre.rows = c.batch_heads * c.seq_q_padded;
     l.pre.heads = int(p.heads), l.pre.seq_q = int(p.seq_q), l.pre.seq_q_padded = int(c.seq_q_padded);
     l.pre_blocks = (l.pre.rows + kPrePostThreads / (D / 8) - 1) / (kPrePostThreads / (D / 8));
@@ -148,6 +161,7 @@ Launches<T> make_launches(const Problem& p, View4<const T> q, View4<const T> k, 
     a.dk = dk.data, a.dv = dv.data;
     for (int i = 0; i < 3; ++i) a.dk_s[i] = dk.stride[i], a.dv_s[i] = dv.stride[i];
     a.dq_accum = dq_accum;
+    a.turns = turns;
     a.heads = int(p.heads), a.k_blocks = int(c.k_blocks), a.q_tiles = int(c.q_tiles);
     a.seq_q = int(p.seq_q), a.seq_k = int(p.seq_k), a.seq_q_padded = int(c.seq_q_padded);
     a.causal = p.causal;

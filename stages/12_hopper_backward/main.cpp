@@ -32,7 +32,7 @@ fa::TimingStats bench_half(const fa::Problem& p, const fa::Inputs& in, fa::View4
     fa::stage12::Workspace workspace;
     return fa::cuda::time_backward_half<T>(p, in, o, lse, dout, opt, [&](const fa::cuda::BackwardViews<T>& b, cudaStream_t s) {
         fa::stage12::attention_backward_device(p, b.q, b.k, b.v, b.o, b.lse, b.dout, b.dq, b.dk, b.dv, s, &workspace,
-                                               g_options.step);
+                                               g_options.step, g_options.deterministic);
     });
 }
 
@@ -65,12 +65,13 @@ int main(int argc, char** argv) {
          [](const fa::Problem& p, fa::View4<const float> q, fa::View4<const float> k, fa::View4<const float> v,
             fa::View4<const float> o, fa::View3<const float> lse, fa::View4<const float> dout, fa::View4<float> dq,
             fa::View4<float> dk, fa::View4<float> dv) {
-             fa::stage09::host_entry(fa::stage09::Options{g_options.dtype, false, -1})(p, q, k, v, o, lse, dout, dq, dk, dv);
+             fa::stage09::host_entry(fa::stage09::Options{g_options.dtype, g_options.deterministic, -1})(p, q, k, v, o, lse, dout, dq,
+                                                                                                           dk, dv);
          },
          {},
          {}});
     spec.check_supported = [](const fa::Problem& p) {
-        fa::stage12::check_supported(p, g_options.step);
+        fa::stage12::check_supported(p, g_options.step, g_options.deterministic);
         fa::stage11::check_supported(p, -1);  // the forward that makes O and LSE
     };
     spec.describe_config = [](const fa::Problem& p) { return fa::stage12::describe_config(p, g_options); };
@@ -90,6 +91,11 @@ int main(int argc, char** argv) {
             ->default_str("bf16");
         app.add_option("--step", g_options.step, fa::road_help(fa::stage12::road(), fa::stage12::final_step()))
             ->check(CLI::Range(0, int(fa::stage12::road().size()) - 1));
+        app.add_flag("--deterministic", g_options.deterministic,
+                     "add the key blocks' dQ partials in a fixed order, the last key block first (bit-identical dq from run "
+                     "to run): step 0, or step " +
+                         std::to_string(fa::stage12::first_deterministic_step()) + " and later (their dQ writer waits for the "
+                         "turns); otherwise float32 additions that race");
     };
     spec.precision = [] {
         return g_options.dtype == fa::cuda::DType::BF16 ? fa::Precision::BFloat16 : fa::Precision::Float16;

@@ -12,7 +12,9 @@
 //   has reached a wgmma.wait_group that covers it: a kernel that overwrites an operand, or touches
 //   an accumulator, before the wait computes with what is there then;
 // - a bulk store or reduction reads its shared source at cp.async.bulk.wait_group.read (or
-//   wait_group), and writes global memory at wait_group, or at the thread's end at the latest.
+//   wait_group), and writes global memory at wait_group, or at the thread's end at the latest;
+//   the thread that waits lets every other thread run first, until none can (the read lands in
+//   stall()), so a buffer handed back to its writers before the read is overwritten under it.
 //
 // A thread that waits (mbarrier.try_wait, bar.sync, wgmma.wait_group) is a fiber parked on a
 // fibers::Barrier that moves when what it waits for may have changed. When no fiber can run,
@@ -135,6 +137,11 @@ struct Block {
     std::vector<TmaLoad> loads;  // issued, not landed
     uint64_t progress = 0;       // grows with every change a try_wait might wait for
     uint64_t rng = 0;            // which load lands next
+    // Threads at a cp.async.bulk.wait_group(.read) whose copies have not yet read their source:
+    // they wait on `bulk_settle` until no other thread can run (stall() moves it), so the read
+    // happens as late as the hardware may do it, after whatever the others do meanwhile.
+    fibers::Barrier bulk_settle{0, "cp.async.bulk.wait_group: the copies read their shared source only when no thread can run"};
+    int bulk_readers = 0;
 };
 inline Block block;
 
@@ -421,6 +428,14 @@ inline void bulk_commit_group() {
 /// oldest groups read and write theirs and are gone, until at most N are left.
 inline void bulk_wait_group(int n, bool write) {
     std::vector<std::vector<BulkOp>>& groups = me().bulk_groups;
+    bool unread_beyond_n = false;
+    for (size_t g = 0; g + size_t(n) < groups.size(); ++g)
+        for (const BulkOp& b : groups[g]) unread_beyond_n = unread_beyond_n || !b.read;
+    if (unread_beyond_n) {  // the reads land late: everyone else runs first
+        ++block.bulk_readers;
+        fibers::wait_for(block.bulk_settle, block.bulk_settle.phase, block.bulk_settle.what);
+        --block.bulk_readers;
+    }
     if (write) {
         while (int(groups.size()) > n) {
             for (BulkOp& b : groups.front()) bulk_write(b);
@@ -630,6 +645,10 @@ inline void describe_wait(ThreadState& t) {
 /// that timed out kTimeouts times since the block last changed); else nothing can change (and each
 /// waiter's message is brought up to date).
 inline bool stall() {
+    if (block.bulk_readers > 0) {  // the bulk copies waited for read their sources now
+        ++block.bulk_settle.phase;
+        return true;
+    }
     if (!block.loads.empty()) {
         const size_t i = size_t(next_random() % block.loads.size());
         const TmaLoad load = block.loads[i];
@@ -664,6 +683,7 @@ inline void begin_block(int threads, uint64_t seed) {
     block.loads.clear();
     block.progress = 0;
     block.rng = seed;
+    block.bulk_readers = 0;
     fibers::stall = &stall;
 }
 

@@ -25,6 +25,19 @@ FA_HD inline int64_t visible_key_end(int64_t i, int64_t seq_q, int64_t seq_k, bo
     return end < 0 ? 0 : (end > seq_k ? seq_k : end);
 }
 
+/// The last key block of `bc` keys that visits the query block `i` of `br` rows, or -1 when none
+/// does (every row of the block sees no key). Key block j visits i iff (causal) its first key
+/// j*Bc is seen by the block's last row (i+1)*Br - 1: j*Bc <= (i+1)*Br - 1 + Nk - Nq. So the key
+/// blocks visiting i are 0 .. last_key_block(i): the deterministic backwards (stages 09 and 12)
+/// give key block j at query block i the turn last_key_block(i) - j (the last key block adds first).
+FA_HD inline int last_key_block(int i, int br, int bc, int seq_q, int seq_k, int k_blocks, bool causal) {
+    if (!causal) return k_blocks - 1;
+    const int64_t last_key = int64_t(i + 1) * br - 1 + seq_k - seq_q;  // the last key row (i+1)*Br - 1 sees
+    if (last_key < 0) return -1;
+    const int64_t j = last_key / bc;
+    return j < k_blocks - 1 ? int(j) : k_blocks - 1;
+}
+
 /// Shape and options of one attention call: `O = softmax(scale * Q K^T [+ causal mask]) V`.
 ///
 /// `q` is `(batch, heads, seq_q, head_dim)`, `k` and `v` are `(batch, heads, seq_k, head_dim)`,

@@ -26,4 +26,5 @@ inline void mbarrier_wait_parity(uint32_t bar, uint32_t parity) {
 }
 inline void mbarrier_inval(uint32_t bar) { emu::hopper::mbarrier_inval(bar); }
 inline void fence_proxy_async() {}
+inline void fence_proxy_async_global() {}
 }  // namespace fa::cuda::ptx

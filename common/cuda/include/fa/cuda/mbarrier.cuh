@@ -80,6 +80,12 @@ __device__ __forceinline__ void mbarrier_inval(uint32_t bar) {
 /// after plain stores fill a tile a TMA store will write out; a barrier then orders the other
 /// threads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+/// `fence.proxy.async.global`: the same for global memory. Orders this thread's ordinary accesses
+/// to global memory (an acquiring load of a turn counter, the increment that passes the turn on)
+/// with the asynchronous proxy's (a bulk reduction issued after the load, one completed before the
+/// increment).
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 //! [proxy]
 
 }  // namespace fa::cuda::ptx
