@@ -50,19 +50,29 @@ Forward forward(const Problem& p, const Inputs& in, Layout layout, DType dtype) 
     return test::run_forward(stage11::host_entry(dtype), p, in, layout);
 }
 
-// Stage 12 at `step` on `c` in `dtype`: against the float64 reference and against stage 09 on the same O and LSE.
-void check_case(const test::Case& c, DType dtype, int step) {
+// Stage 12 at `step` on `c` in `dtype`: against the float64 reference and against stage 09 on the
+// same O and LSE. With `deterministic`, the step runs twice and must give the same bits.
+Grads check_case(const test::Case& c, DType dtype, int step, bool deterministic = false) {
     const Problem& p = c.problem;
     const Inputs in = make_inputs(p, c.layout, c.inputs, c.seed);
     const HostTensor dout = make_output_gradient(p, c.layout, c.seed);
     const Forward f = forward(p, in, c.layout, dtype);
-    const Grads got = run_backward(stage12::host_entry({dtype, step}), p, in, f, dout, c.layout);
+    const stage12::Options options{dtype, step, deterministic};
+    const Grads got = run_backward(stage12::host_entry(options), p, in, f, dout, c.layout);
     const Judge j = test::judge(p, in, dout, precision_of(dtype));
-    const std::string what = c.name() + describe(dtype, step);
+    const std::string what = c.name() + describe(dtype, step) + (deterministic ? " deterministic" : "");
     test::check_gradients(got, j, what + " vs float64 reference");
     test::check_rows_without_keys(p, got, what);
     const Grads s09 = run_backward(stage09::host_entry({dtype, false, -1}), p, in, f, dout, c.layout);
     test::check_gradients(got, s09.dq, s09.dk, s09.dv, j.tol, what + " vs stage 09");
+    if (deterministic) {
+        const Grads again = run_backward(stage12::host_entry(options), p, in, f, dout, c.layout);
+        INFO(what);
+        CHECK(std::memcmp(again.dq.data(), got.dq.data(), got.dq.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(again.dk.data(), got.dk.data(), got.dk.size() * sizeof(float)) == 0);
+        CHECK(std::memcmp(again.dv.data(), got.dv.data(), got.dv.size() * sizeof(float)) == 0);
+    }
+    return got;
 }
 
 }  // namespace
@@ -158,6 +168,27 @@ TEST_CASE("stage 12's device entry point runs on a stream with a workspace kept 
     FA_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
+TEST_CASE("stage 12's deterministic order (step 0 and steps 3 on) gives the same bits in every run, within the rule") {
+    // Many key blocks per head add into every query tile, so that the turns are waited for: 2048
+    // keys make 16 blocks of 128 (32 of stage 09's 64) taking their turns at each tile.
+    std::vector<test::Case> cases = test::standard_cases({64, 128});
+    uint64_t seed = 1500;
+    for (int64_t d : {64, 128})
+        for (bool causal : {false, true}) {
+            test::Case c;
+            c.problem = test::make_problem(1, 2, 700, 2048, d, causal);
+            c.layout = d == 64 ? Layout::BNHD : Layout::BHND;
+            c.seed = seed++;
+            cases.push_back(c);
+        }
+    for (const test::Case& c : cases) {
+        for (int step : steps()) {
+            if (step != 0 && step < stage12::first_deterministic_step()) continue;
+            check_case(c, c.seed % 2 ? DType::FP16 : DType::BF16, step, true);
+        }
+    }
+}
+
 TEST_CASE("stage 12 refuses what it cannot do, naming the option and what is allowed") {
     for (int64_t d : {32, 96, 256}) {
         const Problem p = test::make_problem(1, 1, 16, 16, d);
@@ -166,4 +197,11 @@ TEST_CASE("stage 12 refuses what it cannot do, naming the option and what is all
         CHECK_THROWS_WITH_AS(stage12::check_supported(p), doctest::Contains("use 64 or 128"), InputError);
     }
     CHECK_THROWS_AS(stage12::check_supported(test::make_problem(1, 1, 16, 16, 64), 7), InputError);
+    // The deterministic order needs a dQ writer (or stage 09's kernels at step 0).
+    for (int step = 1; step < stage12::first_deterministic_step(); ++step) {
+        CHECK_THROWS_WITH_AS(stage12::check_supported(test::make_problem(1, 1, 16, 16, 64), step, true),
+                             doctest::Contains("--deterministic needs --step 0 or"), InputError);
+    }
+    CHECK_NOTHROW(stage12::check_supported(test::make_problem(1, 1, 16, 16, 64), 0, true));
+    CHECK_NOTHROW(stage12::check_supported(test::make_problem(1, 1, 16, 16, 64), stage12::first_deterministic_step(), true));
 }

@@ -98,6 +98,8 @@ CASES13 = (
     "--cache-seqlens 1000 --heads 4 --kv-heads 1 --head-dim 64 --cache contiguous --splits 5",
     "--batch 2 --seq-k 130 --heads 32 --kv-heads 4 --head-dim 128 --page-size 256 --dtype fp16 --no-append",
 )
+# Stage 12's first step with the deterministic order (stages/12_hopper_backward/launch.cuh).
+FIRST_DETERMINISTIC_STEP12 = 3
 OUTPUT = "sanitize_stage{stage}_{tool}.log"
 # The line commands() writes above each run ("== memcheck EXE ARGS"); a stage's own banner
 # ("== flashcourse stage 12: ...") is part of the run.
@@ -167,7 +169,10 @@ def cases(stage: str, p: dict, ctx):
         return [f"{c} --step {s}" for s in steps for c in CASES11], note
     if stage == "12":
         steps, note = road_steps(ctx, "12", p["steps12"], 1)
-        return [f"{c} --step {s}" for s in steps for c in CASES12], note
+        # From step 3 (the dQ writer) each case runs again in the deterministic order: the turns'
+        # acquiring loads, the completed reductions, the increments.
+        return [f"{c} --step {s}{d}" for s in steps for d in ("", " --deterministic")
+                if not d or str(s).isdigit() and int(s) >= FIRST_DETERMINISTIC_STEP12 for c in CASES12], note
     if stage == "13":
         return list(CASES13), None
     raise SessionError(f"sanitize: no stage {stage}")

@@ -79,10 +79,16 @@ with open(out, "a") as f:
 """
 
 
+def _step_args(step) -> tuple:
+    """A step of the sweep ("4", or "4d": step 4 in the deterministic order) as stage 12's options."""
+    s = str(step)
+    return ("--step", s[:-1], "--deterministic") if s.endswith("d") else ("--step", s)
+
+
 def _ours_argv(ctx, point, step, repeat, path, warmup=3):
     argv = (ctx.exe(STAGE12), "--bench", "--reference", "never", "--dtype", point["dtype"],
             "--head-dim", str(point["head_dim"]), "--seq-q", str(point["seq"]), "--seq-k", str(point["seq"]),
-            "--batch", str(point["batch"]), "--heads", str(point["heads"]), "--step", str(step),
+            "--batch", str(point["batch"]), "--heads", str(point["heads"]), *_step_args(step),
             "--repeat", str(repeat), "--warmup", str(warmup), "--json", path)
     return argv + (("--causal",) if point["causal"] else ())
 
@@ -183,7 +189,8 @@ def sweep12_table(rows, steps) -> str:
 
 def _sweep12_check(p):
     entries_match("dtypes", r"bf16|fp16", "bf16 or fp16")(p)
-    entries_match("steps", r"[0-9]+", "step numbers (0: stage 09's default backward)")(p)
+    entries_match("steps", r"[0-9]+d?", "step numbers (0: stage 09's default backward), with d for the deterministic order "
+                  "(0d, 3d, 4d)")(p)
     if any(d not in (64, 128) for d in p["head_dims"]):
         raise ValueError(f"head_dims are 64 or 128, not {','.join(str(d) for d in p['head_dims'])}")
     if p["rounds"] < 1:
@@ -203,10 +210,10 @@ SWEEP12 = Experiment(
                 "cuDNN's backward in rounds; bf16/fp16, d 64/128, causal and not, B*N and H*d fixed as in the course's "
                 "grid; one JSON record per point, step and round, stage12_sweep.csv and a table of medians",
     targets=("stage12_hopper_backward",),
-    params={"steps": ("0", "1", "2"), "dtypes": ("bf16",), "head_dims": (64, 128), "sizes": (1024, 4096, 16384),
+    params={"steps": ("0", "1", "2", "3", "4", "4d"), "dtypes": ("bf16",), "head_dims": (64, 128), "sizes": (1024, 4096, 16384),
             "tokens": 16384, "width": 2048, "repeat": 20, "rounds": 3, "sdpa": True},
     param_help={
-        "steps": "steps of the road (--step), 0 being stage 09's default backward",
+        "steps": "steps of the road (--step), 0 being stage 09's default backward; 4d: step 4 with --deterministic",
         "dtypes": "bf16, fp16 or both (--dtype)",
         "head_dims": "head dimensions, 64 and/or 128 (--head-dim)",
         "sizes": "sequence lengths N (--seq-q, --seq-k)",
