@@ -2,12 +2,14 @@
 """Which kernels' machine code an edit changed: compares the `.text.<kernel>` sections of the
 cubins embedded in two CUDA object files (before and after), kernel by kernel.
 
-    python3 tools/cubin_text_hashes.py before.o after.o
+    python3 tools/cubin_text_hashes.py before.o after.o [--rename REGEX=REPLACEMENT ...]
 
 Each object's `.nv_fatbin` is extracted with objcopy; every ELF image in it (magic \\x7fELF) is
 read and each `.text.*` section hashed (SHA-256) under its name, with anonymous-namespace
 prefixes (`_GLOBAL__N__<hex>_`) made equal. Prints the counts of unchanged, changed, removed and
-new kernels and names the last three kinds. Compile both objects with `--compress-mode=none`
+new kernels and names the last three kinds. --rename rewrites the before object's kernel names
+(re.sub), for an edit that renamed kernels without meaning to change their code: a template that
+gained a defaulted parameter, say `--rename 'StepNILi(\d)EE=StepNILi\1ELb0EE'`. Compile both objects with `--compress-mode=none`
 (nvcc 13 may compress a large fatbin, and then no ELF image is visible): the command that
 `ninja -t commands <object>` prints, plus that flag and another `-o`.
 """
@@ -51,9 +53,19 @@ def text_hashes(obj):
 
 
 def main():
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    renames = []
+    while "--rename" in args:
+        k = args.index("--rename")
+        if k + 1 >= len(args) or "=" not in args[k + 1]:
+            sys.exit("--rename takes REGEX=REPLACEMENT\n\n" + __doc__)
+        renames.append(args[k + 1].split("=", 1))
+        del args[k:k + 2]
+    if len(args) != 2:
         sys.exit(__doc__)
-    before, after = text_hashes(sys.argv[1]), text_hashes(sys.argv[2])
+    before, after = text_hashes(args[0]), text_hashes(args[1])
+    for pattern, replacement in renames:
+        before = {re.sub(pattern, replacement, n): h for n, h in before.items()}
     changed = [n for n in before if n in after and before[n] != after[n]]
     removed = [n for n in before if n not in after]
     new = [n for n in after if n not in before]

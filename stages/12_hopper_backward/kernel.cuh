@@ -177,7 +177,6 @@ struct Args {
     int64_t dk_s[3];        ///< strides of dk: batch, head, row
     int64_t dv_s[3];        ///< strides of dv
     float* dq_accum;        ///< [B H, Nq_padded, d] float32, zeroed by the preprocessing kernel
-    int* turns;             ///< deterministic mode: [B H, q_tiles] dQ_i additions done per query tile (zeroed); else nullptr
     int heads;              ///< H
     int k_blocks;           ///< key blocks per head
     int q_tiles;            ///< query tiles per head
@@ -187,6 +186,7 @@ struct Args {
     bool causal;            ///< bottom-right causal mask
     float scale;            ///< softmax scale (dK = scale dS^T Q)
     float scale_log2;       ///< scale log2(e)
+    int* turns;             ///< deterministic mode: [B H, q_tiles] dQ_i additions done per query tile (zeroed); else nullptr
 };
 
 /// What the preprocessing kernel reads and writes.
@@ -644,14 +644,13 @@ __device__ __forceinline__ void backward_with_warp_roles(const Args<T>& a, unsig
 #pragma unroll
                     for (int hh = 0; hh < 2; ++hh) {
                         const int row = 16 * warp + g + 8 * hh;
-                        float2* at = reinterpret_cast<float2*>(dq_buf + row * D + 8 * i + 2 * t);
-                        float2 x = make_float2(dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
-                        if (adds) {
-                            const float2 y = *at;  // the same thread of consumer 0 stored it: same layout
-                            x.x = y.x + x.x;
-                            x.y = y.y + x.y;
+                        float* at = dq_buf + row * D + 8 * i + 2 * t;
+                        if (adds) {  // the same thread of consumer 0 stored these two floats: same layout
+                            atomicAdd(at, dq[4 * i + 2 * hh]);  // no value returned: a reduction, no register
+                            atomicAdd(at + 1, dq[4 * i + 2 * hh + 1]);
+                        } else {
+                            *reinterpret_cast<float2*>(at) = make_float2(dq[4 * i + 2 * hh], dq[4 * i + 2 * hh + 1]);
                         }
-                        *at = x;
                     }
                 fence_proxy_async();  // the plain stores of dQ_i become visible to the bulk reduction
                 if (kF.shared_dq && c == 0) {
