@@ -2,9 +2,9 @@
 
 A stage's module joins the session by being named in MODULES; nothing else needs to change.
 """
-from . import common, newcomer, stage05, stage06, stage07, stage09, stage10, stage11, stage12, stage13
+from . import common, newcomer, stage05, stage06, stage07, stage09, stage10, stage11, stage12, stage13, torchop
 
-MODULES = (common, newcomer, stage05, stage06, stage07, stage09, stage10, stage11, stage12, stage13)
+MODULES = (common, newcomer, stage05, stage06, stage07, stage09, stage10, stage11, stage12, stage13, torchop)
 
 
 def experiments() -> dict:
