@@ -1,5 +1,9 @@
 """Stage 13's experiments (decoding over a KV cache: split-KV, grouped heads packed into rows, a
-paged cache): its tests on the GPU, and the decode grid timed beside PyTorch SDPA.
+paged cache): its tests on the GPU, the decode grid timed beside PyTorch SDPA, and the serving loop.
+
+`serve13` runs `stage13_decode --serve` `rounds` times on the same requests: the reports in
+stage13_serve.txt, one JSON line per round in stage13_serve.jsonl (tokens per second, the decode step's
+median, the prefill's time, the pages' memory against a contiguous cache, the check's verdict).
 
 `sweep13` runs, round by round, every point of the grid through stage13_decode (`--bench --reference
 never`: inputs drawn on the GPU, timing only; one JSON line each in stage13_ours_round{r}.jsonl) and the same problems held contiguously through SDPA's flash,
@@ -19,7 +23,7 @@ import json
 import os
 
 from . import sanitize
-from .experiment import Command, Experiment, Where, file_lines, grep, in_results
+from .experiment import Command, Experiment, Where, entries_match, file_lines, grep, in_results
 from .tools import SDPA_HEAD, ctest_gpu, ctest_summary
 
 STAGE13 = "stages/13_decode/stage13_decode"
@@ -67,8 +71,8 @@ TEST13 = Experiment(
     name="test13",
     stage="13",
     description="the tests of stage 13 (ctest -R stage13): the GPU test (float64 reference, paged == contiguous at "
-                "every page size, the append, run-to-run bits), the command line",
-    targets=("stage13_decode", "test_stage13"),
+                "every page size, the append, run-to-run bits), the serving loop's scheduler and runs, the command line",
+    targets=("stage13_decode", "test_stage13", "test_stage13_serve"),
     params={"timeout": 600},
     param_help={"timeout": "seconds before ctest fails one test"},
     commands=_test13_commands,
@@ -239,8 +243,88 @@ SWEEP13 = Experiment(
     finish=_sweep13_finish,
 )
 
+def _serve13_argv(p, ctx, out):
+    hq, hk = (int(x) for x in p["heads"].split(":"))
+    argv = [ctx.exe(STAGE13), "--serve", "--requests", str(p["requests"]), "--max-batch", str(p["max_batch"]),
+            "--prompt-min", str(p["prompt_min"]), "--prompt-max", str(p["prompt_max"]), "--prompt-dist", p["prompt_dist"],
+            "--decode-steps", str(p["decode_steps"]), "--page-size", str(p["page_size"]), "--heads", str(hq),
+            "--kv-heads", str(hk), "--head-dim", str(p["head_dim"]), "--dtype", p["dtype"], "--prefill", p["prefill"],
+            "--seed", str(p["seed"]), "--json", f"{out}/stage13_serve.jsonl"]
+    if p["pool_pages"] > 0:
+        argv += ["--pool-pages", str(p["pool_pages"])]
+    return tuple(argv)
+
+
+def _serve13_commands(p, ctx):
+    out = ctx.results("serve13")
+    # The same loop `rounds` times (the same seed: the same requests), each report appended to one file, the
+    # progress lines (stderr) to the log.
+    return [Command(_serve13_argv(p, ctx, out), stdout=f"{out}/stage13_serve.txt", append=True,
+                    header=(f"round {r}",), stderr=ctx.log("serve13")) for r in range(p["rounds"])]
+
+
+def _serve13_summary(where: Where):
+    """Per round: tokens per second, the median decode step, the prefill, the pages' memory against a contiguous
+    cache, the verdict; then the median tokens per second over the rounds."""
+    path = in_results(where, "stage13_serve.jsonl")
+    records = [json.loads(x) for x in file_lines(path)] if os.path.isfile(path) else []
+    lines = []
+    for i, r in enumerate(records):
+        lines.append(f"round {i}: {r['tokens_per_s']:.0f} tokens/s ({r['decode_tokens']} tokens, {r['wall_s']:.2f} s), "
+                     f"step {r['step_ms_median']:.4f} ms median, prefill {r['prefill_attention_ms']:.1f} ms, "
+                     f"pages {r['paged_bytes'] / 2**30:.2f} GiB against {r['contiguous_bytes'] / 2**30:.2f} GiB contiguous "
+                     f"({r['paged_over_contiguous']:.2f}), {'PASS' if r['pass'] else 'MISMATCH'}")
+    if records:
+        rates = sorted(r["tokens_per_s"] for r in records)
+        lines.append(f"median {rates[len(rates) // 2]:.0f} tokens/s over {len(rates)} rounds "
+                     f"(min {rates[0]:.0f}, max {rates[-1]:.0f}); {records[0]['gpu']}")
+    return lines or ["no record: see the log"]
+
+
+def _check_serve13(p):
+    if p["dtype"] not in ("bf16", "fp16"):
+        raise ValueError(f"dtype must be bf16 or fp16, not {p['dtype']}")
+    if p["prefill"] not in ("auto", "stage11", "stage07"):
+        raise ValueError(f"prefill must be auto, stage11 or stage07, not {p['prefill']}")
+    if p["prompt_dist"] not in ("uniform", "log-uniform"):
+        raise ValueError(f"prompt_dist must be uniform or log-uniform, not {p['prompt_dist']}")
+    entries_match("heads", r"\d+:\d+", "Hq:Hk pairs")({"heads": (p["heads"],)})
+
+
+SERVE13 = Experiment(
+    name="serve13",
+    stage="13",
+    description="the serving loop (stage13_decode --serve): 256 requests with prompts of 128-4096 tokens, 128 new tokens "
+                "each, up to 64 decoded together over pages of 64 keys from a free list, 32:8 heads, d 128; tokens per "
+                "second, the decode step's time, the prefill's, and the pages' memory against a contiguous cache",
+    targets=("stage13_decode",),
+    params={"requests": 256, "max_batch": 64, "prompt_min": 128, "prompt_max": 4096, "prompt_dist": "uniform",
+            "decode_steps": 128, "page_size": 64, "pool_pages": 0, "heads": "32:8", "head_dim": 128, "dtype": "bf16",
+            "prefill": "auto", "seed": 42, "rounds": 3},
+    param_help={
+        "requests": "requests, all queued at the start (--requests)",
+        "max_batch": "sequences decoded together at most (--max-batch)",
+        "prompt_min": "shortest prompt, tokens (--prompt-min)",
+        "prompt_max": "longest prompt, tokens (--prompt-max)",
+        "prompt_dist": "uniform or log-uniform prompt lengths (--prompt-dist)",
+        "decode_steps": "T, new tokens per request (--decode-steps)",
+        "page_size": "keys per page (--page-size)",
+        "pool_pages": "pages in the pool (--pool-pages); 0: max_batch x the pages of the longest request",
+        "heads": "Hq:Hk",
+        "head_dim": "d, 64 or 128",
+        "dtype": "bf16 or fp16",
+        "prefill": "the prompts' attention: auto (stage 11 on sm_90a), stage11 or stage07 (--prefill)",
+        "seed": "the prompt lengths and every input (--seed)",
+        "rounds": "runs of the same loop, one after the other",
+    },
+    commands=_serve13_commands,
+    outputs=("stage13_serve.txt", "stage13_serve.jsonl"),
+    summary=_serve13_summary,
+    check=_check_serve13,
+)
+
 SANITIZE13 = sanitize.experiment("13", "compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on stage 13: a "
                                        "ragged paged batch with an empty sequence and causal new rows, GQA 4:1 and "
                                        "MQA, a contiguous cache with --splits, pages of 16 and 256, bf16 and fp16")
 
-EXPERIMENTS = (TEST13, SWEEP13, SANITIZE13)
+EXPERIMENTS = (TEST13, SWEEP13, SERVE13, SANITIZE13)

@@ -1,6 +1,7 @@
 """Tests of stage 12's and 13's experiments without a GPU: sweep12's finish joins our records and
 SDPA's round by round into the CSV and the table of medians; the sanitizer cases of both stages
-name options their executables take.
+name options their executables take; serve13 passes its parameters as stage13_decode's options and
+sums up its records.
 
     python3 -m unittest discover -s bench/session -p 'test_*.py'     (from the repository root; CTest runs it)
 """
@@ -14,8 +15,8 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # bench/: the package `session`
 
-from session import sanitize, stage12  # noqa: E402
-from session.experiment import Where  # noqa: E402
+from session import runner, sanitize, stage12, stage13  # noqa: E402
+from session.experiment import Where, resolve_params  # noqa: E402
 
 
 class Sweep12Finish(unittest.TestCase):
@@ -95,6 +96,53 @@ class SanitizeCases(unittest.TestCase):
             for case in cases:
                 for option in re.findall(r"--[a-z-]+", case):
                     self.assertIn(f'"{option}"', source, f"stage {stage}: {option} in '{case}'")
+
+
+class Serve13(unittest.TestCase):
+    def commands(self, **sets):
+        exp = stage13.SERVE13
+        params = resolve_params(exp, {k: str(v) for k, v in sets.items()})
+        ctx = runner.Context("/w", "/b", "/nonexistent/out", dry_run=True)
+        return exp.commands(params, ctx)
+
+    def test_parameters_become_options(self):
+        cmds = self.commands()
+        self.assertEqual(len(cmds), 3)  # one per round, the reports appended to one file
+        argv = [str(a) for a in cmds[0].argv]
+        self.assertEqual(argv[:2], ["/b/stages/13_decode/stage13_decode", "--serve"])
+        words = " ".join(argv)
+        for option in ("--requests 256", "--max-batch 64", "--prompt-min 128", "--prompt-max 4096", "--decode-steps 128",
+                       "--page-size 64", "--heads 32", "--kv-heads 8", "--head-dim 128", "--dtype bf16",
+                       "--json /w/results/serve13/stage13_serve.jsonl"):
+            self.assertIn(option, words)
+        self.assertNotIn("--pool-pages", words)  # 0: the executable derives the pool
+        self.assertTrue(all(c.append and c.stdout == "/w/results/serve13/stage13_serve.txt" for c in cmds))
+        self.assertIn("--pool-pages 900", " ".join(str(a) for a in self.commands(pool_pages=900)[0].argv))
+        with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "stages/13_decode/main.cpp")) as f:
+            source = f.read()
+        with open(os.path.join(os.path.dirname(os.path.dirname(HERE)), "common/src/cli.cpp")) as f:
+            source += f.read()
+        for option in (a for a in argv if a.startswith("--")):
+            self.assertIn(f'"{option}"', source, option)
+
+    def test_bad_values_are_refused(self):
+        for name, value in (("dtype", "fp8"), ("prefill", "stage05"), ("prompt_dist", "zipf"), ("heads", "32")):
+            with self.subTest(name), self.assertRaises(ValueError):
+                self.commands(**{name: value})
+
+    def test_summary(self):
+        record = {"tokens_per_s": 12345.6, "decode_tokens": 32768, "wall_s": 2.65, "step_ms_median": 0.1234,
+                  "prefill_attention_ms": 45.6, "paged_bytes": 0.5 * 2**30, "contiguous_bytes": 1.0 * 2**30,
+                  "paged_over_contiguous": 0.5, "pass": True, "gpu": "GPU X"}
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(tmp, "stage13_serve.jsonl"), "w") as f:
+                for rate in (3.0, 1.0, 2.0):
+                    f.write(json.dumps(dict(record, tokens_per_s=rate * 1000)) + "\n")
+            lines = stage13._serve13_summary(Where(results=tmp, log=os.path.join(tmp, "log"), params={}))
+        self.assertEqual(len(lines), 4)
+        self.assertTrue(lines[0].startswith("round 0: 3000 tokens/s (32768 tokens, 2.65 s), step 0.1234 ms median"))
+        self.assertIn("pages 0.50 GiB against 1.00 GiB contiguous (0.50), PASS", lines[0])
+        self.assertEqual(lines[3], "median 2000 tokens/s over 3 rounds (min 1000, max 3000); GPU X")
 
 
 if __name__ == "__main__":

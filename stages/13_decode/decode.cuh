@@ -5,9 +5,9 @@
 ///
 /// The split kernel reads each key and value of a sequence once per K/V head and row tile; one
 /// (sequence, K/V head) pair packs up to 16 (new row, query head) rows into its tile
-/// (kernel.cuh). Stage 13 does not handle yet: a TMA path for pages that hold whole tiles, more than
-/// 16 rows per K/V byte read, the serving loop (`--serve`), and a bandwidth ceiling to measure
-/// against (bench/, a later step).
+/// (kernel.cuh). The serving loop (`--serve`, serve.hpp and serve.cuh) runs this call step after
+/// step over pages from a free list. Stage 13 does not handle yet: a TMA path for pages that hold
+/// whole tiles, more than 16 rows per K/V byte read.
 ///
 /// Measured result: none yet. The kernels are checked on the CPU by the warp emulator
 /// (tests/test_stage13_emulated.cpp) and compiled for the GPU without spills; their first timings
