@@ -272,7 +272,7 @@ TEST_CASE("stage 09: the key blocks that visit query block i are 0 .. last_key_b
                                 }
                             }
                             INFO("Br=" << br << " Bc=" << bc << " Nq=" << nq << " Nk=" << nk << " i=" << i);
-                            REQUIRE(last_key_block(i, br, bc, nq, nk, tc, causal) == last);
+                            REQUIRE(fa::last_key_block(i, br, bc, nq, nk, tc, causal) == last);
                         }
                     }
 }
