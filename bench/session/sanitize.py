@@ -92,11 +92,14 @@ CASES12 = (
     "--seq-q 333 --seq-k 200 --head-dim 128 --causal",
 )
 # Stage 13 (decoding): a ragged paged batch with an empty sequence and causal new rows, grouped
-# heads 4:1 and MQA, a contiguous cache split by --splits, page sizes 16 and 256, both types.
+# heads 4:1 and MQA, a contiguous cache split by --splits, page sizes 16 and 256, both types; the
+# serving loop (its prefill, the pages written, decode steps with pages taken and freed).
 CASES13 = (
     "--cache-seqlens 0,70,300 --seq-q 3 --heads 8 --kv-heads 2 --head-dim 128 --page-size 16",
     "--cache-seqlens 1000 --heads 4 --kv-heads 1 --head-dim 64 --cache contiguous --splits 5",
     "--batch 2 --seq-k 130 --heads 32 --kv-heads 4 --head-dim 128 --page-size 256 --dtype fp16 --no-append",
+    "--serve --requests 12 --max-batch 4 --prompt-min 1 --prompt-max 200 --decode-steps 10 --page-size 16 --heads 8 "
+    "--kv-heads 2 --head-dim 64",
 )
 # Stage 12's first step with the deterministic order (stages/12_hopper_backward/launch.cuh).
 FIRST_DETERMINISTIC_STEP12 = 3

@@ -325,6 +325,7 @@ SERVE13 = Experiment(
 
 SANITIZE13 = sanitize.experiment("13", "compute-sanitizer (memcheck, racecheck, synccheck, initcheck) on stage 13: a "
                                        "ragged paged batch with an empty sequence and causal new rows, GQA 4:1 and "
-                                       "MQA, a contiguous cache with --splits, pages of 16 and 256, bf16 and fp16")
+                                       "MQA, a contiguous cache with --splits, pages of 16 and 256, bf16 and fp16; the "
+                                       "serving loop (--serve: prefill, pages written, taken and freed)")
 
 EXPERIMENTS = (TEST13, SWEEP13, SERVE13, SANITIZE13)
