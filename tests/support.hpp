@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "fa/error.hpp"
 #include "fa/inputs.hpp"
 #include "fa/metrics.hpp"
 #include "fa/reference.hpp"
@@ -223,6 +224,17 @@ inline void check_against_stage(const AttentionFn& fn, const AttentionFn& prev, 
     const Result got = run(fn, c.problem, in, c.layout);
     const Result want = run(prev, c.problem, in, c.layout);
     check_close(got, want.o, want.lse, tolerances_for(c.problem, in), c.name() + " vs " + prev_name);
+}
+
+/// The message of the fa::InputError `f` throws ("" if it throws none).
+template <class F>
+std::string refusal(F&& f) {
+    try {
+        f();
+    } catch (const InputError& e) {
+        return e.what();
+    }
+    return "";
 }
 
 }  // namespace fa::test

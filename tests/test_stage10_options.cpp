@@ -35,16 +35,7 @@ namespace {
 
 using test::TempDir;
 
-// The message of the InputError `f` throws ("" if it throws none).
-template <class F>
-std::string refusal(F&& f) {
-    try {
-        f();
-    } catch (const InputError& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::refusal;
 
 // Parses `args` (after the program name) into options, as the executable does.
 struct Parsed {

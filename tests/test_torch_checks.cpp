@@ -11,22 +11,14 @@
 
 #include "checks.hpp"
 #include "fa/error.hpp"
+#include "support.hpp"
 
 using namespace fa;
 using namespace fa::pytorch;
 
 namespace {
 
-// The message of the InputError `f` throws ("" if it throws none).
-template <class F>
-std::string refusal(F&& f) {
-    try {
-        f();
-    } catch (const InputError& e) {
-        return e.what();
-    }
-    return "";
-}
+using test::refusal;
 
 alignas(16) char device_memory[16];  // the checks read the pointer's alignment only
 

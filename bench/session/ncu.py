@@ -17,7 +17,7 @@ import re
 
 import ncu_pages  # bench/ncu_pages.py: bench/ is on the path wherever the package `session` imports
 
-from .experiment import Command
+from .experiment import Command, grep
 
 KERNEL07 = "flash_forward_kernel"  # stage 07's kernel, as Nsight Compute filters it
 KERNEL09 = "flash_backward_kernel"  # stage 09's main kernel of step 0 (between its pre- and postprocessing)
@@ -244,6 +244,20 @@ def report_lines(results: str, name: str, sections=SECTION_SUMMARY, counters: st
     names match the regex `counters` (NAME_metrics.csv)."""
     return metric_lines(os.path.join(results, f"{name}.csv"), sections) + \
         metric_lines(os.path.join(results, f"{name}_metrics.csv"), counters, kernels=False)
+
+
+# What the Hopper kernels' summaries show of their counters: the tensor pipes (wgmma, mma.sync),
+# exp2's pipe, registers and occupancy limits, spills, the main stall reasons.
+NCU11_COUNTERS = r"gmma|hmma|pipe_xu|registers|occupancy_limit|local_op|stalled_(barrier|membar|long|short|mio|math|wait|sleeping)"
+
+
+def labelled_reports(where, reports, counters: str) -> list:
+    """Per (label, report name): the label line, then report_lines() of the report with the counters
+    matching `counters`; last, the counters this ncu does not know (from the experiment's log)."""
+    lines = []
+    for label, name in reports:
+        lines += [label] + report_lines(where.results, name, counters=counters)
+    return lines + sorted(set(grep(where.log, "does not know")))
 
 
 def launch_lines(results: str, *names: str) -> list:

@@ -18,8 +18,8 @@ import os
 import bringup11  # bench/bringup11.py: bench/ is on the path wherever the package `session` imports
 
 from . import sanitize
-from .ncu import (KERNEL11, NCU11_METRICS, launch_lines, launches, ncu_command, ncu_one, profile, raw_page, report_lines,
-                  report_outputs, side_by_side)
+from .ncu import (KERNEL11, NCU11_COUNTERS, NCU11_METRICS, labelled_reports, launch_lines, launches, ncu_command, ncu_one,
+                  profile, raw_page, report_lines, report_outputs, side_by_side)
 from .experiment import Command, Experiment, Glob, Where, entries_match, file_lines, grep, in_results, tail
 from .runner import SessionError
 from .tools import COMPARE_OUTPUTS, COMPARE_TARGETS, ROUNDS_HELP, compare, compare_summary, ctest_gpu, ctest_summary, yes_no
@@ -306,12 +306,7 @@ def _ncu11_commands(p, ctx):
 def _ncu11_summary(where: Where):
     """Per d: the kernel's time, throughputs, occupancy, registers, shared memory, then its tensor pipe
     (wgmma), exp2, spills and stalls; the counters this ncu does not know."""
-    lines = []
-    for d in where.params["dims"]:
-        lines += [f"-- d={d}"] + report_lines(
-            where.results, f"ncu_stage11_d{d}", counters=r"gmma|hmma|pipe_xu|registers|occupancy_limit|local_op|"
-            r"stalled_(barrier|membar|long|short|mio|math|wait|sleeping)")
-    return lines + sorted(set(grep(where.log, "does not know")))
+    return labelled_reports(where, [(f"-- d={d}", f"ncu_stage11_d{d}") for d in where.params["dims"]], NCU11_COUNTERS)
 
 
 NCU11 = Experiment(

@@ -15,7 +15,7 @@ import os
 
 from . import sanitize
 from .experiment import Command, Experiment, Where, entries_match, file_lines, grep, in_results
-from .ncu import NCU11_METRICS, ncu_command, report_lines
+from .ncu import NCU11_COUNTERS, NCU11_METRICS, labelled_reports, ncu_command
 from .tools import SDPA_HEAD, ctest_gpu, ctest_summary
 
 STAGE12 = "stages/12_hopper_backward/stage12_hopper_backward"
@@ -256,13 +256,8 @@ def _ncu12_commands(p, ctx):
 def _ncu12_summary(where: Where):
     """Per step and d: the main kernel's time, throughputs, occupancy, registers, shared memory, then its
     tensor pipe (wgmma), spills and stalls."""
-    lines = []
-    for step in where.params["steps"]:
-        for d in where.params["dims"]:
-            lines += [f"-- step {step}, d={d}"] + report_lines(
-                where.results, _ncu12_name(step, d), counters=r"gmma|pipe_xu|registers|occupancy_limit|local_op|"
-                r"stalled_(barrier|membar|long|short|mio|math|wait|sleeping)")
-    return lines + sorted(set(grep(where.log, "does not know")))
+    return labelled_reports(where, [(f"-- step {step}, d={d}", _ncu12_name(step, d)) for step in where.params["steps"]
+                                    for d in where.params["dims"]], NCU11_COUNTERS)
 
 
 NCU12 = Experiment(

@@ -88,6 +88,29 @@ void check_same(const TensorArg& q, const TensorArg& t) {
                                       std::to_string(q.device) + ": every tensor of a call must be on one device");
 }
 
+/// What a dense and a packed call check alike of q, k and v, each of `rank` dimensions (`shape`
+/// names them in messages), the heads at axis 1 and d last: a 16-bit type, one dtype and device,
+/// k and v of one shape, one d, key/value heads dividing the query heads, a head dimension the
+/// kernels take, rows the kernels read as they are. Returns the key/value heads.
+int64_t check_qkv(const TensorArg& q, const TensorArg& k, const TensorArg& v, size_t rank, const std::string& shape,
+                  bool backward) {
+    for (const TensorArg* t : {&q, &k, &v}) check_tensor(*t, rank, shape);
+    require(q.element == Element::BF16 || q.element == Element::FP16,
+            "q is " + to_string(q.element) + ": the kernels take bfloat16 or float16");
+    check_same(q, k);
+    check_same(q, v);
+    require(k.sizes == v.sizes, "k " + shape_text(k.sizes) + " and v " + shape_text(v.sizes) + " must have one shape");
+    const size_t d = rank - 1;
+    require(k.sizes[d] == q.sizes[d], "k has head dimension " + std::to_string(k.sizes[d]) + " but q has " +
+                                          std::to_string(q.sizes[d]) + ": q, k and v share d");
+    const int64_t hq = q.sizes[1], hk = k.sizes[1];
+    require(hq % hk == 0, "q has " + std::to_string(hq) + " heads and k, v have " + std::to_string(hk) +
+                              ": the key/value heads must divide the query heads (grouped-query attention)");
+    check_head_dim(q.sizes[d], backward, "q");
+    for (const TensorArg* t : {&q, &k, &v}) check_rows(*t);
+    return hk;
+}
+
 /// Stage 10's options of a dense call; problem.causal sets the window's right bound to 0 (flash-attn's rule).
 stage07::ModelOptions model_options(const CallOptions& o, int64_t kv_heads) {
     stage07::ModelOptions m;
@@ -133,20 +156,9 @@ const std::vector<int>& backward_head_dims() {
 
 DenseCall check_dense(const TensorArg& q, const TensorArg& k, const TensorArg& v, const CallOptions& options,
                       bool backward) {
-    for (const TensorArg* t : {&q, &k, &v}) check_tensor(*t, 4, "(B, H, N, d)");
-    require(q.element == Element::BF16 || q.element == Element::FP16,
-            "q is " + to_string(q.element) + ": the kernels take bfloat16 or float16");
-    check_same(q, k);
-    check_same(q, v);
-    require(k.sizes == v.sizes, "k " + shape_text(k.sizes) + " and v " + shape_text(v.sizes) + " must have one shape");
+    const int64_t hk = check_qkv(q, k, v, 4, "(B, H, N, d)", backward);
     require(k.sizes[0] == q.sizes[0], "k has batch " + std::to_string(k.sizes[0]) + " but q has " + std::to_string(q.sizes[0]));
-    require(k.sizes[3] == q.sizes[3], "k has head dimension " + std::to_string(k.sizes[3]) + " but q has " +
-                                          std::to_string(q.sizes[3]) + ": q, k and v share d");
-    const int64_t hq = q.sizes[1], hk = k.sizes[1];
-    require(hq % hk == 0, "q has " + std::to_string(hq) + " heads and k, v have " + std::to_string(hk) +
-                              ": the key/value heads must divide the query heads (grouped-query attention)");
-    check_head_dim(q.sizes[3], backward, "q");
-    for (const TensorArg* t : {&q, &k, &v}) check_rows(*t);
+    const int64_t hq = q.sizes[1];
     check_options(options);
     DenseCall call;
     call.element = q.element;
@@ -191,19 +203,8 @@ void check_cu_seqlens(const TensorArg& t, int device) {
 VarlenCall check_varlen(const TensorArg& q, const TensorArg& k, const TensorArg& v, const TensorArg& cu_seqlens_q,
                         const TensorArg& cu_seqlens_k, const std::vector<int32_t>& cu_q, const std::vector<int32_t>& cu_k,
                         int64_t max_seqlen_q, int64_t max_seqlen_k, const CallOptions& options, bool backward) {
-    for (const TensorArg* t : {&q, &k, &v}) check_tensor(*t, 3, "(total, H, d), a packed batch");
-    require(q.element == Element::BF16 || q.element == Element::FP16,
-            "q is " + to_string(q.element) + ": the kernels take bfloat16 or float16");
-    check_same(q, k);
-    check_same(q, v);
-    require(k.sizes == v.sizes, "k " + shape_text(k.sizes) + " and v " + shape_text(v.sizes) + " must have one shape");
-    require(k.sizes[2] == q.sizes[2], "k has head dimension " + std::to_string(k.sizes[2]) + " but q has " +
-                                          std::to_string(q.sizes[2]) + ": q, k and v share d");
-    const int64_t hq = q.sizes[1], hk = k.sizes[1];
-    require(hq % hk == 0, "q has " + std::to_string(hq) + " heads and k, v have " + std::to_string(hk) +
-                              ": the key/value heads must divide the query heads (grouped-query attention)");
-    check_head_dim(q.sizes[2], backward, "q");
-    for (const TensorArg* t : {&q, &k, &v}) check_rows(*t);
+    const int64_t hk = check_qkv(q, k, v, 3, "(total, H, d), a packed batch", backward);
+    const int64_t hq = q.sizes[1];
     check_cu_seqlens(cu_seqlens_q, q.device);
     check_cu_seqlens(cu_seqlens_k, q.device);
     require(cu_seqlens_q.sizes[0] == cu_seqlens_k.sizes[0],

@@ -15,6 +15,7 @@
 #include "fa/cuda/buffer.hpp"
 #include "fa/cuda/check.hpp"
 #include "fa/cuda/device.hpp"
+#include "fa/cuda/round.cuh"
 #include "fa/error.hpp"
 #include "fa/problem.hpp"
 #include "fa/tensor.hpp"
@@ -22,14 +23,6 @@
 namespace fa::stage13 {
 
 namespace {
-
-// One 16-bit value from a float, round to nearest even (the host's round_to() gives the same).
-template <class T>
-__device__ T to_16bit(float x);
-template <>
-__device__ __nv_bfloat16 to_16bit<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __half to_16bit<__half>(float x) { return __float2half_rn(x); }
 
 // rows x (heads x d) values of `tensor` into `out` (rows, heads, d): row i is token positions[i]
 // of request requests[i], or, where those are null, token first + i of request `request`.
@@ -40,7 +33,8 @@ __global__ void fill_rows_kernel(T* out, uint64_t seed, ServeTensor tensor, cons
     for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
         const int i = int(e / row_elems), x = int(e % row_elems);
         const int r = requests ? requests[i] : request, pos = positions ? positions[i] : first + i;
-        out[e] = to_16bit<T>(serve_value(seed, tensor, uint32_t(r), uint32_t(pos), uint32_t(x)));
+        // Rounded to nearest even, as the host's round_to(): both sides know the same bits.
+        out[e] = cuda::from_float<T>(serve_value(seed, tensor, uint32_t(r), uint32_t(pos), uint32_t(x)));
     }
 }
 

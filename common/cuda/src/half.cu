@@ -2,6 +2,7 @@
 
 #include "fa/cuda/check.hpp"
 #include "fa/cuda/device.hpp"
+#include "fa/cuda/round.cuh"
 #include "fa/error.hpp"
 
 namespace fa::cuda {
@@ -9,18 +10,6 @@ namespace fa::cuda {
 std::string to_string(DType dtype) { return dtype == DType::BF16 ? "bf16" : "fp16"; }
 
 namespace {
-
-template <class T>
-__device__ T from_float(float x);
-template <>
-__device__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <>
-__device__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ float from_float<float>(float x) { return x; }
-__device__ float to_float(float x) { return x; }
-__device__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ float to_float(__half x) { return __half2float(x); }
 
 // A view with plain arrays: std::array's members are host functions, not callable in a kernel.
 template <class T>
