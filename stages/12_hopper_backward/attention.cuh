@@ -22,17 +22,19 @@
 /// **Step 2** (warp roles): a producer warpgroup (one elected thread issues every TMA copy,
 /// setmaxnreg down to 24) and two consumer warpgroups (setmaxnreg up to 240) of 64 keys each, 128
 /// keys a block; full and empty mbarriers per ring slot; each consumer's dQ_i partial added by its
-/// own bulk reduction. Checked on the CPU emulator; not yet run on a GPU.
+/// own bulk reduction. **Step 3** (the dQ writer): warp 1 of the producer warpgroup issues the
+/// bulk reductions, full and empty mbarriers per dQ buffer. **Step 4**: one dQ buffer per block,
+/// consumer 1 adding its partial onto consumer 0's, one reduction per tile. `--deterministic`
+/// (steps 0, 3 and 4): dQ's additions in a fixed order, the last key block first, a turn counter
+/// per query tile passed on only once the reduction has *landed*, not merely read its source.
+/// Steps 2 to 4 are checked on the CPU emulator; not yet run on a GPU.
 ///
-/// **Then:** the bulk reductions issued by a warp of their own; the deterministic order (a semaphore per
-/// query tile, released only once the reduction has *landed*, not merely read its source); the
-/// measured road.
+/// **Then:** the measured road, and the default step by it.
 ///
-/// **Does not handle yet:** `--deterministic` (stage 09's fixed order of dQ's additions); stage
-/// 10's switches; d other than 64 and 128.
+/// **Does not handle yet:** stage 10's switches; d other than 64 and 128.
 ///
-/// **Measured:** step 1 on an H200 (2026-12-07; the lesson's road table, RECORD.md); step 2 not
-/// yet: it has been checked on the CPU by the warp emulator only (tests/test_stage12_emulated.cpp).
+/// **Measured:** step 1 on an H200 (2026-12-07; the lesson's road table, RECORD.md); steps 2 to 4
+/// not yet: they have been checked on the CPU by the warp emulator only (tests/test_stage12_emulated.cpp).
 #pragma once
 
 #include <string>
